@@ -1,0 +1,46 @@
+# resnmt: one command for the main job (`make demo`), one for the tests (`make test`).
+# Both create the virtualenv in $(VENV) on first use and install everything pinned.
+#
+#   make test                 # the test suite (the CI command)
+#   make demo                 # prepare Multi30k, train two small models, decode, score, plot
+#   make venv                 # only set up the environment
+#   make test-slow            # the slow tests (end-to-end demo with a small budget)
+#   make TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128' venv
+#                             # a CUDA build of torch on a GPU machine
+
+VENV   ?= .venv
+PYTHON ?= python3
+TORCH  ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.resnmt-installed
+
+.PHONY: venv test test-slow demo bench clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt requirements-fairseq.txt requirements-dev.txt setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -r requirements.txt -r requirements-dev.txt
+	$(BIN)/python -m pip install -q --no-deps -r requirements-fairseq.txt
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	$(BIN)/python -c "import torch, fairseq, resnmt; print('torch', torch.__version__, '| fairseq', fairseq.__version__, '| resnmt', resnmt.__version__)"
+	touch $@
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS) tests
+
+demo: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo.sh
+
+bench: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" bash benchmarks/run_all.sh
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Model registration: importing this package registers resnmt_transformer and its archs."""

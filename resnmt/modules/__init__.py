@@ -1,0 +1,1 @@
+"""Building blocks: sublayer connections, gates, activations, layers."""

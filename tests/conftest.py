@@ -1,0 +1,77 @@
+"""Shared test fixtures: paths, a tiny real-data corpus binarized by fairseq, CLI runner."""
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+BIN_DIR = Path(sys.executable).parent  # the venv's bin: fairseq-train & co. live here
+
+
+def shared_data_dir(name: str) -> Path:
+    """A dataset under ../shared/data; a missing one is an error, never a skip."""
+    path = SHARED_DATA / name
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"test data {path} is missing: tests read real data from ../shared/data "
+            "relative to the repository root"
+        )
+    return path
+
+
+def cli_env(**extra) -> dict:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", "1")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env.update(extra)
+    return env
+
+
+def run_cli(args, cwd=None, check=True, timeout=900, **env_extra):
+    """Run a command-line tool (list of str) with the venv's bin first on PATH."""
+    proc = subprocess.run(
+        [str(a) for a in args],
+        cwd=str(cwd or REPO_ROOT),
+        env=cli_env(**env_extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"command failed ({proc.returncode}): {' '.join(map(str, args))}\n"
+            f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+def write_multi30k_subset(dest: Path, n_train=300, n_valid=60, n_test=60) -> Path:
+    """First lines of the real Multi30k EN-DE splits, lower-cased, as fairseq text files."""
+    src = shared_data_dir("multi30k")
+    dest.mkdir(parents=True, exist_ok=True)
+    splits = {"train": ("train", n_train), "valid": ("val", n_valid), "test": ("test_2016_flickr", n_test)}
+    for split, (name, n) in splits.items():
+        for lang in ("en", "de"):
+            with gzip.open(src / f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [next(f).strip().lower() for _ in range(n)]
+            (dest / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_bin(tmp_path_factory) -> Path:
+    """A few hundred real Multi30k EN-DE pairs, binarized with a joined dictionary."""
+    root = tmp_path_factory.mktemp("multi30k_tiny")
+    text = write_multi30k_subset(root / "text")
+    run_cli([
+        "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de",
+        "--trainpref", text / "train", "--validpref", text / "valid", "--testpref", text / "test",
+        "--destdir", root / "bin", "--joined-dictionary", "--workers", "1",
+    ])
+    return root / "bin"
