@@ -1,0 +1,45 @@
+"""The activation between fc1 and fc2 of every FFN sublayer.
+
+All FFN activations share one call signature so the layers need not know which one
+they hold::
+
+    activation(h, padding_mask) -> Tensor
+
+``h`` is the fc1 output, shape ``(seq_len, batch, ffn_dim)``; ``padding_mask`` is
+``(batch, seq_len)`` with True at padding positions, or None. Plain activations ignore
+the mask; the normalized activations (NReLU/NSwish, ``normalized_activation.py``) use it
+to take batch statistics over real tokens only.
+"""
+from typing import Optional
+
+from fairseq import utils
+from torch import Tensor, nn
+
+
+class PlainActivation(nn.Module):
+    """fairseq's ``--activation-fn`` (relu, gelu, swish, ...), unchanged."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        self.name = name
+        self.fn = utils.get_activation_fn(name)
+
+    def forward(self, h: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
+        return self.fn(h)
+
+    def extra_repr(self) -> str:
+        return self.name
+
+
+def build_ffn_activation(cfg, side: str, layer_index: int, num_layers: int) -> nn.Module:
+    """The activation of FFN ``layer_index`` (0-based) of ``side`` ("encoder"/"decoder").
+
+    ``--normalized-activation`` selects NReLU/NSwish for every FFN except the top
+    ``--{side}-unnormalized-top-layers`` ones, which keep ``--activation-fn``.
+    """
+    from resnmt.modules.normalized_activation import normalized_activation_from_cfg
+
+    normalized = normalized_activation_from_cfg(cfg, side, layer_index, num_layers)
+    if normalized is not None:
+        return normalized
+    return PlainActivation(cfg.activation_fn)
