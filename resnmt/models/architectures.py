@@ -1,0 +1,68 @@
+"""Named architectures of ``resnmt_transformer``.
+
+Sizes are fairseq's: ``*_base`` = ``transformer_wmt_en_de`` (6+6 layers, d=512, FFN 2048,
+8 heads, dropout 0.1), ``*_big`` = ``transformer_vaswani_wmt_en_de_big`` (d=1024, FFN 4096,
+16 heads, dropout 0.3). Each arch only chooses the connection; any flag given on the
+command line overrides the arch's choice (fairseq leaves unset flags absent, and every
+default below is a ``getattr`` fallback).
+"""
+from fairseq.models import register_model_architecture
+from fairseq.models.transformer.transformer_legacy import (
+    base_architecture as fairseq_base_sizes,
+    transformer_vaswani_wmt_en_de_big as fairseq_big_sizes,
+)
+
+from resnmt.models.options import check_model_args, connection_defaults
+from resnmt.models.resnmt_transformer import exit_on_bad_args
+from resnmt.modules.normalized_activation import normalized_activation_defaults
+
+MODEL = "resnmt_transformer"
+
+# arch family -> (connection kind, skip lambda or None)
+FAMILIES = {
+    "postln": ("post_ln", None),
+    "preln": ("pre_ln", None),
+    "xskip": ("xskip_ln", 2.0),
+    "rskip": ("rskip_ln", 2),
+    "sas": ("sas", None),
+    "highway": ("highway", None),
+}
+SIZES = {"base": fairseq_base_sizes, "big": fairseq_big_sizes}
+
+
+def resnmt_defaults(args) -> None:
+    """Fill in resnmt's flags, then stop with one clear line on a bad value."""
+    connection_defaults(args)
+    normalized_activation_defaults(args)
+    exit_on_bad_args(check_model_args, args)
+
+
+@register_model_architecture(MODEL, MODEL)
+def resnmt_transformer(args):
+    """Transformer base sizes with post-LN unless flags say otherwise."""
+    # fairseq's pre-LN flags are read before the size defaults set them to False
+    connection_defaults(args)
+    fairseq_base_sizes(args)
+    resnmt_defaults(args)
+
+
+def make_arch(family: str, size: str):
+    kind, skip_lambda = FAMILIES[family]
+    sizes = SIZES[size]
+
+    def arch(args):
+        args.residual = getattr(args, "residual", None) or kind
+        if skip_lambda is not None and getattr(args, "skip_lambda", None) is None:
+            args.skip_lambda = skip_lambda
+        connection_defaults(args)
+        sizes(args)
+        resnmt_defaults(args)
+
+    arch.__name__ = arch.__qualname__ = f"transformer_{family}_{size}"
+    arch.__doc__ = f"{size} sizes, every sublayer connection {kind}" + (
+        f" with lambda {skip_lambda:g}" if skip_lambda is not None else ""
+    )
+    return register_model_architecture(MODEL, arch.__name__)(arch)
+
+
+ARCHS = {f"transformer_{family}_{size}": make_arch(family, size) for family in FAMILIES for size in SIZES}

@@ -1,0 +1,67 @@
+"""Per-position scalar gates, several computed in one pass (SAS's alpha, beta, gamma)."""
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+class ScalarGates(nn.Module):
+    """``n`` independent scalar gates ``sigmoid(S_i(z))`` on the same input ``z``.
+
+    Two-layer form (SAS paper, the default)::
+
+        S_i(z) = tanh(z W_f,i + b_f,i) W_ff,i + b_ff,i      W_f,i: in x hidden, W_ff,i: hidden x 1
+
+    Single-layer form (``hidden_dim=None``)::
+
+        S_i(z) = z W_i + b_i                                 W_i: in x 1
+
+    The gates keep separate parameters; their first layers are stored stacked in one
+    matrix so that all of them cost one matmul. Per gate, the two-layer form holds
+    ``in*hidden + hidden + hidden + 1`` parameters (525,313 for in = 2*512, hidden = 512,
+    the paper's size).
+
+    Args:
+        input_dim: size of ``z``'s last dimension.
+        hidden_dim: hidden size of the two-layer form, or None for the single-layer form.
+        bias_init: the initial output bias ``b_ff,i`` of each gate; its length is ``n``.
+
+    Input ``(..., input_dim)``; output ``(..., n)`` in ``(0, 1)``.
+    """
+
+    def __init__(self, input_dim: int, hidden_dim: Optional[int], bias_init: Sequence[float]):
+        super().__init__()
+        self.num_gates = len(bias_init)
+        self.hidden_dim = hidden_dim
+        if hidden_dim is None:
+            self.hidden = None
+            self.out_weight = nn.Parameter(torch.empty(self.num_gates, input_dim))
+        else:
+            self.hidden = nn.Linear(input_dim, self.num_gates * hidden_dim)
+            self.out_weight = nn.Parameter(torch.empty(self.num_gates, hidden_dim))
+        self.out_bias = nn.Parameter(torch.tensor([float(b) for b in bias_init]))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.hidden is not None:
+            for i in range(self.num_gates):  # each gate's block initialised as its own layer
+                rows = slice(i * self.hidden_dim, (i + 1) * self.hidden_dim)
+                nn.init.xavier_uniform_(self.hidden.weight.data[rows])
+            nn.init.zeros_(self.hidden.bias)
+        for i in range(self.num_gates):  # W_ff,i is hidden x 1 (or in x 1)
+            nn.init.xavier_uniform_(self.out_weight.data[i : i + 1])
+
+    def logits(self, z: Tensor) -> Tensor:
+        """``S_i(z)`` before the sigmoid, ``(..., n)``."""
+        if self.hidden is None:
+            return torch.nn.functional.linear(z, self.out_weight, self.out_bias)
+        h = torch.tanh(self.hidden(z))
+        h = h.view(*h.shape[:-1], self.num_gates, self.hidden_dim)
+        return torch.einsum("...gh,gh->...g", h, self.out_weight) + self.out_bias
+
+    def forward(self, z: Tensor) -> Tensor:
+        return torch.sigmoid(self.logits(z))
+
+    def extra_repr(self) -> str:
+        form = "single_layer" if self.hidden is None else f"two_layer(hidden={self.hidden_dim})"
+        return f"num_gates={self.num_gates}, {form}"

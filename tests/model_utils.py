@@ -1,0 +1,41 @@
+"""Build tiny models through fairseq's real argument parsing (arch functions included)."""
+import torch
+from fairseq import options, tasks
+
+import resnmt  # noqa: F401  (registers the models)
+
+TINY = [
+    "--encoder-layers", "2", "--decoder-layers", "2",
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+]
+
+
+def parse_train_args(data_dir, arch, extra=()):
+    parser = options.get_training_parser()
+    return options.parse_args_and_arch(parser, input_args=[str(data_dir), "--arch", arch, *TINY, *extra])
+
+
+def build(data_dir, arch, extra=(), seed=1):
+    """(model, task, args) for ``arch`` with tiny sizes, deterministic weights."""
+    args = parse_train_args(data_dir, arch, extra)
+    task = tasks.setup_task(args)
+    torch.manual_seed(seed)
+    model = task.build_model(args)
+    return model, task, args
+
+
+def sample_batch(task, n=4, split="valid"):
+    task.load_dataset(split)
+    ds = task.dataset(split)
+    return ds.collater([ds[i] for i in range(n)])
+
+
+def randomize_norms(model, seed=0):
+    """Give LayerNorm gains/biases non-trivial values so equations are really tested."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(p + 0.3 * torch.randn(p.shape, generator=g))
