@@ -1,0 +1,190 @@
+"""Model-level behaviour of resnmt_transformer: equivalence with fairseq's transformer,
+incremental decoding, gradients, mixed precision, flag resolution, bad input."""
+import pytest
+import torch
+
+from model_utils import TINY, build, parse_train_args, randomize_norms, sample_batch
+from resnmt.modules.connections import CONNECTION_KINDS
+
+KIND_ARGS = {
+    "post_ln": ["--residual", "post_ln"],
+    "pre_ln": ["--residual", "pre_ln"],
+    "xskip": ["--residual", "xskip", "--skip-lambda", "1"],
+    "xskip_ln": ["--residual", "xskip_ln", "--skip-lambda", "2"],
+    "rskip_ln": ["--residual", "rskip_ln", "--skip-lambda", "3"],
+    "sas": ["--residual", "sas"],
+    "sas_gamma_gate_single": ["--residual", "sas", "--sas-gamma", "gate", "--sas-gate", "single_layer"],
+    "highway": ["--residual", "highway"],
+    "mixed": ["--encoder-residual", "rskip_ln", "--decoder-residual", "sas", "--sas-gate-dim", "4"],
+}
+
+
+def forward(model, batch):
+    model.eval()
+    with torch.no_grad():
+        return model(**batch["net_input"])[0]
+
+
+@pytest.mark.parametrize(
+    "resnmt_args, fairseq_args",
+    [
+        (["--residual", "post_ln"], []),
+        (["--residual", "pre_ln"], ["--encoder-normalize-before", "--decoder-normalize-before"]),
+    ],
+    ids=["post_ln", "pre_ln"],
+)
+def test_same_outputs_as_fairseq_transformer_with_same_weights(tiny_bin, resnmt_args, fairseq_args):
+    ours, task, _ = build(tiny_bin, "resnmt_transformer", resnmt_args, seed=1)
+    theirs, _, _ = build(tiny_bin, "transformer", fairseq_args, seed=2)
+    randomize_norms(theirs)
+    # fairseq's checkpoint keys load into ours (self_attn_layer_norm -> self_attn_connection.norm, ...)
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+    batch = sample_batch(task, n=6)
+    expected = forward(theirs, batch)
+    torch.testing.assert_close(forward(ours, batch), expected, rtol=0, atol=1e-6)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+
+
+def test_post_ln_checkpoint_keys_read_well(tiny_bin):
+    model, _, _ = build(tiny_bin, "transformer_postln_base", [])
+    keys = set(model.state_dict())
+    assert "encoder.layers.0.self_attn_connection.norm.weight" in keys
+    assert "decoder.layers.1.encoder_attn_connection.norm.bias" in keys
+    assert "decoder.layers.1.ffn_connection.norm.weight" in keys
+    assert not any("layer_norm" in k for k in keys)
+
+
+@pytest.mark.parametrize("kind", ["rskip_ln", "xskip_ln"])
+def test_lambda_one_model_equals_post_ln(tiny_bin, kind):
+    post, task, _ = build(tiny_bin, "resnmt_transformer", ["--residual", "post_ln"])
+    other, _, _ = build(tiny_bin, "resnmt_transformer", ["--residual", kind, "--skip-lambda", "1"])
+    randomize_norms(post)
+    state = {k.replace(".norm.", ".norms.0.") if kind == "rskip_ln" else k: v for k, v in post.state_dict().items()}
+    other.load_state_dict(state, strict=True)
+    batch = sample_batch(task)
+    torch.testing.assert_close(forward(other, batch), forward(post, batch), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(KIND_ARGS))
+def test_incremental_decoding_equals_full_forward(tiny_bin, name):
+    model, task, _ = build(tiny_bin, "resnmt_transformer", KIND_ARGS[name])
+    randomize_norms(model)
+    model.eval()
+    batch = sample_batch(task, n=3)
+    net_input = batch["net_input"]
+    with torch.no_grad():
+        full = model(**net_input)[0]
+        encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+        incremental_state = {}
+        prev = net_input["prev_output_tokens"]
+        steps = []
+        for t in range(prev.size(1)):
+            out, _ = model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=incremental_state)
+            steps.append(out)
+        stepwise = torch.cat(steps, dim=1)
+    # compare at non-padding target positions (padding positions are never read)
+    real = prev.ne(task.target_dictionary.pad())
+    torch.testing.assert_close(stepwise[real], full[real], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(KIND_ARGS))
+def test_every_parameter_receives_a_gradient(tiny_bin, name):
+    model, task, _ = build(tiny_bin, "resnmt_transformer", KIND_ARGS[name] + ["--share-all-embeddings"])
+    model.train()
+    batch = sample_batch(task, n=4, split="train")
+    logits = model(**batch["net_input"])[0]
+    loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), batch["target"].view(-1))
+    loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not torch.any(p.grad != 0)]
+    assert not missing, f"parameters without gradient: {missing}"
+
+
+@pytest.mark.parametrize("name", list(KIND_ARGS))
+def test_finite_under_bf16_autocast(tiny_bin, name):
+    model, task, _ = build(tiny_bin, "resnmt_transformer", KIND_ARGS[name])
+    batch = sample_batch(task)
+    model.eval()
+    with torch.no_grad():
+        fp32 = model(**batch["net_input"])[0]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16 = model(**batch["net_input"])[0]
+    assert torch.isfinite(fp32).all()
+    assert torch.isfinite(bf16).all()
+
+
+@pytest.mark.parametrize(
+    "arch, kind, skip_lambda",
+    [
+        ("transformer_postln_base", "post_ln", None),
+        ("transformer_preln_base", "pre_ln", None),
+        ("transformer_xskip_base", "xskip_ln", 2.0),
+        ("transformer_rskip_base", "rskip_ln", 2),
+        ("transformer_sas_base", "sas", None),
+        ("transformer_highway_base", "highway", None),
+    ],
+)
+def test_named_arch_defaults(tiny_bin, arch, kind, skip_lambda):
+    parser_args = parse_train_args(tiny_bin, arch.replace("_base", "_big"), [])
+    assert parser_args.encoder_residual == parser_args.decoder_residual == kind
+    model, _, args = build(tiny_bin, arch, [])
+    conn = model.encoder.layers[0].self_attn_connection
+    assert type(conn).__name__.lower().startswith(kind.replace("_", "")[:4])
+    if skip_lambda is not None:
+        assert args.skip_lambda == skip_lambda
+    assert (model.encoder.layer_norm is not None) == (kind == "pre_ln")
+    assert (model.decoder.layer_norm is not None) == (kind == "pre_ln")
+
+
+def test_base_and_big_sizes():
+    import argparse
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    base, big = argparse.Namespace(), argparse.Namespace()
+    ARCH_CONFIG_REGISTRY["transformer_sas_base"](base)
+    ARCH_CONFIG_REGISTRY["transformer_sas_big"](big)
+    assert (base.encoder_embed_dim, base.encoder_ffn_embed_dim, base.encoder_attention_heads, base.dropout) == (512, 2048, 8, 0.1)
+    assert (big.encoder_embed_dim, big.encoder_ffn_embed_dim, big.encoder_attention_heads, big.dropout) == (1024, 4096, 16, 0.3)
+    assert base.encoder_layers == big.decoder_layers == 6
+
+
+def test_command_line_overrides_arch(tiny_bin):
+    args = parse_train_args(
+        tiny_bin, "transformer_sas_base",
+        ["--encoder-residual", "pre_ln", "--sas-gate-dim", "8", "--sas-alpha-bias-init", "3", "--dropout", "0.2"],
+    )
+    assert (args.encoder_residual, args.decoder_residual) == ("pre_ln", "sas")
+    assert args.encoder_normalize_before and not args.decoder_normalize_before
+    assert args.sas_gate_dim == 8 and args.sas_alpha_bias_init == 3.0 and args.dropout == 0.2
+    assert args.encoder_embed_dim == 16  # TINY overrides the base size
+    args = parse_train_args(tiny_bin, "transformer_rskip_base", ["--skip-lambda", "3"])
+    assert args.skip_lambda == 3.0
+
+
+def test_fairseq_normalize_before_flags_select_pre_ln(tiny_bin):
+    args = parse_train_args(tiny_bin, "resnmt_transformer", ["--encoder-normalize-before"])
+    assert (args.encoder_residual, args.decoder_residual) == ("pre_ln", "post_ln")
+
+
+@pytest.mark.parametrize(
+    "arch, extra, message",
+    [
+        ("transformer_rskip_base", ["--skip-lambda", "2.5"], "--skip-lambda 2.5 is invalid for --residual rskip_ln: it must be an integer >= 1"),
+        ("transformer_xskip_base", ["--skip-lambda", "0"], "argument --skip-lambda: invalid value '0': must be a real number > 0"),
+        ("transformer_xskip_base", ["--skip-lambda", "-1"], "argument --skip-lambda: invalid value '-1': must be a real number > 0"),
+        ("resnmt_transformer", ["--residual", "dense"], "argument --residual: invalid choice: 'dense'"),
+        ("transformer_sas_base", ["--sas-gate-dim", "0"], "argument --sas-gate-dim: invalid value '0': must be an integer > 0"),
+        ("transformer_sas_base", ["--cross-self-attention"], "--cross-self-attention is not supported by resnmt_transformer models"),
+    ],
+)
+def test_bad_flags_stop_at_parsing_with_one_clear_line(tiny_bin, capsys, arch, extra, message):
+    with pytest.raises(SystemExit) as err:
+        parse_train_args(tiny_bin, arch, extra)
+    assert err.value.code == 2
+    stderr = capsys.readouterr().err.strip().splitlines()
+    assert message in stderr[-1]
+
+
+def test_every_kind_is_covered():
+    assert set(CONNECTION_KINDS) <= {args[1] for args in KIND_ARGS.values() if args[0] == "--residual"}
+    assert len(TINY) > 0
