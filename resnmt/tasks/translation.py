@@ -1,0 +1,64 @@
+"""``resnmt_translation``: fairseq's translation task with a choice of length penalty.
+
+    fairseq-generate DATA --user-dir resnmt --task resnmt_translation \\
+        --path checkpoint.avg10.pt --beam 4 --lenpen-form gnmt --lenpen 0.6
+
+``--lenpen-form gnmt`` ranks finished hypotheses by the GNMT/tensor2tensor penalty
+``log P / ((5 + |Y|) / 6) ** lenpen`` that the papers used; ``fairseq`` (the default)
+keeps fairseq's ``log P / |Y| ** lenpen``. Everything else is fairseq's
+``translation`` task. The choice applies wherever the task builds a generator:
+``fairseq-generate``, ``fairseq-interactive`` and ``fairseq-train --eval-bleu``
+(with ``--eval-bleu-args '{"beam": 4, "lenpen": 0.6}'``).
+See ``resnmt/sequence_generator.py`` and docs/decoding-and-evaluation.md.
+"""
+from dataclasses import dataclass, field
+
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from resnmt.sequence_generator import LENPEN_FORMS, with_gnmt_penalty
+
+
+@dataclass
+class ResNMTTranslationConfig(TranslationConfig):
+    lenpen_form: ChoiceEnum(list(LENPEN_FORMS)) = field(
+        default="fairseq",
+        metadata={
+            "help": "how --lenpen normalizes a finished hypothesis's log-probability "
+            "log P for ranking, with |Y| its length in tokens including EOS: "
+            "'fairseq' = log P / |Y|^lenpen (fairseq's default); "
+            "'gnmt' = log P / ((5 + |Y|) / 6)^lenpen, the GNMT penalty tensor2tensor and "
+            "the papers used (with --lenpen 0.6 --beam 4). The beam search itself is "
+            "fairseq's in both cases; --unnormalized turns either off"
+        },
+    )
+
+
+@register_task("resnmt_translation", dataclass=ResNMTTranslationConfig)
+class ResNMTTranslationTask(TranslationTask):
+    """fairseq's TranslationTask whose generators use the ``--lenpen-form`` penalty."""
+
+    cfg: ResNMTTranslationConfig
+
+    def build_generator(
+        self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None
+    ):
+        if self.cfg.lenpen_form == "gnmt" and not getattr(args, "score_reference", False):
+            if seq_gen_cls is None:
+                from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
+
+                seq_gen_cls = (
+                    SequenceGeneratorWithAlignment if getattr(args, "print_alignment", False) else SequenceGenerator
+                )
+                if getattr(args, "print_alignment", False):
+                    extra_gen_cls_kwargs = dict(extra_gen_cls_kwargs or {})
+                    extra_gen_cls_kwargs["print_alignment"] = args.print_alignment
+            seq_gen_cls = with_gnmt_penalty(seq_gen_cls)
+        return super().build_generator(
+            models,
+            args,
+            seq_gen_cls=seq_gen_cls,
+            extra_gen_cls_kwargs=extra_gen_cls_kwargs,
+            prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+        )
