@@ -1,0 +1,275 @@
+"""resnmt-average: average the parameters of fairseq checkpoints.
+
+The papers decode with the average of the last 10 checkpoints:
+
+    resnmt-average --inputs checkpoints/ --num-epoch-checkpoints 10 \\
+        --output checkpoints/checkpoint.avg10.pt
+
+Floating-point tensors of ``model`` (parameters and float buffers) are averaged in
+float64 and cast back to their dtype; integer and bool buffers (counters, masks)
+are copied from the newest checkpoint, as is everything outside ``model`` (cfg /
+args, extra_state, optimizer_history, task_state) except the optimizer state
+(``last_optimizer_state``), which is dropped: the output is for decoding
+(``fairseq-generate --path``); to train from it use ``--reset-optimizer``.
+"""
+import argparse
+import os
+import pickle
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+PROG = "resnmt-average"
+EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")
+UPDATE_RE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
+
+
+class AverageError(Exception):
+    """A refusal: printed as one line, exit status 1, nothing written."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of usage + message
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description=(
+            "Average the model parameters of fairseq checkpoints (the papers decode with the "
+            "average of the last 10). Floating-point tensors are averaged in float64 and cast "
+            "back to their dtype; integer/bool buffers and all non-model fields (cfg, "
+            "extra_state, ...) come from the newest checkpoint; the optimizer state is dropped."
+        ),
+        epilog=(
+            "examples:\n"
+            "  resnmt-average --inputs ckpt/ --num-epoch-checkpoints 10 --output ckpt/avg10.pt\n"
+            "  resnmt-average --inputs ckpt/ --num-update-checkpoints 5 "
+            "--checkpoint-upper-bound 40000 --output avg.pt\n"
+            "  resnmt-average --inputs ckpt/checkpoint8.pt ckpt/checkpoint9.pt ckpt/checkpoint10.pt "
+            "--output avg.pt"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--inputs", nargs="+", required=True, metavar="PATH",
+        help="checkpoint files, in order oldest to newest (the last one is the 'newest'), or, "
+        "with --num-epoch-checkpoints/--num-update-checkpoints, one directory of fairseq checkpoints",
+    )
+    p.add_argument("--output", required=True, metavar="FILE",
+                   help="where to write the averaged checkpoint (written atomically; parent "
+                   "directories are created)")
+    sel = p.add_mutually_exclusive_group()
+    sel.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
+                     help="average the N highest-numbered checkpointE.pt files in the directory")
+    sel.add_argument("--num-update-checkpoints", type=int, metavar="N",
+                     help="average the N highest-numbered checkpoint_E_U.pt files in the directory "
+                     "(ordered by the update number U; needs --save-interval-updates in training)")
+    p.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
+                   help="with --num-epoch-checkpoints: ignore epochs > K; with "
+                   "--num-update-checkpoints: ignore updates > K")
+    return p
+
+
+def select_checkpoints(directory: Path, n: int, by: str, upper_bound: Optional[int] = None) -> List[Path]:
+    """The last ``n`` epoch (``by="epoch"``) or update (``by="update"``) checkpoints, oldest first."""
+    if n <= 0:
+        flag = "--num-epoch-checkpoints" if by == "epoch" else "--num-update-checkpoints"
+        raise AverageError(f"{flag} must be a positive number of checkpoints, got {n}")
+    if not directory.is_dir():
+        raise AverageError(f"{directory} is not a directory (selecting by {by} needs one directory in --inputs)")
+    pattern, name = (EPOCH_RE, "checkpointE.pt") if by == "epoch" else (UPDATE_RE, "checkpoint_E_U.pt")
+    found = []
+    for entry in directory.iterdir():
+        m = pattern.match(entry.name)
+        if m and entry.is_file():
+            number = int(m.group(m.lastindex))  # epoch E, or update U
+            if upper_bound is None or number <= upper_bound:
+                found.append((number, entry))
+    bound = f" with {by} <= {upper_bound}" if upper_bound is not None else ""
+    if not found:
+        raise AverageError(f"no {name} checkpoints{bound} in {directory}")
+    if n > len(found):
+        raise AverageError(
+            f"asked for the last {n} {by} checkpoints but {directory} has only {len(found)} {name} "
+            f"files{bound}"
+        )
+    found.sort(key=lambda item: item[0])
+    return [path for _, path in found[-n:]]
+
+
+def resolve_inputs(args) -> List[Path]:
+    inputs = [Path(p) for p in args.inputs]
+    n, by = args.num_epoch_checkpoints, "epoch"
+    if args.num_update_checkpoints is not None:
+        n, by = args.num_update_checkpoints, "update"
+    if n is not None:
+        if len(inputs) != 1:
+            raise AverageError(
+                f"--num-{by}-checkpoints takes exactly one directory in --inputs, got {len(inputs)} paths"
+            )
+        if not inputs[0].exists():
+            raise AverageError(f"no such directory: {inputs[0]}")
+        return select_checkpoints(inputs[0], n, by, args.checkpoint_upper_bound)
+    if args.checkpoint_upper_bound is not None:
+        raise AverageError("--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints")
+    for path in inputs:
+        if path.is_dir():
+            raise AverageError(
+                f"{path} is a directory: pass --num-epoch-checkpoints N or --num-update-checkpoints N "
+                "to pick checkpoints from it, or list the checkpoint files"
+            )
+        if not path.is_file():
+            raise AverageError(f"no such checkpoint file: {path}")
+    seen = set()
+    for path in inputs:
+        key = path.resolve()
+        if key in seen:
+            raise AverageError(f"{path} is given twice in --inputs")
+        seen.add(key)
+    return inputs
+
+
+def load_checkpoint(path: Path) -> dict:
+    """``torch.load`` with ``weights_only=True`` (fairseq's types allow-listed by resnmt)."""
+    from resnmt.checkpoint_compat import allow_fairseq_checkpoints
+
+    allow_fairseq_checkpoints()
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise AverageError(f"cannot load {path} with weights_only=True: {first}") from None
+    except (OSError, RuntimeError, EOFError) as e:
+        raise AverageError(f"cannot read {path} as a torch checkpoint: {str(e).splitlines()[0]}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise AverageError(f"{path} is not a fairseq checkpoint: expected a dict with a 'model' state dict")
+    return state
+
+
+def average_checkpoints(paths: Sequence[Path], log=None) -> dict:
+    """The newest checkpoint (``paths[-1]``) with its ``model`` averaged over ``paths``.
+
+    Raises AverageError if the checkpoints' model keys, shapes or kinds of dtype differ.
+    """
+    if not paths:
+        raise AverageError("no checkpoints to average")
+    ref_path, ref_sig = None, None
+    sums: Dict[str, torch.Tensor] = {}
+    newest = None
+    for i, path in enumerate(paths, 1):
+        state = load_checkpoint(path)
+        model = state["model"]
+        sig = _signature(model)
+        if ref_sig is None:
+            ref_path, ref_sig = path, sig
+        else:
+            _check_compatible(ref_path, ref_sig, path, sig)
+        for key, value in model.items():
+            if torch.is_tensor(value) and value.is_floating_point():
+                if key in sums:
+                    sums[key].add_(value.detach().to(torch.float64))
+                else:
+                    sums[key] = value.detach().to(torch.float64, copy=True)
+        if log:
+            log(f"[{i}/{len(paths)}] loaded {path} ({len(model)} model entries)")
+        if i == len(paths):
+            newest = state
+        del state, model
+    averaged = {}
+    for key, value in newest["model"].items():
+        if key in sums:
+            averaged[key] = sums[key].div_(len(paths)).to(value.dtype)
+        else:  # integer/bool buffers and any non-tensor entries: the newest checkpoint's
+            averaged[key] = value
+    newest["model"] = averaged
+    newest.pop("last_optimizer_state", None)
+    newest["resnmt_averaged_from"] = [str(p) for p in paths]
+    return newest
+
+
+def _signature(model: dict) -> Dict[str, tuple]:
+    """Per key: (type name, shape, is floating point, dtype name); what must agree across inputs."""
+    sig = {}
+    for key, value in model.items():
+        if torch.is_tensor(value):
+            sig[key] = ("Tensor", tuple(value.shape), value.is_floating_point(), str(value.dtype).replace("torch.", ""))
+        else:
+            sig[key] = (type(value).__name__, None, None, None)
+    return sig
+
+
+def _check_compatible(ref_path, ref_sig, path, sig) -> None:
+    for key in ref_sig:
+        if key not in sig:
+            raise AverageError(f"{path} has no model key '{key}' (present in {ref_path})")
+    for key in sig:
+        if key not in ref_sig:
+            raise AverageError(f"{path} has model key '{key}' that {ref_path} does not have")
+    for key, (kind, shape, is_float, dtype) in sig.items():
+        ref_kind, ref_shape, ref_float, ref_dtype = ref_sig[key]
+        if kind != ref_kind:
+            raise AverageError(f"{path}: model key '{key}' is a {kind}, expected a {ref_kind} as in {ref_path}")
+        if kind != "Tensor":
+            continue
+        if shape != ref_shape:
+            raise AverageError(f"{path}: model key '{key}' has shape {shape}, expected {ref_shape} as in {ref_path}")
+        if is_float != ref_float:
+            raise AverageError(
+                f"{path}: model key '{key}' has dtype {dtype}, expected a "
+                f"{'floating-point' if ref_float else 'non-floating-point'} dtype like {ref_path}'s {ref_dtype}"
+            )
+
+
+def save_atomic(state: dict, output: Path) -> None:
+    """``torch.save`` to a temporary file next to ``output``, then ``os.replace`` it."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual mode
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, output)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def log(msg):
+        print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+
+    try:
+        paths = resolve_inputs(args)
+        output = Path(args.output)
+        if any(output.resolve() == p.resolve() for p in paths):
+            raise AverageError(f"--output {output} is one of the inputs; choose another file")
+        if output.is_dir():
+            raise AverageError(f"--output {output} is a directory; expected a file name")
+        log(f"averaging {len(paths)} checkpoints: {', '.join(p.name for p in paths)}")
+        state = average_checkpoints(paths, log=log)
+        save_atomic(state, output)
+    except AverageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    n_avg = sum(1 for v in state["model"].values() if torch.is_tensor(v) and v.is_floating_point())
+    n_kept = len(state["model"]) - n_avg
+    log(f"wrote {output}: {n_avg} floating-point tensors averaged over {len(paths)} checkpoints, "
+        f"{n_kept} other entries from {paths[-1].name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
