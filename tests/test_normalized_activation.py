@@ -1,6 +1,7 @@
 """NReLU / NSwish (resnmt/modules/normalized_activation.py) against explicit float64
 formulas: outputs, gradients, batch statistics with padding, momentum warm-up,
-clamping, checkpoints, low precision, flags and their validation."""
+clamping, checkpoints, low precision, flags and their validation, and the activations
+inside a built resnmt_transformer."""
 import argparse
 import io
 
@@ -9,10 +10,13 @@ import pytest
 import torch
 from fairseq.models.transformer import TransformerConfig
 
+from model_utils import build, parse_train_args, sample_batch
+
 from resnmt.modules.normalized_activation import (
     NormalizedActivation,
     add_normalized_activation_args,
     normalized_activation_defaults,
+    UnnormalizedActivation,
     normalized_activation_from_cfg,
     validate_normalized_activation_args,
 )
@@ -385,17 +389,21 @@ def test_help_cites_the_paper():
     assert "ANAct: Adaptive Normalization for Activation Functions" in " ".join(parser.format_help().split())
 
 
+@pytest.mark.parametrize("kind, plain", [("nswish", torch.nn.functional.silu), ("nrelu", torch.relu)])
 @pytest.mark.parametrize("side", ["encoder", "decoder"])
-def test_from_cfg_keeps_the_top_k_layers_plain(side):
-    args = parse(["--normalized-activation", "nswish", f"--{side}-unnormalized-top-layers", "2"])
+def test_from_cfg_keeps_the_top_k_layers_unnormalized(side, kind, plain):
+    args = parse(["--normalized-activation", kind, f"--{side}-unnormalized-top-layers", "2"])
     cfg = TransformerConfig.from_namespace(args)
     got = [normalized_activation_from_cfg(cfg, side, i, 6) for i in range(6)]
-    assert [m is None for m in got] == [False] * 4 + [True] * 2
+    assert [type(m) for m in got] == [NormalizedActivation] * 4 + [UnnormalizedActivation] * 2
+    h = torch.randn(3, 2, 8)
+    # the paper's "NSwish+kSwish": the top FFNs keep Swish itself, whatever --activation-fn says
+    torch.testing.assert_close(got[-1](h, None), plain(h), rtol=0, atol=0)
     other = "decoder" if side == "encoder" else "encoder"
-    assert all(normalized_activation_from_cfg(cfg, other, i, 6) is not None for i in range(6))
-    # K = number of layers: every FFN plain (the paper's "NSwish+6Swish" column)
-    args.encoder_unnormalized_top_layers = 6
-    assert all(normalized_activation_from_cfg(args, "encoder", i, 6) is None for i in range(6))
+    assert all(type(normalized_activation_from_cfg(cfg, other, i, 6)) is NormalizedActivation for i in range(6))
+    # K = number of layers: every FFN unnormalized (the paper's "NSwish+6Swish" column)
+    setattr(args, f"{side}_unnormalized_top_layers", 6)
+    assert all(type(normalized_activation_from_cfg(args, side, i, 6)) is UnnormalizedActivation for i in range(6))
 
 
 def test_from_cfg_unset_or_old_config_gives_none():
@@ -460,3 +468,65 @@ def test_padding_mask_of_the_wrong_shape_is_an_error():
     h, mask = sample()
     with pytest.raises(ValueError, match=r"padding_mask must be \(batch, seq_len\)"):
         NormalizedActivation("nrelu", "batch")(h, mask.t())
+
+
+# ---------------------------------------------------------------- in a built model
+
+def ffn_activations(model):
+    return {n: m for n, m in model.named_modules() if n.endswith("ffn_activation")}
+
+
+def test_built_model_normalizes_all_but_the_top_k_ffns(tiny_bin):
+    model, _, _ = build(tiny_bin, "resnmt_transformer", [
+        "--normalized-activation", "nswish", "--normalized-activation-stats", "batch",
+        "--encoder-unnormalized-top-layers", "1", "--decoder-unnormalized-top-layers", "2",
+    ])
+    kinds = {n: (type(m).__name__, m.kind) for n, m in ffn_activations(model).items()}
+    assert kinds == {
+        "encoder.layers.0.ffn_activation": ("NormalizedActivation", "nswish"),
+        "encoder.layers.1.ffn_activation": ("UnnormalizedActivation", "nswish"),
+        "decoder.layers.0.ffn_activation": ("UnnormalizedActivation", "nswish"),
+        "decoder.layers.1.ffn_activation": ("UnnormalizedActivation", "nswish"),
+    }
+    assert "encoder.layers.0.ffn_activation.running_rho" in model.state_dict()
+    plain, _, _ = build(tiny_bin, "resnmt_transformer", [])
+    assert not any(isinstance(m, (NormalizedActivation, UnnormalizedActivation)) for m in plain.modules())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_model_incremental_decoding_and_checkpoint_round_trip(tiny_bin, mode):
+    extra = ["--normalized-activation", "nswish", "--normalized-activation-stats", mode]
+    model, task, _ = build(tiny_bin, "resnmt_transformer", extra)
+    model.train()
+    for n in (4, 6):  # a few training forwards set the batch estimates
+        logits = model(**sample_batch(task, n=n, split="train")["net_input"])[0]
+    logits.float().sum().backward()
+    assert all(m.omega.grad is not None for m in ffn_activations(model).values())
+    model.eval()
+    batch = sample_batch(task, n=3)
+    net_input = batch["net_input"]
+    with torch.no_grad():
+        full = model(**net_input)[0]
+        encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+        state, prev, steps = {}, net_input["prev_output_tokens"], []
+        for t in range(prev.size(1)):
+            steps.append(model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0])
+    real = prev.ne(task.target_dictionary.pad())
+    torch.testing.assert_close(torch.cat(steps, dim=1)[real], full[real], rtol=0, atol=1e-5)
+
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    buf.seek(0)
+    fresh, _, _ = build(tiny_bin, "resnmt_transformer", extra, seed=7)
+    fresh.load_state_dict(torch.load(buf, weights_only=True), strict=True)
+    fresh.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(**net_input)[0], full, rtol=0, atol=0)
+
+
+def test_bad_flag_stops_fairseq_parsing(tiny_bin, capsys):
+    with pytest.raises(SystemExit):
+        parse_train_args(tiny_bin, "resnmt_transformer", [
+            "--normalized-activation", "nrelu", "--decoder-unnormalized-top-layers", "3",
+        ])
+    assert "--decoder-unnormalized-top-layers must be an integer in [0, 2]" in capsys.readouterr().err

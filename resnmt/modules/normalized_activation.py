@@ -29,7 +29,8 @@ Statistics ("--normalized-activation-stats"):
   averaged by checkpoint averaging).
 
 Statistics are computed in float32 whatever the input dtype; the output has the input
-dtype.
+dtype. The top ``--{encoder,decoder}-unnormalized-top-layers`` FFNs get
+:class:`UnnormalizedActivation` (plain ReLU / Swish), the paper's "NSwish+kSwish".
 """
 from typing import Optional, Tuple
 
@@ -190,6 +191,24 @@ class NormalizedActivation(nn.Module):
 
 
 
+class UnnormalizedActivation(nn.Module):
+    """The plain f of a normalized activation (ReLU for nrelu, Swish for nswish), for the
+    top FFNs that ``--{encoder,decoder}-unnormalized-top-layers`` keep unnormalized."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        if kind not in KINDS:
+            raise ValueError(f"--normalized-activation must be one of {', '.join(KINDS)}, got {kind!r}")
+        self.kind = kind
+        self.swish = kind == "nswish"
+
+    def forward(self, h: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
+        return F.silu(h) if self.swish else F.relu(h)
+
+    def extra_repr(self) -> str:
+        return "swish" if self.swish else "relu"
+
+
 class _NormalizedActivationFn(torch.autograd.Function):
     """``out = 2*sigmoid(omega) * lambda * (f(h) - mu)`` with mu and lambda constants.
 
@@ -255,7 +274,8 @@ def add_normalized_activation_args(parser) -> None:
         "--normalized-activation", choices=KINDS, metavar="{nrelu,nswish}",
         help=f"FFN activation normalized as in {PAPER}: 2*sigmoid(omega)*lambda*(f(h)-E[f(h)]) "
         "with f = ReLU (nrelu) or Swish (nswish), lambda**2 = (1/rho + 1/rho')/2, "
-        "rho = Var[f(h)]/Var[h], rho' = fraction of positive h. "
+        "rho = Var[f(h)]/Var[h], rho' = fraction of positive h. Replaces --activation-fn "
+        "in every FFN (see --encoder/decoder-unnormalized-top-layers). "
         "Unset: the plain --activation-fn",
     )
     parser.add_argument(
@@ -284,8 +304,8 @@ def add_normalized_activation_args(parser) -> None:
     for side in SIDES:
         parser.add_argument(
             f"--{side}-unnormalized-top-layers", type=int, metavar="K",
-            help=f"the top K {side} FFNs keep the plain --activation-fn instead of "
-            f"--normalized-activation (the paper's 'NSwish+kSwish'; NSwish in every FFN "
+            help=f"the top K {side} FFNs keep the unnormalized activation (ReLU for nrelu, "
+            f"Swish for nswish): the paper's 'NSwish+kSwish' (NSwish in every FFN "
             "collapsed at FFN size 2048); 0 <= K <= layers; default 0",
         )
 
@@ -369,14 +389,14 @@ def validate_normalized_activation_args(args) -> None:
         raise ValueError("; ".join(problems))
 
 
-def normalized_activation_from_cfg(
-    cfg, side: str, layer_index: int, num_layers: int
-) -> Optional[NormalizedActivation]:
-    """The normalized activation of FFN ``layer_index`` (0-based) of ``side``, or None.
+def normalized_activation_from_cfg(cfg, side: str, layer_index: int, num_layers: int) -> Optional[nn.Module]:
+    """The activation of FFN ``layer_index`` (0-based) of ``side`` under
+    ``--normalized-activation``, or None when that flag is unset ("use --activation-fn").
 
-    None means "use the plain --activation-fn": when --normalized-activation is unset,
-    or for the top ``--{side}-unnormalized-top-layers`` FFNs
-    (``layer_index >= num_layers - K``). ``cfg`` is a TransformerConfig or Namespace
+    The top ``--{side}-unnormalized-top-layers`` FFNs (``layer_index >= num_layers - K``)
+    get the unnormalized counterpart, :class:`UnnormalizedActivation` (ReLU for nrelu,
+    Swish for nswish), not --activation-fn: fairseq's --activation-fn cannot be swish, and
+    the paper's "NSwish+kSwish" keeps Swish. ``cfg`` is a TransformerConfig or Namespace
     with the flat attributes above; missing ones (old checkpoints) read as defaults.
     """
     if side not in SIDES:
@@ -391,7 +411,7 @@ def normalized_activation_from_cfg(
     if problem:
         raise ValueError(problem)
     if layer_index >= num_layers - k:
-        return None
+        return UnnormalizedActivation(kind)
     return NormalizedActivation(
         kind,
         stats=_get(cfg, "normalized_activation_stats", DEFAULT_STATS),
