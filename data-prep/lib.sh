@@ -22,6 +22,8 @@ declare -A DP_OPT=()       # option name -> value (defaults set by the script)
 declare -A DP_FLAGS=()     # option names that take no value
 declare -A DP_SHA256=()    # published file name -> expected sha256
 declare -A DP_SHA256_FROM=()
+declare -A DP_OUTPUTS=()   # step id -> its outputs (paths relative to OUTDIR), checked on re-runs
+DP_READS_WORK=             # ids of the steps that read OUTDIR/work
 DP_OUT=
 DP_TMP=
 
@@ -210,6 +212,9 @@ dp_setup() {
         exec 9>"$DP_OUT/.lock"
         flock -n 9 || dp_die "another prepare run is using $DP_OUT (lock $DP_OUT/.lock)"
     fi
+    # temporaries of a run that was killed (we hold the lock: no other run owns them)
+    find "$DP_OUT" -maxdepth 1 -name '.tmp.*' -type d -exec rm -rf {} +
+    find "$DP_OUT" -maxdepth 3 -name '*.tmp' -type f -delete
     DP_TMP=$(mktemp -d "$DP_OUT/.tmp.XXXXXX")
     trap '_dp_on_exit $?' EXIT
 
@@ -323,40 +328,66 @@ dp_fetch_all() {
 # ------------------------------------------------------------------------ steps
 
 # dp_run_steps ID "DESCRIPTION" FUNCTION [ID "DESCRIPTION" FUNCTION ...]
-# Runs each step unless OUTDIR/.stamps/NN-ID.done exists; running a step
-# invalidates the stamps of the steps after it.
+# Runs the steps in order. A step is skipped when its stamp OUTDIR/.stamps/NN-ID.done
+# exists and the outputs listed in DP_OUTPUTS[ID] exist; otherwise it runs, and so
+# do all the steps after it. OUTDIR/work (intermediate files) is removed after a
+# complete run unless --keep-work: when a step that reads work/ (its id listed in
+# DP_READS_WORK) must be redone and work/ is empty, every step after the
+# download is redone.
 dp_run_steps() {
-    local n=$(($# / 3)) i=0 id desc fn stamp s k t0 ran=0 start=$SECONDS
+    local -a ids descs fns
     while (($#)); do
-        id=$1 desc=$2 fn=$3
+        ids+=("$1") descs+=("$2") fns+=("$3")
         shift 3
-        i=$((i + 1))
-        stamp=$DP_STAMPS/$(printf '%02d' "$i")-$id.done
-        if [[ -e $stamp ]]; then
-            dp_log "step $i/$n: $desc: done, skipping"
+    done
+    local n=${#ids[@]} i s missing redo=0 t0 start=$SECONDS
+    for ((i = 1; i <= n; i++)); do
+        missing=
+        for s in ${DP_OUTPUTS[${ids[i - 1]}]:-}; do [[ -e $DP_OUT/$s ]] || missing+=" $s"; done
+        if [[ ! -e $(_dp_stamp "$i") ]]; then
+            redo=$i
+            break
+        elif [[ -n $missing ]]; then
+            set -- $missing
+            dp_log "step $i/$n: done earlier, but its output is missing: $1${2:+ $2}${3:+ ...}"
+            redo=$i
+            break
+        fi
+    done
+    if ((redo > 2)) && [[ " $DP_READS_WORK " == *" ${ids[redo - 1]} "* && -z $(ls -A "$DP_WORK") ]]; then
+        dp_log "step $redo/$n reads OUTDIR/work, removed after the last complete run (see --keep-work): redoing steps 2-$n"
+        redo=2
+    fi
+    if ((redo == 0)); then
+        for ((i = 1; i <= n; i++)); do dp_log "step $i/$n: ${descs[i - 1]}: done, skipping"; done
+        rmdir "$DP_WORK" 2>/dev/null || true
+        dp_log "nothing to do: $DP_OUT is complete (binarized data in $DP_OUT/bin)"
+        return 0
+    fi
+    for ((i = redo; i <= n; i++)); do rm -f "$(_dp_stamp "$i")"; done
+    for ((i = 1; i <= n; i++)); do
+        if ((i < redo)); then
+            dp_log "step $i/$n: ${descs[i - 1]}: done, skipping"
             continue
         fi
-        for s in "$DP_STAMPS"/[0-9][0-9]-*.done; do
-            [[ -e $s ]] || continue
-            k=${s##*/}
-            k=$((10#${k%%-*}))
-            ((k > i)) && rm -f "$s"
-        done
-        DP_CURRENT_STEP="$i/$n ($desc)"
-        dp_log "step $i/$n: $desc"
+        DP_CURRENT_STEP="$i/$n (${descs[i - 1]})"
+        dp_log "step $i/$n: ${descs[i - 1]}"
         t0=$SECONDS
-        "$fn"
-        touch "$stamp"
+        "${fns[i - 1]}"
+        touch "$DP_STAMPS/$(printf '%02d' "$i")-${ids[i - 1]}.done"
         DP_CURRENT_STEP=
         dp_log "step $i/$n: done in $(dp_fmt_secs $((SECONDS - t0)))"
-        ran=1
     done
-    if ((ran)); then
-        if ((DP_OPT[keep-work] == 0)); then rm -rf "$DP_WORK"; fi
-        dp_log "finished in $(dp_fmt_secs $((SECONDS - start))): binarized data in $DP_OUT/bin"
-    else
-        dp_log "nothing to do: $DP_OUT is complete (binarized data in $DP_OUT/bin)"
-    fi
+    if ((DP_OPT[keep-work] == 0)); then rm -rf "$DP_WORK"; fi
+    dp_log "finished in $(dp_fmt_secs $((SECONDS - start))): binarized data in $DP_OUT/bin"
+}
+
+_dp_stamp() { # _dp_stamp I: the stamp file of step I (any id)
+    local f
+    for f in "$DP_STAMPS/$(printf '%02d' "$1")"-*.done; do
+        echo "$f"
+        return 0
+    done
 }
 
 # ---------------------------------------------------------------------- outputs
@@ -366,7 +397,7 @@ dp_atomic() {
     local dest=$1 tmp
     shift
     mkdir -p "$(dirname "$dest")"
-    tmp=$dest.tmp.$$
+    tmp=$dest.$$.tmp
     if ! "$@" >"$tmp"; then
         rm -f "$tmp"
         return 1
@@ -374,8 +405,14 @@ dp_atomic() {
     mv -f "$tmp" "$dest"
 }
 
-# dp_lines FILE: number of lines (a last line without newline counts).
-dp_lines() { awk 'END { print NR }' "$1"; }
+# dp_lines FILE: number of lines (a last line without newline counts); .gz decompressed.
+dp_lines() {
+    if [[ $1 == *.gz ]]; then
+        gzip -dc "$1" | awk 'END { print NR }'
+    else
+        awk 'END { print NR }' "$1"
+    fi
+}
 
 # dp_same_lines FILE...: fail unless all have the same number of lines; prints it.
 dp_same_lines() {
@@ -410,8 +447,18 @@ dp_extract() {
 # Subword segmentation with method DP_BPE (subword-nmt | sentencepiece) and the
 # options bpe-size, spm-type, workers. The model goes to OUTDIR/bpe/bpe.codes or
 # OUTDIR/spm/spm.model (kept: evaluation decodes with it).
-dp_subword_model_path() {
-    if [[ $DP_BPE == sentencepiece ]]; then echo "$DP_OUT/spm/spm.model"; else echo "$DP_OUT/bpe/bpe.codes"; fi
+dp_subword_model_path() { echo "$DP_OUT/$(dp_subword_model_rel)"; }
+dp_subword_model_rel() {
+    if [[ $DP_BPE == sentencepiece ]]; then echo spm/spm.model; else echo bpe/bpe.codes; fi
+}
+
+# dp_bin_outputs SRC TGT: the files of OUTDIR/bin (for DP_OUTPUTS)
+dp_bin_outputs() {
+    local split l
+    printf 'bin/dict.%s.txt bin/dict.%s.txt' "$1" "$2"
+    for split in train valid test; do
+        for l in "$1" "$2"; do printf ' bin/%s.%s-%s.%s.bin bin/%s.%s-%s.%s.idx' "$split" "$1" "$2" "$l" "$split" "$1" "$2" "$l"; done
+    done
 }
 
 dp_learn_subword() { # dp_learn_subword INPUT...
@@ -420,9 +467,9 @@ dp_learn_subword() { # dp_learn_subword INPUT...
         -o "$(dp_subword_model_path)" "$@"
 }
 
-dp_apply_subword() { # dp_apply_subword IN OUT
+dp_apply_subword() { # dp_apply_subword IN OUT [IN OUT ...]
     dp_py subword-apply --method "$DP_BPE" --model "$(dp_subword_model_path)" \
-        --workers "${DP_OPT[workers]}" "$1" "$2"
+        --workers "${DP_OPT[workers]}" "$@"
 }
 
 # dp_binarize SRC TGT TEXTDIR: fairseq-preprocess TEXTDIR/{train,valid,test}.{SRC,TGT}
@@ -460,4 +507,197 @@ dp_write_info() {
         for f in "$DP_OUT"/text/*; do printf '  %s %s\n' "$(basename "$f")" "$(dp_lines "$f")"; done
     } >"$DP_TMP/prepare-info.txt"
     mv -f "$DP_TMP/prepare-info.txt" "$DP_OUT/prepare-info.txt"
+}
+
+# ------------------------------------------------------------------------ WMT'14
+#
+# dp_wmt14_main "$@": the pipeline shared by prepare-wmt14-en-de.sh and
+# prepare-wmt14-en-fr.sh. The calling script sets:
+#   DP_NAME, WMT_TGT (de | fr), WMT_TGT_NAME, WMT_DEV_NAME, WMT_DEFAULT_RATIO
+#   WMT_FILES  (NAME URL ...)               archives to fetch
+#   WMT_TRAIN  ("ARCHIVE|PREFIX|SUFFIX" ...) training corpora: members PREFIX.LANG SUFFIX
+#   WMT_DEV    ("ARCHIVE|PREFIX" ...)        dev sets, plain text PREFIX.LANG, concatenated
+#   WMT_TEST   "ARCHIVE|SRC.sgm|REF.sgm"     newstest2014 source and reference
+# and defines usage() (which may call dp_wmt14_usage).
+
+dp_wmt14_usage() {
+    local t=$WMT_TGT i
+    cat <<EOF
+Usage: data-prep/$DP_NAME.sh [options] [--mirror DIR] OUTDIR
+
+WMT'14 English->$WMT_TGT_NAME: the standard training corpora; Moses punctuation
+normalization, non-printing character removal and tokenization (sacremoses,
+aggressive hyphen splitting, as fairseq's prepare-wmt14en2$t.sh); joint subwords
+learned on the tokenized training text; training pairs cleaned like Moses
+clean-corpus-n (1..--max-len subwords, length ratio <= --ratio); and
+fairseq-preprocess --joined-dictionary (so --share-all-embeddings works).
+Dev: $WMT_DEV_NAME; test: newstest2014 (the full 3,003-sentence set in
+test-full.tgz). Dev and test are never cleaned.
+
+Outputs:
+  OUTDIR/bin/                fairseq data (train/valid/test, en-$t, dict.{en,$t}.txt)
+  OUTDIR/bpe/bpe.codes       subword-nmt codes (or OUTDIR/spm/spm.model)
+  OUTDIR/raw/test.{en,$t}    newstest2014 source/reference, untokenized, identical to
+                             sacreBLEU's wmt14/full (the references for sacreBLEU)
+  OUTDIR/raw/valid.{en,$t}   the dev set, untokenized
+  OUTDIR/text/               the segmented text given to fairseq-preprocess
+
+Options:
+  --bpe METHOD        subword-nmt (joint BPE) or sentencepiece (default: subword-nmt)
+  --bpe-size N        BPE merge operations, or sentencepiece vocabulary size
+                      (default: 32000, like the papers' tensor2tensor 32k vocabulary;
+                      fairseq's prepare-wmt14en2$t.sh uses 40000)
+  --spm-type T        sentencepiece model type: unigram or bpe (default: unigram)
+  --max-len N         clean: drop training pairs longer than N subwords (default: 250)
+  --ratio R           clean: drop training pairs whose length ratio exceeds R
+                      (default: $WMT_DEFAULT_RATIO; 0: no ratio test)
+  --max-train-lines N use only the first N lines of each training corpus (0: all;
+                      a quick smoke test of the whole pipeline)
+EOF
+    dp_common_help
+    echo
+    echo "Files (not sha256-pinned, see --checksums):"
+    for ((i = 0; i < ${#WMT_FILES[@]}; i += 2)); do printf '  %-36s %s\n' "${WMT_FILES[i]}" "${WMT_FILES[i + 1]}"; done
+}
+
+dp_wmt14_main() {
+    dp_set_common_defaults
+    DP_OPT[bpe]=subword-nmt
+    DP_OPT[bpe-size]=32000
+    DP_OPT[spm-type]=unigram
+    DP_OPT[max-len]=250
+    DP_OPT[ratio]=$WMT_DEFAULT_RATIO
+    DP_OPT[max-train-lines]=0
+    dp_parse_args "$@"
+    dp_check_choice bpe subword-nmt sentencepiece
+    dp_check_int bpe-size 1
+    dp_check_choice spm-type unigram bpe
+    dp_check_int max-len 1
+    dp_check_int max-train-lines 0
+    if ! [[ ${DP_OPT[ratio]} =~ ^[0-9]+(\.[0-9]*)?$ ]] ||
+        ! awk -v r="${DP_OPT[ratio]}" 'BEGIN { exit !(r == 0 || r >= 1) }'; then
+        dp_usage_error "--ratio '${DP_OPT[ratio]}' is not allowed: expected a number >= 1, or 0 for no ratio test"
+    fi
+    DP_BPE=${DP_OPT[bpe]}
+
+    dp_require_cmds tar gzip fairseq-preprocess
+    local module=subword_nmt i
+    [[ $DP_BPE == sentencepiece ]] && module=sentencepiece
+    dp_require_python_modules sacremoses regex "$module"
+    dp_setup bpe bpe-size spm-type max-len ratio max-train-lines
+
+    local t=$WMT_TGT
+    DP_OUTPUTS[fetch]=$(for ((i = 0; i < ${#WMT_FILES[@]}; i += 2)); do printf 'orig/%s ' "${WMT_FILES[i]}"; done)
+    DP_OUTPUTS[raw]="raw/valid.en raw/valid.$t raw/test.en raw/test.$t"
+    DP_OUTPUTS[learn]=$(dp_subword_model_rel)
+    DP_OUTPUTS[apply]="text/valid.en text/valid.$t text/test.en text/test.$t"
+    DP_OUTPUTS[clean]="text/train.en text/train.$t"
+    DP_OUTPUTS[binarize]=$(dp_bin_outputs en "$t")
+    DP_READS_WORK="raw tokenize learn apply clean"
+    dp_run_steps \
+        fetch "fetch and verify $((${#WMT_FILES[@]} / 2)) archives" _dp_wmt14_fetch \
+        extract "extract the corpora, check line counts" _dp_wmt14_extract \
+        raw "raw dev/test text (newstest2014 from SGM, as sacreBLEU)" _dp_wmt14_raw \
+        tokenize "normalize punctuation and tokenize (sacremoses, ${DP_OPT[workers]} workers)" _dp_wmt14_tokenize \
+        learn "learn joint $DP_BPE subwords (size ${DP_OPT[bpe-size]}) on train.en + train.$WMT_TGT" _dp_wmt14_learn \
+        apply "segment train/valid/test" _dp_wmt14_apply \
+        clean "clean training pairs (1..${DP_OPT[max-len]} subwords, ratio ${DP_OPT[ratio]})" _dp_wmt14_clean \
+        binarize "fairseq-preprocess --joined-dictionary" _dp_wmt14_binarize
+}
+
+_dp_wmt14_fetch() { dp_fetch_all "${WMT_FILES[@]}"; }
+
+# "ARCHIVE MEMBER" for every member the pipeline reads, in order
+_dp_wmt14_members() {
+    local spec archive prefix suffix l
+    for spec in "${WMT_TRAIN[@]}"; do
+        IFS='|' read -r archive prefix suffix <<<"$spec"
+        for l in en "$WMT_TGT"; do echo "$archive $prefix.$l$suffix"; done
+    done
+    for spec in "${WMT_DEV[@]}"; do
+        IFS='|' read -r archive prefix <<<"$spec"
+        for l in en "$WMT_TGT"; do echo "$archive $prefix.$l"; done
+    done
+    IFS='|' read -r archive prefix suffix <<<"$WMT_TEST"
+    echo "$archive $prefix"
+    echo "$archive $suffix"
+}
+
+_dp_wmt14_extract() {
+    local x=$DP_WORK/extracted archive spec prefix suffix n
+    local -a archives members
+    rm -rf "$x"
+    mkdir -p "$x"
+    mapfile -t archives < <(_dp_wmt14_members | cut -d' ' -f1 | awk '!seen[$0]++')
+    for archive in "${archives[@]}"; do
+        mapfile -t members < <(_dp_wmt14_members | awk -v a="$archive" '$1 == a { print $2 }')
+        dp_log "  $archive: ${members[*]}"
+        dp_extract "$DP_ORIG/$archive" "$x" "${members[@]}"
+    done
+    for spec in "${WMT_TRAIN[@]}"; do
+        IFS='|' read -r archive prefix suffix <<<"$spec"
+        n=$(dp_same_lines "$x/$prefix.en$suffix" "$x/$prefix.$WMT_TGT$suffix")
+        ((n > 0)) || dp_die "$prefix.en$suffix in $archive is empty"
+        dp_log "  $(basename "$prefix"): $n pairs"
+    done
+}
+
+_dp_wmt14_raw() {
+    local x=$DP_WORK/extracted archive prefix src ref spec l n
+    local -a files
+    mkdir -p "$DP_OUT/raw"
+    IFS='|' read -r archive src ref <<<"$WMT_TEST"
+    dp_py sgm2txt "$x/$src" "$DP_OUT/raw/test.en"
+    dp_py sgm2txt "$x/$ref" "$DP_OUT/raw/test.$WMT_TGT"
+    for l in en "$WMT_TGT"; do
+        files=()
+        for spec in "${WMT_DEV[@]}"; do
+            IFS='|' read -r archive prefix <<<"$spec"
+            files+=("$x/$prefix.$l")
+        done
+        dp_atomic "$DP_OUT/raw/valid.$l" cat "${files[@]}"
+    done
+    n=$(dp_same_lines "$DP_OUT/raw/test.en" "$DP_OUT/raw/test.$WMT_TGT")
+    dp_log "  test (newstest2014): $n pairs"
+    n=$(dp_same_lines "$DP_OUT/raw/valid.en" "$DP_OUT/raw/valid.$WMT_TGT")
+    dp_log "  valid ($WMT_DEV_NAME): $n pairs"
+}
+
+_dp_wmt14_tokenize() {
+    local x=$DP_WORK/extracted l spec archive prefix suffix split
+    local -a inputs
+    for l in en "$WMT_TGT"; do
+        inputs=()
+        for spec in "${WMT_TRAIN[@]}"; do
+            IFS='|' read -r archive prefix suffix <<<"$spec"
+            inputs+=("$x/$prefix.$l$suffix")
+        done
+        dp_py moses --lang "$l" --workers "${DP_OPT[workers]}" --max-lines "${DP_OPT[max-train-lines]}" \
+            -o "$DP_WORK/train.tok.$l" "${inputs[@]}"
+        for split in valid test; do
+            dp_py moses --lang "$l" --workers 1 -o "$DP_WORK/$split.tok.$l" "$DP_OUT/raw/$split.$l"
+        done
+    done
+    dp_same_lines "$DP_WORK/train.tok.en" "$DP_WORK/train.tok.$WMT_TGT" >/dev/null
+}
+
+_dp_wmt14_learn() { dp_learn_subword "$DP_WORK/train.tok.en" "$DP_WORK/train.tok.$WMT_TGT"; }
+
+_dp_wmt14_apply() {
+    local l files=()
+    for l in en "$WMT_TGT"; do
+        files+=("$DP_WORK/train.tok.$l" "$DP_WORK/train.seg.$l")
+        files+=("$DP_WORK/valid.tok.$l" "$DP_OUT/text/valid.$l" "$DP_WORK/test.tok.$l" "$DP_OUT/text/test.$l")
+    done
+    dp_apply_subword "${files[@]}"
+}
+
+_dp_wmt14_clean() {
+    dp_py clean --min 1 --max "${DP_OPT[max-len]}" --ratio "${DP_OPT[ratio]}" \
+        "$DP_WORK/train.seg.en" "$DP_WORK/train.seg.$WMT_TGT" "$DP_OUT/text/train.en" "$DP_OUT/text/train.$WMT_TGT"
+}
+
+_dp_wmt14_binarize() {
+    dp_binarize en "$WMT_TGT" "$DP_OUT/text"
+    dp_write_info
 }

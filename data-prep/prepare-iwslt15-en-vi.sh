@@ -105,16 +105,9 @@ step_copy() {
 step_learn() { dp_learn_subword "$DP_WORK/train.en" "$DP_WORK/train.vi"; }
 
 step_apply() {
-    local split l
-    for split in train valid test; do
-        for l in en vi; do
-            if [[ $split == train ]]; then
-                dp_apply_subword "$DP_WORK/$split.$l" "$DP_WORK/$split.seg.$l"
-            else
-                dp_apply_subword "$DP_WORK/$split.$l" "$DP_OUT/text/$split.$l"
-            fi
-        done
-    done
+    dp_apply_subword "$DP_WORK/train.en" "$DP_WORK/train.seg.en" "$DP_WORK/train.vi" "$DP_WORK/train.seg.vi" \
+        "$DP_WORK/valid.en" "$DP_OUT/text/valid.en" "$DP_WORK/valid.vi" "$DP_OUT/text/valid.vi" \
+        "$DP_WORK/test.en" "$DP_OUT/text/test.en" "$DP_WORK/test.vi" "$DP_OUT/text/test.vi"
 }
 
 step_clean() {
@@ -127,6 +120,13 @@ step_binarize() {
     dp_write_info
 }
 
+DP_OUTPUTS[fetch]="orig/train.en orig/train.vi orig/tst2012.en orig/tst2012.vi orig/tst2013.en orig/tst2013.vi"
+DP_OUTPUTS[copy]="raw/valid.en raw/valid.vi raw/test.en raw/test.vi"
+DP_OUTPUTS[learn]=$(dp_subword_model_rel)
+DP_OUTPUTS[apply]="text/valid.en text/valid.vi text/test.en text/test.vi"
+DP_OUTPUTS[clean]="text/train.en text/train.vi"
+DP_OUTPUTS[binarize]=$(dp_bin_outputs en vi)
+DP_READS_WORK="learn apply clean"
 dp_run_steps \
     fetch "fetch and verify the 6 published files" step_fetch \
     copy "check line counts, keep raw valid/test text" step_copy \

@@ -87,10 +87,11 @@ step_unpack() {
 step_learn() { dp_learn_subword "$DP_WORK/train.en" "$DP_WORK/train.de"; }
 
 step_apply() {
-    local split l
+    local split l files=()
     for split in train valid test; do
-        for l in en de; do dp_apply_subword "$DP_WORK/$split.$l" "$DP_OUT/text/$split.$l"; done
+        for l in en de; do files+=("$DP_WORK/$split.$l" "$DP_OUT/text/$split.$l"); done
     done
+    dp_apply_subword "${files[@]}"
 }
 
 step_binarize() {
@@ -98,6 +99,12 @@ step_binarize() {
     dp_write_info
 }
 
+DP_OUTPUTS[fetch]=$(for name in train val test_2016_flickr; do printf 'orig/%s.en.gz orig/%s.de.gz ' "$name" "$name"; done)
+DP_OUTPUTS[unpack]="raw/valid.en raw/valid.de raw/test.en raw/test.de"
+DP_OUTPUTS[learn]=spm/spm.model
+DP_OUTPUTS[apply]=$(for split in train valid test; do printf 'text/%s.en text/%s.de ' "$split" "$split"; done)
+DP_OUTPUTS[binarize]=$(dp_bin_outputs en de)
+DP_READS_WORK="learn apply"
 dp_run_steps \
     fetch "fetch and verify the 6 published files" step_fetch \
     unpack "decompress, check line counts, keep raw valid/test text" step_unpack \

@@ -375,10 +375,13 @@ def _spm_factory(model):
 def cmd_subword_apply(args):
     if not os.access(args.model, os.R_OK):
         raise DataPrepError(f"cannot read subword model {args.model}")
+    if len(args.files) % 2:
+        raise DataPrepError("subword-apply takes pairs of files: IN OUT [IN OUT ...]")
     factory = _bpe_factory if args.method == "subword-nmt" else _spm_factory
-    with AtomicWriter(args.output) as out:
-        map_lines(read_lines([args.input]), factory, (args.model,), out, args.workers,
-                  f"{args.method} {os.path.basename(args.input)}")
+    for inp, outp in zip(args.files[::2], args.files[1::2]):
+        with AtomicWriter(outp) as out:
+            map_lines(read_lines([inp]), factory, (args.model,), out, args.workers,
+                      f"{args.method} {os.path.basename(inp)}")
 
 
 def cmd_spm_decode(args):
@@ -482,8 +485,7 @@ def build_parser():
     s.add_argument("--method", choices=["subword-nmt", "sentencepiece"], required=True)
     s.add_argument("--model", required=True)
     s.add_argument("--workers", type=positive_int, default=1)
-    s.add_argument("input")
-    s.add_argument("output")
+    s.add_argument("files", nargs="+", metavar="IN OUT", help="one or more pairs: input, output")
     s.set_defaults(fn=cmd_subword_apply)
 
     s = sub.add_parser("spm-decode", help="sentencepiece pieces -> text")

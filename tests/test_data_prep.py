@@ -1,0 +1,339 @@
+"""data-prep/prepare-*.sh end to end through --mirror: real Multi30k and IWSLT'15
+test sets, miniature WMT'14 mirrors with the published archive names and layout.
+
+Checks the outputs against the inputs (line counts, checksums, references byte for
+byte, reversible segmentation, the binarized data as fairseq loads it), failures
+(bad options, missing tools, wrong checksums, corrupt archives, a failed step) and
+that a second run does no work.
+"""
+import gzip
+import hashlib
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN_DIR, REPO_ROOT, run_cli, shared_data_dir
+from data_prep_mirror import PLANTED_BAD, build_iwslt_mirror, build_wmt14_mirror
+
+DATA_PREP = REPO_ROOT / "data-prep"
+SCRIPTS = ["prepare-multi30k.sh", "prepare-iwslt15-en-vi.sh", "prepare-wmt14-en-de.sh", "prepare-wmt14-en-fr.sh"]
+
+
+def prepare(script, *args, check=True, **env):
+    return run_cli(["bash", DATA_PREP / script, *args], check=check, timeout=600, **env)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def lines(path: Path) -> list:
+    return Path(path).read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def output_mtimes(out: Path) -> dict:
+    return {p: p.stat().st_mtime_ns for d in ("bin", "text", "raw", "spm", "bpe") if (out / d).is_dir()
+            for p in (out / d).iterdir()}
+
+
+def check_binarized(out: Path, src: str, tgt: str, expected_counts: dict):
+    """bin/ loads in fairseq: joined dictionary, TranslationTask datasets, and every
+    sentence equal to the segmented text it came from."""
+    from fairseq.data import Dictionary, data_utils
+    from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+    bin_dir = out / "bin"
+    assert (bin_dir / f"dict.{src}.txt").read_bytes() == (bin_dir / f"dict.{tgt}.txt").read_bytes(), \
+        "dictionaries differ: not a joined dictionary"
+    d = Dictionary.load(str(bin_dir / f"dict.{src}.txt"))
+    for split, n in expected_counts.items():
+        for lang in (src, tgt):
+            ds = data_utils.load_indexed_dataset(str(bin_dir / f"{split}.{src}-{tgt}.{lang}"), d)
+            assert ds is not None, f"{split}.{lang} missing in {bin_dir}"
+            text = lines(out / "text" / f"{split}.{lang}")
+            assert len(ds) == len(text) == n, (split, lang, len(ds), len(text), n)
+            assert ds.sizes.tolist() == [len(x.split()) + 1 for x in text]  # tokens + </s>
+            for i in sorted(set(range(0, n, max(1, n // 300))) | {n - 1}):
+                expected = d.encode_line(text[i], add_if_not_exist=False, append_eos=True).long()
+                assert ds[i].tolist() == expected.tolist(), (split, lang, i)
+    cfg = TranslationConfig(data=str(bin_dir), source_lang=src, target_lang=tgt,
+                            dataset_impl="mmap", required_seq_len_multiple=1)
+    task = TranslationTask.setup_task(cfg)
+    for split, n in expected_counts.items():
+        task.load_dataset(split)
+        assert len(task.dataset(split)) == n
+    assert task.source_dictionary.symbols == task.target_dictionary.symbols
+
+
+def check_no_work_on_rerun(script, args, out: Path):
+    before = output_mtimes(out)
+    t0 = time.time()
+    proc = prepare(script, *args, out)
+    assert time.time() - t0 < 15
+    assert "nothing to do" in proc.stderr, proc.stderr
+    assert proc.stderr.count("skipping") >= 5
+    assert output_mtimes(out) == before
+
+
+# ----------------------------------------------------------------------- options
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_and_option_errors(script, tmp_path):
+    proc = prepare(script, "--help")
+    assert proc.stdout.startswith(f"Usage: data-prep/{script}")
+    for word in ("--mirror", "--checksums", "--workers", "--bpe-size", "OUTDIR/bin", "OUTDIR/raw/test"):
+        assert word in proc.stdout, word
+
+    def fails(args, *words, rc=2):
+        p = prepare(script, *args, check=False)
+        assert p.returncode == rc, (args, p.returncode, p.stderr)
+        for w in words:
+            assert w in p.stderr, (args, w, p.stderr)
+
+    out = tmp_path / "out"
+    fails(["--frobnicate", out], "unknown option '--frobnicate'")
+    fails([], "missing OUTDIR")
+    fails([out, tmp_path / "other"], "unexpected argument")
+    fails(["--bpe-size", "lots", out], "--bpe-size 'lots' is not an integer")
+    fails(["--workers", "0", out], "--workers 0 is too small")
+    fails(["--mirror", tmp_path / "nowhere", out], "--mirror", "nowhere: no such directory")
+    fails(["--spm-type", "wordpiece", out], "--spm-type 'wordpiece' is not allowed", "unigram bpe")
+    if script != "prepare-multi30k.sh":
+        fails(["--bpe", "bpe-dropout", out], "--bpe 'bpe-dropout' is not allowed", "subword-nmt sentencepiece")
+    if script.startswith("prepare-wmt14"):
+        fails(["--ratio", "0.5", out], "--ratio '0.5' is not allowed")
+    assert not out.exists()
+
+
+def test_missing_tool_and_python_module(tmp_path):
+    """A clear error before any work: a missing fairseq-preprocess, a python without sacremoses."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    os.symlink(BIN_DIR / "python", bare / "python3")
+    path = f"{bare}:/usr/bin:/bin"
+    out = tmp_path / "out"
+    proc = prepare("prepare-wmt14-en-de.sh", "--mirror", tmp_path, out, check=False, PATH=path)
+    assert proc.returncode == 1
+    assert "'fairseq-preprocess' not found on PATH" in proc.stderr
+    assert not out.exists()
+
+    os.symlink(BIN_DIR / "fairseq-preprocess", bare / "fairseq-preprocess")
+    no_site = tmp_path / "python-without-packages"
+    no_site.write_text(f'#!/bin/sh\nexec "{BIN_DIR / "python"}" -S "$@"\n')
+    no_site.chmod(0o755)
+    proc = prepare("prepare-wmt14-en-de.sh", "--mirror", tmp_path, out, check=False, PATH=path, PYTHON=str(no_site))
+    assert proc.returncode == 1
+    assert "python module(s) missing" in proc.stderr and "sacremoses" in proc.stderr
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------- Multi30k
+
+@pytest.fixture(scope="module")
+def multi30k(tmp_path_factory):
+    out = tmp_path_factory.mktemp("multi30k") / "out"
+    mirror = shared_data_dir("multi30k")
+    proc = prepare("prepare-multi30k.sh", "--mirror", mirror, out)
+    return out, mirror, proc
+
+
+def test_multi30k_full_corpus(multi30k):
+    out, mirror, proc = multi30k
+    published = {f: sha256(mirror / f) for f in os.listdir(mirror) if f.endswith(".gz")}
+    assert len(published) == 6
+    assert proc.stderr.count("sha256 OK") == 6  # all six pinned and verified
+    recorded = dict(reversed(line.split("  ")) for line in lines(out / "orig" / "SHA256SUMS"))
+    assert recorded == published
+
+    for split, name in (("valid", "val"), ("test", "test_2016_flickr")):
+        for lang in ("en", "de"):
+            raw = (out / "raw" / f"{split}.{lang}").read_bytes()
+            assert raw == gzip.decompress((mirror / f"{name}.{lang}.gz").read_bytes()), (split, lang)
+    assert (out / "spm" / "spm.model").is_file()
+    check_binarized(out, "en", "de", {"train": 29000, "valid": 1014, "test": 1000})
+
+    # sentencepiece segmentation is reversible: decoding gives back the raw reference
+    decoded = out / "decoded.de"
+    run_cli(["python", DATA_PREP / "textproc.py", "spm-decode", "--model", out / "spm" / "spm.model",
+             out / "text" / "test.de", decoded])
+    assert lines(decoded) == [" ".join(x.split()) for x in lines(out / "raw" / "test.de")]
+    n_types = len(lines(out / "bin" / "dict.en.txt"))
+    assert 7000 < n_types <= 8000  # joint 8k vocabulary
+
+
+def test_multi30k_second_run_does_nothing(multi30k):
+    out, mirror, _ = multi30k
+    check_no_work_on_rerun("prepare-multi30k.sh", ["--mirror", mirror], out)
+    proc = prepare("prepare-multi30k.sh", "--mirror", mirror, "--bpe-size", "4000", out, check=False)
+    assert proc.returncode == 1
+    assert "prepared with other options" in proc.stderr and "--bpe-size=8000" in proc.stderr
+
+
+def test_multi30k_checksum_mismatch(tmp_path):
+    """A mirror file that is not the published one is refused, naming it; no bin/."""
+    mirror = tmp_path / "mirror"
+    shutil.copytree(shared_data_dir("multi30k"), mirror)
+    data = bytearray((mirror / "val.en.gz").read_bytes())
+    data[-9] ^= 1  # flip a bit of the gzip trailer
+    (mirror / "val.en.gz").write_bytes(bytes(data))
+    out = tmp_path / "out"
+    proc = prepare("prepare-multi30k.sh", "--mirror", mirror, out, check=False)
+    assert proc.returncode == 1
+    assert "checksum mismatch for val.en.gz" in proc.stderr
+    assert "pinned in prepare-multi30k.sh" in proc.stderr
+    assert not (out / "bin").exists()
+
+    shutil.copy(shared_data_dir("multi30k") / "val.en.gz", mirror / "val.en.gz")
+    (mirror / "test_2016_flickr.de.gz").unlink()
+    proc = prepare("prepare-multi30k.sh", "--mirror", mirror, tmp_path / "out2", check=False)
+    assert proc.returncode == 1 and "test_2016_flickr.de.gz not found in mirror" in proc.stderr
+
+
+# ---------------------------------------------------------------------- IWSLT'15
+
+@pytest.fixture(scope="module")
+def iwslt_mirror(tmp_path_factory):
+    return build_iwslt_mirror(tmp_path_factory.mktemp("iwslt_mirror"))
+
+
+def test_iwslt15_bpe(iwslt_mirror, tmp_path):
+    out = tmp_path / "out"
+    args = ["--mirror", iwslt_mirror, "--bpe-size", "500"]
+    proc = prepare("prepare-iwslt15-en-vi.sh", *args, out)
+    assert proc.stderr.count("sha256 OK") == 4  # tst2012/tst2013 pinned
+    assert "train.en: sha256" in proc.stderr and "not pinned" in proc.stderr
+    real = shared_data_dir("iwslt15-en-vi")
+    for split, name in (("valid", "tst2012"), ("test", "tst2013")):
+        for lang in ("en", "vi"):
+            assert (out / "raw" / f"{split}.{lang}").read_bytes() == (real / f"{name}.{lang}").read_bytes()
+            # BPE only splits words: removing the separators gives back the published text
+            joined = [x.replace("@@ ", "") for x in lines(out / "text" / f"{split}.{lang}")]
+            assert joined == [" ".join(x.split()) for x in lines(real / f"{name}.{lang}")]
+    assert "&apos;" in (out / "text" / "test.en").read_text() and "&quot;" in (out / "text" / "test.vi").read_text()
+    assert (out / "bpe" / "bpe.codes").is_file()
+    check_binarized(out, "en", "vi", {"train": 1553, "valid": 1553, "test": 1268})
+    check_no_work_on_rerun("prepare-iwslt15-en-vi.sh", args, out)
+
+
+
+def test_iwslt15_sentencepiece_resumes_after_a_failed_step(iwslt_mirror, tmp_path):
+    """fairseq-preprocess fails once (a stand-in that exits 1): no bin/, a message
+    naming the step; the same command then resumes without redoing finished steps."""
+    out = tmp_path / "out"
+    args = ["--mirror", iwslt_mirror, "--bpe", "sentencepiece", "--bpe-size", "500", "--max-train-lines", "1000"]
+    broken = tmp_path / "broken-bin"
+    broken.mkdir()
+    (broken / "fairseq-preprocess").write_text("#!/bin/sh\necho 'simulated failure' >&2\nexit 1\n")
+    (broken / "fairseq-preprocess").chmod(0o755)
+    proc = prepare("prepare-iwslt15-en-vi.sh", *args, out, check=False,
+                   PATH=f"{broken}:{BIN_DIR}:{os.environ['PATH']}")
+    assert proc.returncode == 1
+    assert "fairseq-preprocess failed" in proc.stderr and "failed in step 6/6" in proc.stderr
+    assert not (out / "bin").exists()
+    assert not list(out.glob(".tmp*")) and not list(out.rglob("*.tmp"))
+    # --max-train-lines 1000, then pairs longer than 250 pieces (a 500-piece vocabulary) dropped
+    n_train = len(lines(out / "text" / "train.en"))
+    assert 980 <= n_train < 1000 and f"kept {n_train:,} of 1,000 pairs" in proc.stderr
+
+    # and a lost output is noticed: its step and the later ones are redone
+    (out / "text" / "test.vi").unlink()
+    proc = prepare("prepare-iwslt15-en-vi.sh", *args, out)
+    assert "step 4/6: done earlier, but its output is missing: text/test.vi" in proc.stderr
+    assert proc.stderr.count(": done, skipping") == 3  # fetch, copy, learn
+    assert "step 6/6: fairseq-preprocess" in proc.stderr
+    check_binarized(out, "en", "vi", {"train": n_train, "valid": 1553, "test": 1268})
+    decoded = out / "decoded.vi"
+    run_cli(["python", DATA_PREP / "textproc.py", "spm-decode", "--model", out / "spm" / "spm.model",
+             out / "text" / "test.vi", decoded])
+    assert decoded.read_bytes() == (out / "raw" / "test.vi").read_bytes()
+
+
+# ------------------------------------------------------------------------ WMT'14
+
+def desegment(out: Path, path: Path) -> list:
+    """The segmented text of `path` joined back into tokens (BPE) or text (sentencepiece)."""
+    if (out / "bpe" / "bpe.codes").is_file():
+        return [x.replace("@@ ", "") for x in lines(path)]
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(out / "spm" / "spm.model"))
+    return [sp.decode(x.split()) for x in lines(path)]
+
+
+def check_wmt(out: Path, tgt: str, info: dict, n_train_max: int):
+    assert lines(out / "raw" / "test.en") == info["test"][0]
+    assert lines(out / "raw" / f"test.{tgt}") == info["test"][1]
+    assert lines(out / "raw" / "valid.en") == info["valid"][0]
+    assert lines(out / "raw" / f"valid.{tgt}") == info["valid"][1]
+    train_en, train_tg = lines(out / "text" / "train.en"), lines(out / "text" / f"train.{tgt}")
+    assert 0.8 * n_train_max < len(train_en) <= n_train_max - len(PLANTED_BAD)
+    for e, t in zip(train_en, train_tg):  # the cleaning invariants
+        ne, nt = len(e.split()), len(t.split())
+        assert 1 <= ne <= 250 and 1 <= nt <= 250 and ne <= 1.5 * nt and nt <= 1.5 * ne
+    # Moses tokenization with escaping and aggressive hyphen splitting
+    test_en = desegment(out, out / "text" / "test.en")
+    assert test_en[3].endswith(" &amp; amp ; R &amp; D")
+    assert any(" @-@ " in x for x in desegment(out, out / "text" / f"train.{tgt}"))
+    check_binarized(out, "en", tgt, {"train": len(train_en), "valid": len(info["valid"][0]),
+                                     "test": len(info["test"][0])})
+
+
+@pytest.fixture(scope="module")
+def wmt_de_mirror(tmp_path_factory):
+    mirror = tmp_path_factory.mktemp("wmt14_en_de_mirror")
+    return mirror, build_wmt14_mirror(mirror, "de")
+
+
+def test_wmt14_en_de(wmt_de_mirror, tmp_path):
+    mirror, info = wmt_de_mirror
+    out = tmp_path / "out"
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_text("".join(f"{sha256(mirror / f)}  {f}\n" for f in info["files"]))
+    args = ["--mirror", mirror, "--bpe-size", "500", "--checksums", sums]
+    proc = prepare("prepare-wmt14-en-de.sh", *args, out)
+    assert proc.stderr.count("sha256 OK") == 5
+    assert sorted(lines(out / "orig" / "SHA256SUMS")) == sorted(lines(sums))
+    check_wmt(out, "de", info, len(info["train_pairs"]))
+    assert (out / "bpe" / "bpe.codes").is_file() and not (out / "work").exists()
+    check_no_work_on_rerun("prepare-wmt14-en-de.sh", args, out)
+
+
+def test_wmt14_wrong_checksum_and_corrupt_archive(wmt_de_mirror, tmp_path):
+    mirror, info = wmt_de_mirror
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_text("".join(f"{'0' * 64 if f == 'dev.tgz' else sha256(mirror / f)}  {f}\n" for f in info["files"]))
+    out = tmp_path / "out1"
+    proc = prepare("prepare-wmt14-en-de.sh", "--mirror", mirror, "--checksums", sums, "--bpe-size", "500", out,
+                   check=False)
+    assert proc.returncode == 1
+    assert f"checksum mismatch for dev.tgz ({mirror}/dev.tgz)" in proc.stderr
+    assert f"expected {'0' * 64} (--checksums {sums})" in proc.stderr
+    assert not (out / "bin").exists()
+
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(mirror, corrupt)
+    archive = corrupt / "training-parallel-nc-v9.tgz"
+    archive.write_bytes(archive.read_bytes()[:2000])  # a truncated download
+    out = tmp_path / "out2"
+    proc = prepare("prepare-wmt14-en-de.sh", "--mirror", corrupt, "--bpe-size", "500", out, check=False)
+    assert proc.returncode == 1
+    assert "cannot extract from" in proc.stderr and "training-parallel-nc-v9.tgz" in proc.stderr
+    assert "failed in step 2/8" in proc.stderr
+    assert not (out / "bin").exists()
+
+
+def test_wmt14_en_fr_sentencepiece(tmp_path):
+    mirror = tmp_path / "mirror"
+    info = build_wmt14_mirror(mirror, "fr")
+    out = tmp_path / "out"
+    proc = prepare("prepare-wmt14-en-fr.sh", "--mirror", mirror, "--bpe", "sentencepiece", "--bpe-size", "600",
+                   "--max-train-lines", "100", "--workers", "1", out)
+    for f in ("training-parallel-un.tgz", "training-giga-fren.tar", "giga-fren.release2.fixed.fr.gz",
+              "un/undoc.2000.fr-en.en", "dev/newstest2012.fr", "newstest2014-fren-ref.fr.sgm"):
+        assert f in proc.stderr, f
+    assert "valid (newstest2012+newstest2013): 120 pairs" in proc.stderr
+    check_wmt(out, "fr", info, 5 * 100)
+    assert (out / "spm" / "spm.model").is_file()
