@@ -10,6 +10,13 @@ keeps fairseq's ``log P / |Y| ** lenpen``. Everything else is fairseq's
 ``fairseq-generate``, ``fairseq-interactive`` and ``fairseq-train --eval-bleu``
 (with ``--eval-bleu-args '{"beam": 4, "lenpen": 0.6}'``).
 See ``resnmt/sequence_generator.py`` and docs/decoding-and-evaluation.md.
+
+One more difference from ``translation``: batches of any split other than the
+training one are built with ``required_batch_size_multiple=1``. fairseq 0.12's
+``batch_by_size`` drops a last batch whose size is not a multiple of
+``--required-batch-size-multiple`` (default 8; fairseq issue #5036), so
+``fairseq-generate --task translation`` silently leaves up to 7 test sentences
+untranslated (and validation skips them). Training batches are unchanged.
 """
 from dataclasses import dataclass, field
 
@@ -40,6 +47,13 @@ class ResNMTTranslationTask(TranslationTask):
     """fairseq's TranslationTask whose generators use the ``--lenpen-form`` penalty."""
 
     cfg: ResNMTTranslationConfig
+
+    def get_batch_iterator(self, dataset, *args, **kwargs):
+        """fairseq's, but never dropping sentences of evaluation splits (see module docstring)."""
+        train = self.datasets.get(getattr(self.cfg, "train_subset", "train"))
+        if dataset is not train and not args:
+            kwargs["required_batch_size_multiple"] = 1
+        return super().get_batch_iterator(dataset, *args, **kwargs)
 
     def build_generator(
         self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None

@@ -1,0 +1,227 @@
+"""resnmt-average: exact averages, which files get picked, refusals, and a real fairseq run."""
+import argparse
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import resnmt  # noqa: F401  (allow-lists fairseq's checkpoint types for weights_only loading)
+from conftest import REPO_ROOT, run_cli
+from resnmt.cli.average_checkpoints import main, select_checkpoints, AverageError
+
+TINY_TRANSFORMER = [
+    "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1",
+    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "2000", "--seed", "1",
+    "--no-progress-bar", "--num-workers", "0",
+]
+
+
+def train_tiny_transformer(tmp_path_factory, data_bin: Path) -> Path:
+    """fairseq's own transformer, 1+1 layers, 8 updates on tiny_bin; trained once per session.
+
+    With ~3 updates per epoch this leaves checkpoint1.pt, checkpoint2.pt (epochs) and
+    checkpoint_1_2.pt, checkpoint_2_4.pt, checkpoint_3_8.pt (every 2 updates, except
+    where an epoch ends) plus checkpoint_last/best.
+    """
+    save_dir = tmp_path_factory.getbasetemp() / "tiny_transformer_ckpts"
+    done = save_dir / "TRAINED"
+    if not done.exists():
+        run_cli(["fairseq-train", data_bin, *TINY_TRANSFORMER, "--max-update", "8",
+                 "--save-interval-updates", "2", "--keep-interval-updates", "10",
+                 "--save-dir", save_dir])
+        done.write_text("ok\n")
+    return save_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpts(tmp_path_factory, tiny_bin):
+    return train_tiny_transformer(tmp_path_factory, tiny_bin)
+
+
+def fake_checkpoint(path: Path, w, half, count, *, epoch, extra_model=None, shape_w=None):
+    """A file laid out like fairseq's: model state dict, cfg (with a Namespace), extra_state..."""
+    model = {
+        "encoder.w": torch.tensor(w, dtype=torch.float32) if shape_w is None else torch.zeros(shape_w),
+        "decoder.h": torch.tensor(half, dtype=torch.float16),
+        "decoder.num_updates": torch.tensor(count, dtype=torch.int64),  # an integer buffer
+        "decoder.mask": torch.tensor([epoch % 2 == 0, True]),  # a bool buffer
+    }
+    model.update(extra_model or {})
+    state = {
+        "args": None,
+        "cfg": {"model": argparse.Namespace(arch="transformer", epoch_marker=epoch), "task": {"_name": "translation"}},
+        "model": model,
+        "optimizer_history": [{"criterion_name": "x", "optimizer_name": "FairseqAdam",
+                               "lr_scheduler_state": {}, "num_updates": count}],
+        "extra_state": {"epoch": epoch, "train_iterator": {"epoch": epoch}},
+        "last_optimizer_state": {"state": {0: {"exp_avg": torch.ones(1000)}}},
+    }
+    torch.save(state, path)
+    return path
+
+
+def three_fakes(tmp_path):
+    return [
+        fake_checkpoint(tmp_path / "checkpoint1.pt", [1e8, 1.0], [1.0, 2.0], 100, epoch=1),
+        fake_checkpoint(tmp_path / "checkpoint2.pt", [1.0, 2.0], [2.0, 4.0], 200, epoch=2),
+        fake_checkpoint(tmp_path / "checkpoint3.pt", [-1e8, 4.0], [4.0, 8.0], 300, epoch=3),
+    ]
+
+
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def test_average_of_three_is_the_float64_mean_and_keeps_newest_metadata(tmp_path):
+    paths = three_fakes(tmp_path)
+    out = tmp_path / "avg.pt"
+    assert main(["--inputs", *map(str, paths), "--output", str(out)]) == 0
+    avg = load(out)
+    # (1e8 + 1 - 1e8) / 3 is 1/3 only when accumulated in float64 (float32 loses the 1).
+    expected_w = torch.tensor([(1e8 + 1.0 - 1e8) / 3, (1.0 + 2.0 + 4.0) / 3], dtype=torch.float64).float()
+    assert avg["model"]["encoder.w"].dtype == torch.float32
+    assert torch.equal(avg["model"]["encoder.w"], expected_w)
+    assert float(avg["model"]["encoder.w"][0]) != 0.0
+    assert avg["model"]["decoder.h"].dtype == torch.float16
+    assert torch.equal(avg["model"]["decoder.h"], torch.tensor([7 / 3, 14 / 3], dtype=torch.float16))
+    # integer and bool buffers come from the newest (last) checkpoint, not averaged
+    assert avg["model"]["decoder.num_updates"].dtype == torch.int64
+    assert int(avg["model"]["decoder.num_updates"]) == 300
+    assert avg["model"]["decoder.mask"].tolist() == [False, True]
+    # everything else is the newest checkpoint's, minus the optimizer state
+    assert avg["cfg"]["model"].epoch_marker == 3
+    assert avg["extra_state"]["epoch"] == 3
+    assert avg["optimizer_history"][-1]["num_updates"] == 300
+    assert "last_optimizer_state" not in avg
+    assert avg["resnmt_averaged_from"] == [str(p) for p in paths]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+
+def test_epoch_and_update_selection_by_number_not_name(tmp_path):
+    # encoder.w holds the checkpoint's number so the average reveals which files were used
+    for e in (1, 2, 9, 10, 11):
+        fake_checkpoint(tmp_path / f"checkpoint{e}.pt", [float(e), 0.0], [0.0, 0.0], e, epoch=e)
+    for e, u in ((1, 500), (2, 1000), (5, 9000), (6, 10000)):
+        fake_checkpoint(tmp_path / f"checkpoint_{e}_{u}.pt", [float(u), 0.0], [0.0, 0.0], u, epoch=e)
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt", "checkpoint.avg10.pt"):
+        fake_checkpoint(tmp_path / name, [-1.0, 0.0], [0.0, 0.0], 0, epoch=0)
+
+    assert [p.name for p in select_checkpoints(tmp_path, 3, "epoch")] == [
+        "checkpoint9.pt", "checkpoint10.pt", "checkpoint11.pt"]
+    assert [p.name for p in select_checkpoints(tmp_path, 2, "epoch", upper_bound=9)] == [
+        "checkpoint2.pt", "checkpoint9.pt"]
+    assert [p.name for p in select_checkpoints(tmp_path, 2, "update")] == [
+        "checkpoint_5_9000.pt", "checkpoint_6_10000.pt"]
+    assert [p.name for p in select_checkpoints(tmp_path, 3, "update", upper_bound=9000)] == [
+        "checkpoint_1_500.pt", "checkpoint_2_1000.pt", "checkpoint_5_9000.pt"]
+
+    out = tmp_path / "out" / "avg.pt"  # parent directory is created
+    assert main(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "3", "--output", str(out)]) == 0
+    avg = load(out)
+    assert float(avg["model"]["encoder.w"][0]) == pytest.approx(10.0)  # (9 + 10 + 11) / 3
+    assert int(avg["model"]["decoder.num_updates"]) == 11  # newest = highest epoch
+    assert main(["--inputs", str(tmp_path), "--num-update-checkpoints", "2", "--output", str(out)]) == 0
+    assert float(load(out)["model"]["encoder.w"][0]) == pytest.approx(9500.0)
+
+
+def _refusal(capsys, argv, out: Path, *needles):
+    rc = main(argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0
+    assert not out.exists(), "a refused run must not write the output"
+    # progress lines may come first; the error is one line, the last
+    err = [line for line in lines if "error" in line]
+    assert len(err) == 1 and lines[-1] == err[0] and err[0].startswith("resnmt-average: error: "), lines
+    for needle in needles:
+        assert needle in err[0], (needle, err[0])
+    return err[0]
+
+
+def test_refusals_are_one_line_and_write_nothing(tmp_path, capsys):
+    paths = three_fakes(tmp_path)
+    out = tmp_path / "avg.pt"
+    odd_key = fake_checkpoint(tmp_path / "odd_key.pt", [1.0, 2.0], [1.0, 1.0], 1, epoch=4,
+                              extra_model={"decoder.extra.weight": torch.zeros(2)})
+    odd_shape = fake_checkpoint(tmp_path / "odd_shape.pt", None, [1.0, 1.0], 1, epoch=4, shape_w=(3,))
+    int_for_float = tmp_path / "int_for_float.pt"
+    state = load(paths[0])
+    state["model"]["encoder.w"] = torch.tensor([1, 2])
+    torch.save(state, int_for_float)
+    empty = tmp_path / "empty_dir"
+    empty.mkdir()
+
+    _refusal(capsys, ["--inputs", str(paths[0]), str(odd_key), "--output", str(out)], out,
+             "odd_key.pt", "'decoder.extra.weight'", "checkpoint1.pt")
+    _refusal(capsys, ["--inputs", str(odd_key), str(paths[0]), "--output", str(out)], out,
+             "checkpoint1.pt has no model key 'decoder.extra.weight'")
+    _refusal(capsys, ["--inputs", str(paths[0]), str(odd_shape), "--output", str(out)], out,
+             "odd_shape.pt", "'encoder.w'", "shape (3,)", "expected (2,)")
+    _refusal(capsys, ["--inputs", str(paths[0]), str(int_for_float), "--output", str(out)], out,
+             "'encoder.w'", "int64", "floating-point")
+    _refusal(capsys, ["--inputs", str(paths[0]), str(tmp_path / "missing.pt"), "--output", str(out)], out,
+             "no such checkpoint file", "missing.pt")
+    _refusal(capsys, ["--inputs", str(empty), "--num-epoch-checkpoints", "2", "--output", str(out)], out,
+             "no checkpointE.pt checkpoints in", "empty_dir")
+    _refusal(capsys, ["--inputs", str(tmp_path), "--num-epoch-checkpoints", "4", "--output", str(out)], out,
+             "last 4 epoch checkpoints", "only 3")
+    _refusal(capsys, ["--inputs", str(tmp_path), "--num-update-checkpoints", "1", "--output", str(out)], out,
+             "no checkpoint_E_U.pt checkpoints")
+    for n in ("0", "-2"):
+        _refusal(capsys, ["--inputs", str(tmp_path), "--num-epoch-checkpoints", n, "--output", str(out)], out,
+                 "--num-epoch-checkpoints must be a positive number", f"got {n}")
+    _refusal(capsys, ["--inputs", str(tmp_path), "--output", str(out)], out,
+             "is a directory", "--num-epoch-checkpoints")
+    _refusal(capsys, ["--inputs", str(paths[0]), str(paths[0]), "--output", str(out)], out, "given twice")
+    _refusal(capsys, ["--inputs", *map(str, paths), "--output", str(paths[2])], out, "is one of the inputs")
+    assert torch.equal(load(paths[2])["model"]["encoder.w"], torch.tensor([-1e8, 4.0]))  # untouched
+
+    with pytest.raises(SystemExit) as exc:  # argparse's own errors: one line too, exit 2
+        main(["--inputs", str(paths[0]), "--output", str(out), "--num-epochs", "3"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unrecognized arguments: --num-epochs 3" in err[0]
+
+
+def test_real_fairseq_checkpoints_average_and_decode(tmp_path, tiny_ckpts, tiny_bin, monkeypatch):
+    names = ["checkpoint_1_2.pt", "checkpoint_2_4.pt", "checkpoint_3_8.pt"]
+    assert all((tiny_ckpts / n).is_file() for n in names), sorted(p.name for p in tiny_ckpts.iterdir())
+    out = tmp_path / "checkpoint.avg3.pt"
+    # the console script, as a user runs it
+    proc = run_cli(["resnmt-average", "--inputs", tiny_ckpts, "--num-update-checkpoints", "3", "--output", out])
+    progress = [line for line in proc.stderr.splitlines() if "] loaded " in line]
+    assert len(progress) == 3 and all(n in line for n, line in zip(names, progress))
+
+    states = [load(tiny_ckpts / n) for n in names]
+    avg = load(out)
+    assert set(avg["model"]) == set(states[-1]["model"])
+    for key, value in avg["model"].items():
+        expected = sum(s["model"][key].double() for s in states) / 3
+        assert value.dtype == states[-1]["model"][key].dtype
+        assert torch.allclose(value.double(), expected, rtol=0, atol=1e-6), key
+    assert not torch.equal(avg["model"]["decoder.layers.0.fc1.weight"], states[-1]["model"]["decoder.layers.0.fc1.weight"])
+    assert "last_optimizer_state" not in avg and avg["cfg"] == states[-1]["cfg"]
+    assert out.stat().st_size < (tiny_ckpts / names[-1]).stat().st_size  # no Adam moments
+
+    # scripts/average_checkpoints.py (run in-process: a subprocess would re-import torch)
+    wrap_out = tmp_path / "wrapped.pt"
+    monkeypatch.setattr(sys, "argv", ["average_checkpoints.py", "--inputs", str(tiny_ckpts),
+                                      "--num-epoch-checkpoints", "2", "--output", str(wrap_out)])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(REPO_ROOT / "scripts" / "average_checkpoints.py"), run_name="__main__")
+    assert exc.value.code == 0
+    wrapped = load(wrap_out)
+    e1, e2 = load(tiny_ckpts / "checkpoint1.pt"), load(tiny_ckpts / "checkpoint2.pt")
+    w = "encoder.layers.0.fc1.weight"
+    assert torch.allclose(wrapped["model"][w], ((e1["model"][w].double() + e2["model"][w].double()) / 2).float())
+
+    gen = run_cli(["fairseq-generate", tiny_bin, "--user-dir", REPO_ROOT / "resnmt", "--path", out,
+                   "--beam", "4", "--batch-size", "32", "--gen-subset", "valid", "--max-len-b", "20",
+                   "--required-batch-size-multiple", "1"])  # fairseq's default 8 drops sentences
+    hyps = [line for line in gen.stdout.splitlines() if line.startswith("H-")]
+    assert len(hyps) == 60  # every sentence of the valid split decoded
+    assert "Generate valid with beam=4" in gen.stdout

@@ -1,0 +1,241 @@
+"""resnmt-evaluate: scores on the real IWSLT'15 references, escapes, parsing, BPE, compounds, errors."""
+import json
+from pathlib import Path
+
+import pytest
+import sacrebleu
+from sacrebleu.metrics import BLEU
+
+from conftest import run_cli, shared_data_dir
+from resnmt.cli.evaluate import (
+    is_generate_output,
+    main,
+    parse_generate_output,
+    EvaluateError,
+    read_lines,
+    remove_bpe,
+    split_compounds,
+    unescape_moses,
+)
+
+
+@pytest.fixture(scope="module")
+def tst2013_vi() -> Path:
+    return shared_data_dir("iwslt15-en-vi") / "tst2013.vi"
+
+
+def _run(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _json_lines(path: Path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def perturb(lines):
+    """Drop the last word of every 3rd line, swap the first two words of every 5th."""
+    out = []
+    for i, line in enumerate(lines):
+        words = line.split()
+        if i % 3 == 0 and len(words) > 1:
+            words = words[:-1]
+        if i % 5 == 0 and len(words) > 2:
+            words[0], words[1] = words[1], words[0]
+        out.append(" ".join(words))
+    return out
+
+
+def test_reference_against_itself_is_100(tmp_path, capsys, tst2013_vi):
+    js = tmp_path / "res.jsonl"
+    rc, out, _ = _run(capsys, "--hyp", tst2013_vi, "--ref", tst2013_vi, "--compound-split", "--lang", "vi",
+                      "--json-out", js)
+    assert rc == 0
+    (r,) = _json_lines(js)
+    assert r["n_sentences"] == 1268 == len(read_lines(tst2013_vi))
+    assert r["bleu"] == pytest.approx(100.0)
+    assert r["tok_intl_bleu"] == pytest.approx(100.0)
+    assert r["compound_split_bleu"] == pytest.approx(100.0)
+    assert r["signature"] == f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{sacrebleu.__version__}"
+    assert "tok:intl" in r["tok_intl_signature"] and "compound-split" in r["compound_split_signature"]
+    # tst2013.vi holds 224 Moses escapes (212 &quot;, 5 &amp;, 5 &apos;, one &#91; and one &#93;)
+    assert r["escapes_replaced"] == {"hyp": 224, "ref": 224}
+    assert r["options"]["unescape"] == "moses" and r["ref"] == str(tst2013_vi)
+    assert "sacreBLEU        100.00" in out
+
+
+def test_perturbed_copy_scores_what_sacrebleu_gives_on_the_unescaped_text(tmp_path, capsys, tst2013_vi):
+    refs = read_lines(tst2013_vi)
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_text("\n".join(perturb(refs)) + "\n", encoding="utf-8")
+    js = tmp_path / "res.jsonl"
+    assert _run(capsys, "--hyp", hyp, "--ref", tst2013_vi, "--json-out", js)[0] == 0
+    assert _run(capsys, "--hyp", hyp, "--ref", tst2013_vi, "--json-out", js, "--unescape", "none")[0] == 0
+    unescaped, raw = _json_lines(js)  # appended, one line per run
+
+    def plain(lines):
+        return [line.replace("&quot;", '"').replace("&apos;", "'").replace("&#91;", "[")
+                .replace("&#93;", "]").replace("&amp;", "&") for line in lines]
+
+    hyp_u, ref_u = plain(perturb(refs)), plain(refs)
+    assert unescaped["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyp_u, [ref_u]).score, abs=1e-9)
+    assert unescaped["tok_intl_bleu"] == pytest.approx(BLEU(tokenize="intl").corpus_score(hyp_u, [ref_u]).score, abs=1e-9)
+    assert raw["bleu"] == pytest.approx(sacrebleu.corpus_bleu(perturb(refs), [refs]).score, abs=1e-9)
+    assert raw["tok_intl_bleu"] == pytest.approx(BLEU(tokenize="intl").corpus_score(perturb(refs), [refs]).score)
+    assert 40 < unescaped["bleu"] < 99
+    # intl tokenization splits "&quot;" into "& quot ;" (13a unescapes &quot; itself), so only
+    # the intl score sees the difference
+    assert abs(raw["tok_intl_bleu"] - unescaped["tok_intl_bleu"]) > 0.05
+    assert unescaped["compound_split_bleu"] is None
+
+
+def test_apostrophe_matches_escaped_apostrophe(tmp_path, capsys):
+    ref = tmp_path / "ref.txt"
+    ref.write_text("it &apos;s a &quot; test &quot; &amp; more &#91;1&#93; a &#124; b &lt;x&gt;\n", encoding="utf-8")
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_text("it 's a \" test \" & more [1] a | b <x>\n", encoding="utf-8")
+    js = tmp_path / "r.jsonl"
+    assert _run(capsys, "--hyp", hyp, "--ref", ref, "--json-out", js)[0] == 0
+    assert _run(capsys, "--hyp", hyp, "--ref", ref, "--json-out", js, "--unescape", "none")[0] == 0
+    matched, unmatched = _json_lines(js)
+    assert matched["bleu"] == pytest.approx(100.0) and matched["escapes_replaced"] == {"hyp": 0, "ref": 9}
+    assert unmatched["bleu"] < 50
+
+
+def test_unescape_is_one_pass_and_exact():
+    assert unescape_moses("&amp;quot; &apos;&apos; &#124;") == ("&quot; '' |", 4)
+    assert unescape_moses("AT&T; &unknown;") == ("AT&T; &unknown;", 0)
+
+
+def test_generate_output_out_of_order_ids_and_nbest(tmp_path, capsys):
+    gen = tmp_path / "gen.out"
+    gen.write_text("\n".join([
+        "2026-01-01 | INFO | fairseq_cli.generate | loading model(s)",
+        "S-2\tdrei",
+        "T-2\tthree",
+        "H-2\t-0.5\tthree@@ s",
+        "D-2\t-0.5\tthrees",
+        "P-2\t-0.1 -0.2 -0.2",
+        "H-2\t-0.9\tthrice",  # second best of an n-best list: ignored
+        "D-2\t-0.9\tthrice",
+        "S-0\teins",
+        "H-0\t-0.1\tone",
+        "D-0\t-0.1\tone",
+        "H-1\t-2.0\t",  # an empty hypothesis
+        "D-1\t-2.0\t",
+        "Generate test with beam=4: BLEU4 = 0.00",
+    ]) + "\n", encoding="utf-8")
+    lines = read_lines(gen)
+    assert is_generate_output(lines)
+    assert parse_generate_output(lines, "D") == ["one", "", "threes"]
+    assert parse_generate_output(lines, "H") == ["one", "", "three@@ s"]
+    ref = tmp_path / "ref.txt"
+    ref.write_text("one\nnothing\nthrees\n", encoding="utf-8")
+    js = tmp_path / "r.jsonl"
+    assert _run(capsys, "--hyp", gen, "--ref", ref, "--json-out", js)[0] == 0
+    assert _run(capsys, "--hyp", gen, "--ref", ref, "--json-out", js, "--generate-field", "H",
+                "--remove-bpe", "subword_nmt")[0] == 0
+    by_d, by_h = _json_lines(js)
+    expected = sacrebleu.corpus_bleu(["one", "", "threes"], [["one", "nothing", "threes"]]).score
+    assert by_d["bleu"] == pytest.approx(expected) and by_h["bleu"] == pytest.approx(expected)
+    assert by_d["options"]["input_format"] == "generate" and by_h["options"]["generate_field"] == "H"
+
+    with pytest.raises(EvaluateError, match=r"ids run to 3: missing 1, 2"):
+        parse_generate_output(["H-0\t-1\ta", "H-3\t-1\tb"], "H", "x")
+    with pytest.raises(EvaluateError, match="no D-<id> lines in x .*pass --generate-field H"):
+        parse_generate_output(["H-0\t-1\ta"], "D", "x")
+    assert not is_generate_output(["H-0 is a plain line", "D-day"])
+
+
+def test_bpe_removal_both_forms():
+    assert remove_bpe("the hou@@ se is gre@@ en@@", "subword_nmt") == "the house is green"
+    assert remove_bpe("\u2581the \u2581hou se \u2581is \u2581green .", "sentencepiece") == "the house is green."
+    assert remove_bpe("\u2581the \u2581green \u2581.", "sentencepiece") == "the green ."
+    assert remove_bpe("a@@ b", "none") == "a@@ b"
+
+
+def test_bpe_removal_through_the_cli(tmp_path, capsys):
+    ref = tmp_path / "ref.txt"
+    ref.write_text("the house is green.\nsmall dogs run\n", encoding="utf-8")
+    sp = tmp_path / "sp.txt"
+    sp.write_text("\u2581the \u2581hou se \u2581is \u2581green .\n\u2581small \u2581dog s \u2581run\n", encoding="utf-8")
+    bpe = tmp_path / "bpe.txt"
+    bpe.write_text("the hou@@ se is gre@@ en .\nsmall dog@@ s run\n", encoding="utf-8")
+    js = tmp_path / "r.jsonl"
+    for hyp, kind in ((sp, "sentencepiece"), (bpe, "subword_nmt")):
+        assert _run(capsys, "--hyp", hyp, "--ref", ref, "--remove-bpe", kind, "--detok", "moses", "--lang", "en",
+                    "--json-out", js)[0] == 0
+    assert [r["bleu"] for r in _json_lines(js)] == [pytest.approx(100.0), pytest.approx(100.0)]
+    # already-decoded text with --remove-bpe sentencepiece would lose its spaces: refused
+    rc, _, err = _run(capsys, "--hyp", ref, "--ref", ref, "--remove-bpe", "sentencepiece")
+    assert rc == 1 and "no '\u2581'" in err and "--remove-bpe none" in err
+
+
+def test_compound_splitting_by_hand():
+    assert split_compounds("ein Test-Fall") == "ein Test ##AT##-##AT## Fall"
+    assert split_compounds("a-b c-d") == "a ##AT##-##AT## b c ##AT##-##AT## d"
+    # like the perl one-liner s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g: matches don't overlap
+    assert split_compounds("a-b-c") == "a ##AT##-##AT## b-c"
+    assert split_compounds("Nord-Süd-Achse") == "Nord ##AT##-##AT## Süd ##AT##-##AT## Achse"
+    assert split_compounds("x - y -z w-") == "x - y -z w-"
+
+
+def test_compound_split_bleu_counts_compound_parts(tmp_path, capsys):
+    ref = tmp_path / "ref.de"
+    ref.write_text("Das ist ein Test-Fall für die Nord-Süd-Verbindung.\n", encoding="utf-8")
+    hyp = tmp_path / "hyp.de"
+    hyp.write_text("Das ist ein Test-Ergebnis für die Nord-Süd-Verbindung.\n", encoding="utf-8")
+    js = tmp_path / "r.jsonl"
+    assert _run(capsys, "--hyp", hyp, "--ref", ref, "--compound-split", "--lang", "de", "--json-out", js)[0] == 0
+    (r,) = _json_lines(js)
+    # Moses-tokenized and split by hand:
+    hyp_t = "Das ist ein Test ##AT##-##AT## Ergebnis für die Nord ##AT##-##AT## Süd ##AT##-##AT## Verbindung ."
+    ref_t = "Das ist ein Test ##AT##-##AT## Fall für die Nord ##AT##-##AT## Süd ##AT##-##AT## Verbindung ."
+    assert r["compound_split_bleu"] == pytest.approx(BLEU(tokenize="none").corpus_score([hyp_t], [[ref_t]]).score)
+    assert r["compound_split_bleu"] > r["bleu"]  # "Test ##AT##-##AT##" still matches when split
+
+
+def test_errors_are_one_line_and_append_nothing(tmp_path, capsys, tst2013_vi):
+    js = tmp_path / "r.jsonl"
+    short = tmp_path / "short.txt"
+    short.write_text("a\nb\n", encoding="utf-8")
+    gen = tmp_path / "gen.out"
+    gen.write_text("H-0\t-1\ta\nD-0\t-1\ta\nD-2\t-1\tc\n", encoding="utf-8")
+    cases = [
+        (["--hyp", tmp_path / "nope.txt", "--ref", short], "--hyp", "nope.txt: no such file"),
+        (["--hyp", short, "--ref", tmp_path / "nope.ref"], "--ref", "nope.ref: no such file"),
+        (["--hyp", short, "--ref", tst2013_vi], "has 2 lines", "has 1268 lines"),
+        (["--hyp", gen, "--ref", short], "missing 1", "gen.out"),
+        (["--hyp", short, "--ref", short, "--detok", "moses"], "--detok moses needs --lang"),
+        (["--hyp", short, "--ref", short, "--compound-split"], "--compound-split needs --lang"),
+    ]
+    for argv, *needles in cases:
+        rc, out, err = _run(capsys, *argv, "--json-out", js)
+        lines = err.strip().splitlines()
+        assert rc == 1 and len(lines) == 1 and lines[0].startswith("resnmt-evaluate: error: "), err
+        for needle in needles:
+            assert needle in lines[0], (needle, lines[0])
+        assert out == ""
+    assert not js.exists()
+    for bad, needle in ((["--detok", "nltk"], "argument --detok: invalid choice: 'nltk'"),
+                        (["--tokenise", "13a"], "unrecognized arguments: --tokenise 13a")):
+        with pytest.raises(SystemExit) as exc:
+            main(["--hyp", str(short), "--ref", str(short), *bad])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+
+
+def test_console_script_on_fairseq_generate_output(tmp_path):
+    # the installed entry point, and a real generate-style file with escapes in H lines
+    gen = tmp_path / "gen.out"
+    gen.write_text("H-1\t-1.0\tb &apos;s\nD-1\t-1.0\tb 's\nH-0\t-1.0\ta &quot;x&quot;\nD-0\t-1.0\ta \"x\"\n",
+                   encoding="utf-8")
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a &quot;x&quot;\nb &apos;s\n", encoding="utf-8")
+    proc = run_cli(["resnmt-evaluate", "--hyp", gen, "--ref", ref, "--quiet"])
+    assert proc.stdout.strip() == "100.00"
+    bad = run_cli(["resnmt-evaluate", "--hyp", gen, "--ref", tmp_path / "x"], check=False)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+        f"resnmt-evaluate: error: --ref {tmp_path / 'x'}: no such file"]
