@@ -341,6 +341,7 @@ dp_run_steps() {
         shift 3
     done
     local n=${#ids[@]} i s missing redo=0 t0 start=$SECONDS
+    local -a m
     for ((i = 1; i <= n; i++)); do
         missing=
         for s in ${DP_OUTPUTS[${ids[i - 1]}]:-}; do [[ -e $DP_OUT/$s ]] || missing+=" $s"; done
@@ -348,8 +349,8 @@ dp_run_steps() {
             redo=$i
             break
         elif [[ -n $missing ]]; then
-            set -- $missing
-            dp_log "step $i/$n: done earlier, but its output is missing: $1${2:+ $2}${3:+ ...}"
+            read -ra m <<<"$missing"
+            dp_log "step $i/$n: done earlier, but its output is missing: ${m[*]:0:2}${m[2]:+ ...}"
             redo=$i
             break
         fi
@@ -490,7 +491,7 @@ dp_binarize() {
         dp_die "fairseq-preprocess failed (full log: $log)"
     fi
     sed -nE 's/^.*(\[[a-z]+\]) (.*: [0-9]+ sents.*)$/  \1 \2/p; s/^.*(\[[a-z]+\] Dictionary: .*)$/  \1/p' "$log" | awk '!seen[$0]++' >&2
-    rm -rf "$DP_OUT/bin"
+    rm -rf "${DP_OUT:?}/bin"
     mv "$tmpbin" "$DP_OUT/bin"
 }
 

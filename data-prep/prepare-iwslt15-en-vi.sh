@@ -4,6 +4,7 @@
 set -euo pipefail
 
 DP_NAME=prepare-iwslt15-en-vi
+# shellcheck source=lib.sh source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 URL_BASE=https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi

@@ -4,6 +4,7 @@
 set -euo pipefail
 
 DP_NAME=prepare-multi30k
+# shellcheck source=lib.sh source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 URL_BASE=https://github.com/multi30k/dataset/raw/master/data/task1/raw

@@ -4,6 +4,7 @@
 set -euo pipefail
 
 DP_NAME=prepare-wmt14-en-fr
+# shellcheck source=lib.sh source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 WMT_TGT=fr

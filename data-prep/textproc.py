@@ -113,9 +113,32 @@ def count_lines(path):
     return n
 
 
+def fast_line_count(paths, max_lines=0):
+    """Lines in plain files, by counting newlines in binary (None if any is gzipped)."""
+    total = 0
+    for path in paths:
+        if str(path).endswith(".gz"):
+            return None
+        n = 0
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                n += block.count(b"\n")
+            if f.tell() and not _ends_with_newline(f):
+                n += 1
+        total += min(n, max_lines) if max_lines else n
+    return total
+
+
+def _ends_with_newline(f):
+    f.seek(-1, os.SEEK_END)
+    return f.read(1) == b"\n"
+
+
 class Progress:
-    def __init__(self, desc, every_s=10.0):
-        self.desc, self.every_s = desc, every_s
+    """Periodic 'N lines (x%, rate, ETA)' lines on stderr."""
+
+    def __init__(self, desc, total=None, every_s=10.0):
+        self.desc, self.total, self.every_s = desc, total, every_s
         self.t0 = self.last = time.time()
         self.n = 0
 
@@ -124,7 +147,14 @@ class Progress:
         now = time.time()
         if now - self.last >= self.every_s:
             self.last = now
-            log(f"{self.desc}: {self.n:,} lines ({self.n / (now - self.t0):,.0f} lines/s)")
+            rate = self.n / (now - self.t0)
+            msg = f"{self.desc}: {self.n:,} lines"
+            if self.total:
+                eta = (self.total - self.n) / rate if rate else 0
+                msg += f" of {self.total:,} ({100 * self.n / self.total:.0f}%, {rate:,.0f} lines/s, {eta / 60:.0f} min left)"
+            else:
+                msg += f" ({rate:,.0f} lines/s)"
+            log(msg)
 
     def done(self):
         dt = max(time.time() - self.t0, 1e-9)
@@ -145,13 +175,13 @@ def _run_chunk(chunk):
     return [_worker_fn(line) for line in chunk]
 
 
-def map_lines(lines, factory, factory_args, out, workers, desc):
+def map_lines(lines, factory, factory_args, out, workers, desc, total=None):
     """Write factory(*factory_args)(line) for every line to `out`, in input order.
 
     At most 4 chunks per worker are in flight, so memory stays bounded on the
     36M-line corpora (multiprocessing.Pool.imap would read the whole input ahead).
     """
-    progress = Progress(desc)
+    progress = Progress(desc, total)
     chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
     if workers <= 1:
         fn = factory(*factory_args)
@@ -233,7 +263,7 @@ def cmd_moses(args):
     desc = f"tokenize ({args.lang}) {os.path.basename(args.output)}"
     with AtomicWriter(args.output) as out:
         map_lines(lines, _moses_factory, (args.lang, not args.no_normalize, not args.no_aggressive),
-                  out, args.workers, desc)
+                  out, args.workers, desc, total=fast_line_count(args.inputs, args.max_lines))
     if _bad_bytes["n"]:
         log(f"warning: {_bad_bytes['n']:,} invalid UTF-8 bytes in {', '.join(args.inputs)} replaced by U+FFFD")
 
@@ -249,7 +279,7 @@ def _count_words_chunk(chunk):
 
 def count_words(paths, workers):
     counts = collections.Counter()
-    progress = Progress("count words for BPE")
+    progress = Progress("count words for BPE", fast_line_count(paths))
     lines = read_lines(paths)
     chunks = iter(lambda: list(itertools.islice(lines, 20 * CHUNK_LINES)), [])
     if workers <= 1:
@@ -381,7 +411,7 @@ def cmd_subword_apply(args):
     for inp, outp in zip(args.files[::2], args.files[1::2]):
         with AtomicWriter(outp) as out:
             map_lines(read_lines([inp]), factory, (args.model,), out, args.workers,
-                      f"{args.method} {os.path.basename(inp)}")
+                      f"{args.method} {os.path.basename(inp)}", total=fast_line_count([inp]))
 
 
 def cmd_spm_decode(args):
