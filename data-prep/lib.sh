@@ -55,6 +55,7 @@ dp_common_help() {
     cat <<'EOF'
   --mirror DIR        read the published files (same names as published) from DIR
                       instead of downloading them (clusters without internet, tests)
+  --mirror-url URL    download each file from URL/NAME instead of its published URL
   --checksums FILE    sha256 of published files, sha256sum format ("HASH  NAME");
                       overrides the hashes pinned in the script. After a run,
                       OUTDIR/orig/SHA256SUMS lists the hashes of the files it used.
@@ -75,6 +76,7 @@ dp_nproc() { nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 
 
 dp_set_common_defaults() {
     DP_OPT[mirror]=
+    DP_OPT[mirror-url]=
     DP_OPT[checksums]=
     DP_OPT[workers]=$(dp_nproc)
     DP_OPT[keep-work]=0
@@ -134,6 +136,9 @@ dp_parse_args() {
         [[ -d ${DP_OPT[mirror]} ]] || dp_usage_error "--mirror ${DP_OPT[mirror]}: no such directory"
         [[ -r ${DP_OPT[mirror]} && -x ${DP_OPT[mirror]} ]] || dp_usage_error "--mirror ${DP_OPT[mirror]}: directory not readable"
         DP_OPT[mirror]=$(cd "${DP_OPT[mirror]}" && pwd)
+    fi
+    if [[ -n ${DP_OPT[mirror]} && -n ${DP_OPT[mirror-url]} ]]; then
+        dp_usage_error "--mirror and --mirror-url exclude each other"
     fi
     if [[ -n ${DP_OPT[checksums]} ]]; then
         [[ -f ${DP_OPT[checksums]} && -r ${DP_OPT[checksums]} ]] || dp_usage_error "--checksums ${DP_OPT[checksums]}: no such readable file"
@@ -298,10 +303,16 @@ dp_fetch() {
         return 0
     fi
     rm -f "$dest"
+    [[ -n ${DP_OPT[mirror-url]} ]] && url=${DP_OPT[mirror-url]%/}/$name
     dp_log "  $name: downloading $url"
     local part=$dest.part rc=0
     if command -v curl >/dev/null 2>&1; then
         curl -fL --retry 3 --retry-delay 5 --connect-timeout 30 -C - --progress-bar -o "$part" "$url" || rc=$?
+        if ((rc == 33)); then # the server cannot resume the partial download: start over
+            rm -f "$part"
+            rc=0
+            curl -fL --retry 3 --retry-delay 5 --connect-timeout 30 --progress-bar -o "$part" "$url" || rc=$?
+        fi
     elif command -v wget >/dev/null 2>&1; then
         wget -c --tries=3 --timeout=30 -O "$part" "$url" || rc=$?
     else
@@ -502,7 +513,7 @@ dp_write_info() {
         echo "# written by data-prep/$DP_NAME.sh on $(date -u +%Y-%m-%dT%H:%M:%SZ)"
         echo "options:"
         sed 's/^/  /' "$DP_STAMPS/config"
-        echo "  mirror=${DP_OPT[mirror]:-(downloaded)}"
+        echo "  mirror=${DP_OPT[mirror]:-${DP_OPT[mirror-url]:-(published URLs)}}"
         echo "tools: $("$DP_PYTHON" -c 'import importlib.metadata as m; print(" ".join(f"{p}=={m.version(p)}" for p in ("sacremoses", "subword-nmt", "sentencepiece", "ve-fairseq")))' 2>/dev/null || echo unknown)"
         echo "lines (segmented text given to fairseq-preprocess):"
         for f in "$DP_OUT"/text/*; do printf '  %s %s\n' "$(basename "$f")" "$(dp_lines "$f")"; done

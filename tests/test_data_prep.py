@@ -6,10 +6,13 @@ byte, reversible segmentation, the binarized data as fairseq loads it), failures
 (bad options, missing tools, wrong checksums, corrupt archives, a failed step) and
 that a second run does no work.
 """
+import functools
 import gzip
 import hashlib
+import http.server
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -68,6 +71,24 @@ def check_binarized(out: Path, src: str, tgt: str, expected_counts: dict):
     assert task.source_dictionary.symbols == task.target_dictionary.symbols
 
 
+class HTTPMirror:
+    """A local HTTP server for a directory (tests the download path without a network)."""
+
+    def __init__(self, directory: Path):
+        class Quiet(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+        handler = functools.partial(Quiet, directory=str(directory))
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def check_no_work_on_rerun(script, args, out: Path):
     before = output_mtimes(out)
     t0 = time.time()
@@ -101,6 +122,7 @@ def test_help_and_option_errors(script, tmp_path):
     fails(["--workers", "0", out], "--workers 0 is too small")
     fails(["--mirror", tmp_path / "nowhere", out], "--mirror", "nowhere: no such directory")
     fails(["--spm-type", "wordpiece", out], "--spm-type 'wordpiece' is not allowed", "unigram bpe")
+    fails(["--mirror", tmp_path, "--mirror-url", "http://localhost/x", out], "exclude each other")
     if script != "prepare-multi30k.sh":
         fails(["--bpe", "bpe-dropout", out], "--bpe 'bpe-dropout' is not allowed", "subword-nmt sentencepiece")
     if script.startswith("prepare-wmt14"):
@@ -219,11 +241,19 @@ def test_iwslt15_bpe(iwslt_mirror, tmp_path):
 
 
 
-def test_iwslt15_sentencepiece_resumes_after_a_failed_step(iwslt_mirror, tmp_path):
-    """fairseq-preprocess fails once (a stand-in that exits 1): no bin/, a message
+@pytest.fixture()
+def iwslt_http(iwslt_mirror):
+    server = HTTPMirror(iwslt_mirror)
+    yield server.url
+    server.close()
+
+
+def test_iwslt15_sentencepiece_download_resume_after_a_failed_step(iwslt_http, tmp_path):
+    """Downloads (from a local HTTP server) are verified and renamed into place;
+    fairseq-preprocess fails once (a stand-in that exits 1): no bin/, a message
     naming the step; the same command then resumes without redoing finished steps."""
     out = tmp_path / "out"
-    args = ["--mirror", iwslt_mirror, "--bpe", "sentencepiece", "--bpe-size", "500", "--max-train-lines", "1000"]
+    args = ["--mirror-url", iwslt_http, "--bpe", "sentencepiece", "--bpe-size", "500", "--max-train-lines", "1000"]
     broken = tmp_path / "broken-bin"
     broken.mkdir()
     (broken / "fairseq-preprocess").write_text("#!/bin/sh\necho 'simulated failure' >&2\nexit 1\n")
@@ -232,6 +262,11 @@ def test_iwslt15_sentencepiece_resumes_after_a_failed_step(iwslt_mirror, tmp_pat
                    PATH=f"{broken}:{BIN_DIR}:{os.environ['PATH']}")
     assert proc.returncode == 1
     assert "fairseq-preprocess failed" in proc.stderr and "failed in step 6/6" in proc.stderr
+    assert f"tst2013.vi: downloading {iwslt_http}/tst2013.vi" in proc.stderr
+    assert proc.stderr.count("sha256 OK") == 4
+    real = shared_data_dir("iwslt15-en-vi")
+    assert (out / "orig" / "tst2013.vi").read_bytes() == (real / "tst2013.vi").read_bytes()
+    assert not (out / "orig" / "tst2013.vi").is_symlink() and not list(out.rglob("*.part"))
     assert not (out / "bin").exists()
     assert not list(out.glob(".tmp*")) and not list(out.rglob("*.tmp"))
     # --max-train-lines 1000, then pairs longer than 250 pieces (a 500-piece vocabulary) dropped
@@ -249,6 +284,29 @@ def test_iwslt15_sentencepiece_resumes_after_a_failed_step(iwslt_mirror, tmp_pat
     run_cli(["python", DATA_PREP / "textproc.py", "spm-decode", "--model", out / "spm" / "spm.model",
              out / "text" / "test.vi", decoded])
     assert decoded.read_bytes() == (out / "raw" / "test.vi").read_bytes()
+
+
+def test_iwslt15_failed_and_corrupt_downloads(iwslt_mirror, tmp_path):
+    served = tmp_path / "served"
+    shutil.copytree(iwslt_mirror, served)
+    server = HTTPMirror(served)
+    try:
+        (served / "tst2012.vi").unlink()  # 404
+        out = tmp_path / "out1"
+        proc = prepare("prepare-iwslt15-en-vi.sh", "--mirror-url", server.url, out, check=False)
+        assert proc.returncode == 1
+        assert f"download of {server.url}/tst2012.vi failed" in proc.stderr
+        assert not (out / "orig" / "tst2012.vi").exists() and not (out / "bin").exists()
+
+        shutil.copy(iwslt_mirror / "tst2013.en", served / "tst2012.vi")  # not the published bytes
+        proc = prepare("prepare-iwslt15-en-vi.sh", "--mirror-url", server.url, out, check=False)
+        assert proc.returncode == 1
+        assert "checksum mismatch for tst2012.vi" in proc.stderr and "kept as" in proc.stderr
+        assert (out / "orig" / "tst2012.vi.part.bad").is_file()
+        assert not (out / "orig" / "tst2012.vi").exists() and not (out / "bin").exists()
+        assert "train.en: already downloaded" in proc.stderr  # finished downloads are kept
+    finally:
+        server.close()
 
 
 # ------------------------------------------------------------------------ WMT'14
