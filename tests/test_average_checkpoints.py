@@ -9,7 +9,7 @@ import torch
 
 import resnmt  # noqa: F401  (allow-lists fairseq's checkpoint types for weights_only loading)
 from conftest import REPO_ROOT, run_cli
-from resnmt.cli.average_checkpoints import main, select_checkpoints, AverageError
+from resnmt.cli.average_checkpoints import main, select_checkpoints
 
 TINY_TRANSFORMER = [
     "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1",

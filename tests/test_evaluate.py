@@ -206,7 +206,7 @@ def test_errors_are_one_line_and_append_nothing(tmp_path, capsys, tst2013_vi):
         (["--hyp", tmp_path / "nope.txt", "--ref", short], "--hyp", "nope.txt: no such file"),
         (["--hyp", short, "--ref", tmp_path / "nope.ref"], "--ref", "nope.ref: no such file"),
         (["--hyp", short, "--ref", tst2013_vi], "has 2 lines", "has 1268 lines"),
-        (["--hyp", gen, "--ref", short], "missing 1", "gen.out"),
+        (["--hyp", gen, "--ref", short], "missing 1", "gen.out", "--required-batch-size-multiple 1"),
         (["--hyp", short, "--ref", short, "--detok", "moses"], "--detok moses needs --lang"),
         (["--hyp", short, "--ref", short, "--compound-split"], "--compound-split needs --lang"),
     ]
@@ -236,6 +236,3 @@ def test_console_script_on_fairseq_generate_output(tmp_path):
     ref.write_text("a &quot;x&quot;\nb &apos;s\n", encoding="utf-8")
     proc = run_cli(["resnmt-evaluate", "--hyp", gen, "--ref", ref, "--quiet"])
     assert proc.stdout.strip() == "100.00"
-    bad = run_cli(["resnmt-evaluate", "--hyp", gen, "--ref", tmp_path / "x"], check=False)
-    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
-        f"resnmt-evaluate: error: --ref {tmp_path / 'x'}: no such file"]

@@ -41,10 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog=PROG,
         description=(
-            "Average the model parameters of fairseq checkpoints (the papers decode with the "
-            "average of the last 10). Floating-point tensors are averaged in float64 and cast "
-            "back to their dtype; integer/bool buffers and all non-model fields (cfg, "
-            "extra_state, ...) come from the newest checkpoint; the optimizer state is dropped."
+            "Average the model parameters of fairseq checkpoints (the papers decode with the\n"
+            "average of the last 10). Floating-point tensors are averaged in float64 and cast back\n"
+            "to their dtype; integer/bool buffers and all non-model fields (cfg, extra_state, ...)\n"
+            "come from the newest checkpoint; the optimizer state is dropped. The output loads in\n"
+            "fairseq-generate --user-dir resnmt --path FILE."
         ),
         epilog=(
             "examples:\n"
