@@ -222,6 +222,8 @@ dp_setup() {
     find "$DP_OUT" -maxdepth 3 -name '*.tmp' -type f -delete
     DP_TMP=$(mktemp -d "$DP_OUT/.tmp.XXXXXX")
     trap '_dp_on_exit $?' EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
 
     local config="" name
     for name in "$@"; do config+="$name=${DP_OPT[$name]}"$'\n'; done
@@ -253,8 +255,10 @@ _dp_on_exit() {
     local rc=$1
     [[ -n $DP_TMP ]] && rm -rf "$DP_TMP"
     if ((rc != 0)) && [[ -n ${DP_CURRENT_STEP:-} ]]; then
-        printf '[%s] failed in step %s (exit %d); outputs of finished steps are kept, re-run the same command to resume\n' \
-            "$DP_NAME" "$DP_CURRENT_STEP" "$rc" >&2
+        local what=failed
+        ((rc == 130 || rc == 143)) && what=interrupted
+        printf '[%s] %s in step %s (exit %d); outputs of finished steps are kept, re-run the same command to resume\n' \
+            "$DP_NAME" "$what" "$DP_CURRENT_STEP" "$rc" >&2
     fi
 }
 

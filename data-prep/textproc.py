@@ -26,6 +26,7 @@ import itertools
 import multiprocessing
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -539,7 +540,12 @@ def build_parser():
     return p
 
 
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds: temporary outputs are removed
+
+
 def main(argv=None):
+    signal.signal(signal.SIGTERM, _terminate)
     args = build_parser().parse_args(argv)
     try:
         args.fn(args)

@@ -12,13 +12,15 @@ import hashlib
 import http.server
 import os
 import shutil
+import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import BIN_DIR, REPO_ROOT, run_cli, shared_data_dir
+from conftest import BIN_DIR, REPO_ROOT, cli_env, run_cli, shared_data_dir
 from data_prep_mirror import PLANTED_BAD, build_iwslt_mirror, build_wmt14_mirror
 
 DATA_PREP = REPO_ROOT / "data-prep"
@@ -381,6 +383,28 @@ def test_wmt14_wrong_checksum_and_corrupt_archive(wmt_de_mirror, tmp_path):
     assert "cannot extract from" in proc.stderr and "training-parallel-nc-v9.tgz" in proc.stderr
     assert "failed in step 2/8" in proc.stderr
     assert not (out / "bin").exists()
+
+
+def test_wmt14_interrupted_run_leaves_no_partial_file(wmt_de_mirror, tmp_path):
+    """SIGTERM to the whole run while it tokenizes: no half-written file survives,
+    the finished steps' stamps do, and the message says where it stopped."""
+    mirror, _ = wmt_de_mirror
+    out = tmp_path / "out"
+    proc = subprocess.Popen(["bash", str(DATA_PREP / "prepare-wmt14-en-de.sh"), "--mirror", str(mirror),
+                             "--bpe-size", "500", str(out)], cwd=REPO_ROOT, env=cli_env(),
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 60
+    while not list((out / "work").glob("train.tok.en.*.tmp")):  # tokenization is writing
+        assert proc.poll() is None and time.time() < deadline, "the run ended before tokenizing"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert "interrupted in step 4/8 (normalize punctuation and tokenize" in stderr
+    assert not list(out.rglob("*.tmp")) and not list(out.glob(".tmp.*"))
+    assert not (out / "work" / "train.tok.en").exists() and not (out / "bin").exists()
+    assert sorted(p.name for p in (out / ".stamps").glob("*.done")) == ["01-fetch.done", "02-extract.done",
+                                                                      "03-raw.done"]
 
 
 def test_wmt14_en_fr_sentencepiece(tmp_path):
