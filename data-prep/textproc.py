@@ -11,7 +11,7 @@ report progress on stderr, prefixed with $DATAPREP_TAG.
   moses           Moses punctuation normalization, non-printing character removal
                   and tokenization (sacremoses; aggressive hyphen splitting)
   subword-learn   joint subword model: subword-nmt BPE codes or a sentencepiece model
-  subword-apply   apply the subword model to one file
+  subword-apply   apply the subword model to files (IN OUT pairs)
   spm-decode      sentencepiece pieces -> text (used by tests and evaluation)
   clean           parallel length / ratio filter, like Moses clean-corpus-n.perl
 
@@ -105,13 +105,6 @@ def read_lines(paths, max_lines=0, errors="strict"):
                 raise DataPrepError(f"{path} is not valid UTF-8 ({e.reason} at byte {e.start} of a chunk)") from None
             except (OSError, EOFError) as e:  # truncated / corrupt gzip
                 raise DataPrepError(f"cannot read {path}: {e}") from None
-
-
-def count_lines(path):
-    n = 0
-    for _ in read_lines([path], errors="replace"):
-        n += 1
-    return n
 
 
 def fast_line_count(paths, max_lines=0):
@@ -456,19 +449,6 @@ def cmd_clean(args):
         raise DataPrepError(f"cleaning {src_in}/{tgt_in} kept no pair")
 
 
-# --------------------------------------------------------------------------- count
-
-def cmd_count(args):
-    """Print the line count of each file; with --same, fail unless all are equal."""
-    counts = [count_lines(p) for p in args.files]
-    if args.same and len(set(counts)) > 1:
-        detail = ", ".join(f"{p}: {n:,}" for p, n in zip(args.files, counts))
-        raise DataPrepError(f"parallel files have different line counts: {detail}")
-    if args.expect is not None and counts[0] != args.expect:
-        raise DataPrepError(f"{args.files[0]} has {counts[0]:,} lines, expected {args.expect:,}")
-    print(" ".join(map(str, counts)))
-
-
 # ---------------------------------------------------------------------------- main
 
 def positive_int(s):
@@ -532,11 +512,6 @@ def build_parser():
     s.add_argument("files", nargs=4, metavar="FILE", help="SRC_IN TGT_IN SRC_OUT TGT_OUT")
     s.set_defaults(fn=cmd_clean)
 
-    s = sub.add_parser("count", help="line counts")
-    s.add_argument("--same", action="store_true", help="fail unless all files have the same count")
-    s.add_argument("--expect", type=positive_int, help="fail unless the first file has this many lines")
-    s.add_argument("files", nargs="+")
-    s.set_defaults(fn=cmd_count)
     return p
 
 
