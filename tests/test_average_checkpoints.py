@@ -1,6 +1,7 @@
 """resnmt-average: exact averages, which files get picked, refusals, and a real fairseq run."""
 import argparse
 import runpy
+import shutil
 import sys
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def train_tiny_transformer(tmp_path_factory, data_bin: Path) -> Path:
     save_dir = tmp_path_factory.getbasetemp() / "tiny_transformer_ckpts"
     done = save_dir / "TRAINED"
     if not done.exists():
+        shutil.rmtree(save_dir, ignore_errors=True)  # never resume a half-finished run
         run_cli(["fairseq-train", data_bin, *TINY_TRANSFORMER, "--max-update", "8",
                  "--save-interval-updates", "2", "--keep-interval-updates", "10",
                  "--save-dir", save_dir])
