@@ -449,6 +449,15 @@ def test_validation_rejects_top_layers_without_normalized_activation():
         validate_normalized_activation_args(args)
 
 
+def test_validation_rejects_batch_statistics_with_activation_checkpointing():
+    args = parse(["--normalized-activation", "nrelu", "--normalized-activation-stats", "batch"])
+    args.checkpoint_activations = True  # the recomputed forward would update the estimates again
+    with pytest.raises(ValueError, match="batch cannot be used with --checkpoint-activations"):
+        validate_normalized_activation_args(args)
+    args.normalized_activation_stats = "instance"
+    validate_normalized_activation_args(args)
+
+
 def test_validation_reports_every_problem_at_once():
     args = parse(["--normalized-activation", "nrelu", "--normalized-activation-momentum", "2",
                   "--normalized-activation-clamp-min", "-1"])

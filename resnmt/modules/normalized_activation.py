@@ -373,6 +373,14 @@ def validate_normalized_activation_args(args) -> None:
             _get(args, "normalized_activation_clamp_min", DEFAULT_CLAMP_MIN),
             _get(args, "normalized_activation_clamp_max", DEFAULT_CLAMP_MAX),
         )
+        if _get(args, "normalized_activation_stats", DEFAULT_STATS) == "batch" and getattr(
+            args, "checkpoint_activations", False
+        ):
+            problems.append(
+                "--normalized-activation-stats batch cannot be used with --checkpoint-activations: "
+                "the recomputed forward would update the running estimates twice per step; "
+                "use --normalized-activation-stats instance"
+            )
     for side in SIDES:
         k = _get(args, f"{side}_unnormalized_top_layers", 0)
         num_layers = getattr(args, f"{side}_layers", None)
