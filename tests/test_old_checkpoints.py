@@ -1,0 +1,37 @@
+"""Checkpoints written by an earlier resnmt (tests/fixtures/checkpoints) still load and
+compute the same outputs. Regenerate only on a deliberate format change:
+python tests/fixtures/make_checkpoints.py"""
+import pytest
+import torch
+
+from old_checkpoints import CHECKPOINTS, FIXTURES, load, outputs
+
+
+@pytest.mark.parametrize("name", list(CHECKPOINTS))
+def test_old_checkpoint_loads_strictly_and_computes_the_same(name):
+    model = load(FIXTURES / f"{name}.pt")  # strict: every key present, none unexpected
+    expected = torch.load(FIXTURES / f"{name}.expected.pt", weights_only=True)
+    got = outputs(model, expected["batch"])["logits"]
+    torch.testing.assert_close(got, expected["logits"], rtol=0, atol=1e-5)
+
+
+def test_fixtures_cover_every_connection_kind():
+    from resnmt.modules.connections import CONNECTION_KINDS
+
+    kinds = set()
+    for name in CHECKPOINTS:
+        model = load(FIXTURES / f"{name}.pt")
+        for side in (model.encoder, model.decoder):
+            kinds.add(side.connection_spec.kind)
+    assert kinds == set(CONNECTION_KINDS)
+
+
+def test_batch_mode_activation_estimates_are_restored():
+    state = torch.load(FIXTURES / "xskip_ln_xskip_nswish.pt", weights_only=True)["model"]
+    model = load(FIXTURES / "xskip_ln_xskip_nswish.pt")
+    loaded = model.state_dict()
+    stat_keys = [k for k in state if "ffn_activation.running" in k or "ffn_activation.num_updates" in k]
+    assert len(stat_keys) == 8, stat_keys  # mu, rho, rho', update count in the encoder and decoder FFN
+    assert int(state["encoder.layers.0.ffn_activation.num_updates"]) == 3  # trained for 3 updates
+    for key in stat_keys:
+        torch.testing.assert_close(loaded[key], state[key], rtol=0, atol=0)
