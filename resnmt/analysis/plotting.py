@@ -1,0 +1,89 @@
+"""One PNG per statistic: encoder and decoder side by side, one line per sublayer.
+
+Reads the ``"statistics"`` part of ``analysis.json`` (see :mod:`resnmt.cli.analyze`):
+``{statistic: {side: {sublayer: [value per layer, or None]}}}``.
+"""
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: never open a window
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from resnmt.analysis.hooks import SIDES, STATISTICS, SUBLAYER_LABELS  # noqa: E402
+
+STYLE = {  # sublayer -> line style
+    "self": dict(color="tab:blue", marker="o"),
+    "cross": dict(color="tab:orange", marker="s"),
+    "ffn": dict(color="tab:green", marker="^"),
+    "output": dict(color="tab:purple", marker="D"),
+}
+Y_LABELS = {
+    "sas_alpha": "mean alpha (skip weight)",
+    "sas_beta": "mean beta (residual weight)",
+    "sas_gamma": "mean gamma (weight of LN(x+F))",
+    "rskip_ratio": "effective skip : residual ratio",
+    "highway_gate": "mean transform gate t",
+    "act_rho": "rho = Var[f(h)] / Var[h]",
+    "act_rho_prime": "rho' = P(h > 0)",
+    "act_lambda": "lambda",
+    "grad_norm": "mean ||dL/dh_t|| per token",
+}
+UNIT_INTERVAL = {"sas_alpha", "sas_beta", "sas_gamma", "highway_gate"}
+
+
+def _present(values: List[Optional[float]]) -> bool:
+    return any(v is not None for v in values)
+
+
+def plot_statistic(
+    name: str, per_side: Dict[str, Dict[str, List[Optional[float]]]], title: str, path: Path, kinds: Dict[str, str]
+) -> Path:
+    """Write ``path`` (PNG): two subplots (encoder, decoder), x = layer index, one line
+    per sublayer with a legend. A side without the statistic says so in its panel."""
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6), sharey=True, constrained_layout=True)
+    all_values = [
+        v for side in per_side.values() for values in side.values() for v in values if v is not None
+    ]
+    log_scale = name == "grad_norm" and all_values and min(all_values) > 0 and max(all_values) / min(all_values) > 20
+    for ax, side in zip(axes, SIDES):
+        series = per_side.get(side, {})
+        ax.set_title(f"{side} ({kinds.get(side, '?')})")
+        ax.set_xlabel("layer index (0 = nearest the embeddings)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+        drawn = False
+        for sublayer, values in series.items():
+            if not _present(values):
+                continue
+            xs = [i for i, v in enumerate(values) if v is not None]
+            ys = [values[i] for i in xs]
+            ax.plot(xs, ys, label=SUBLAYER_LABELS.get(sublayer, sublayer), linewidth=1.6, markersize=5,
+                    **STYLE.get(sublayer, {}))
+            drawn = True
+        if drawn:
+            ax.legend(fontsize=8, loc="best")
+        else:
+            ax.text(0.5, 0.5, f"no {STATISTICS[name][1].split(':')[0]}\nin this side", ha="center", va="center",
+                    transform=ax.transAxes, color="gray")
+        if log_scale:
+            ax.set_yscale("log")
+    axes[0].set_ylabel(Y_LABELS.get(name, name))
+    if name in UNIT_INTERVAL:
+        axes[0].set_ylim(-0.02, 1.02)
+    fig.suptitle(f"{title}: {STATISTICS[name][1]}", fontsize=11)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_all(statistics: dict, title: str, out_dir: Path, kinds: Dict[str, str]) -> List[Path]:
+    """One PNG per statistic present in ``statistics``, named ``<statistic>.png``."""
+    return [
+        plot_statistic(name, statistics[name], title, Path(out_dir) / f"{name}.png", kinds)
+        for name in STATISTICS
+        if name in statistics
+    ]

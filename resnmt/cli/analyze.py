@@ -1,0 +1,247 @@
+"""resnmt-analyze: per-layer gate values, rSkip ratios, activation gains and gradient
+norms of a trained model, as JSON and one PNG per statistic.
+
+    resnmt-analyze runs/m30k/checkpoint_best.pt --data data/multi30k/bin --split test \\
+        --num-sentences 1000 --out analysis/m30k
+
+The first ``--num-sentences`` sentences of ``--split`` are run teacher-forced on their
+references in evaluation mode (no dropout), in batches of ``--batch-size`` sentences.
+For each layer and sublayer it reports, averaged over every real (non-padding) token:
+
+* SAS: alpha, beta, gamma (the connection's own ``gate_values``);
+* rSkip+LN: the effective skip:residual ratio ``1 + sum_i prod_{j<=i} sigma_j / w_j``
+  (per feature, then averaged over features and tokens);
+* highway: the transform gate t (averaged over features and tokens);
+* NReLU/NSwish: rho, rho', lambda;
+* every model: the gradient norm ``||dL/dh_t||`` of each layer's output, L the
+  summed (label-smoothed) NLL of the batch.
+
+Writes ``OUT/analysis.json`` and ``OUT/<statistic>.png``. Exact definitions:
+``docs/analysis.md``.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+PROG = "resnmt-analyze"
+GATE_STATISTICS = ("sas_alpha", "sas_beta", "sas_gamma", "highway_gate")
+
+
+class AnalyzeError(Exception):
+    """A refusal: printed as one line ``resnmt-analyze: error: ...``, exit status 1."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Per-layer statistics of a resnmt_transformer checkpoint (SAS gates, rSkip "
+        "ratio, highway gate, NReLU/NSwish gains, gradient norm of each block output), "
+        "teacher-forced on a binarized split; writes OUT/analysis.json and one PNG per statistic.",
+    )
+    p.add_argument("checkpoint", type=Path, help="a fairseq checkpoint of a resnmt_transformer model")
+    p.add_argument("--data", type=Path, help="binarized data directory (default: the path stored in the checkpoint)")
+    p.add_argument("--split", default="test", help="split to run on: train, valid, test, ... (default: test)")
+    p.add_argument("--num-sentences", type=int, default=500, metavar="N",
+                   help="analyse the first N sentences of the split (default: 500; fewer if the split is smaller)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="B", help="sentences per batch (default: 32)")
+    p.add_argument("--out", type=Path, default=Path("analysis"), help="output directory (default: ./analysis)")
+    p.add_argument("--label-smoothing", type=float, metavar="EPS",
+                   help="epsilon of the loss whose gradient is measured (default: the checkpoint's "
+                   "--label-smoothing if it trained with label_smoothed_cross_entropy, else 0 = plain NLL)")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
+    p.add_argument("--no-progress-bar", action="store_true", help="no tqdm progress bar")
+    return p
+
+
+def check_paths(args) -> None:
+    """Refuse missing inputs before anything heavy (torch, fairseq) is imported."""
+    if not args.checkpoint.is_file():
+        what = "is a directory, not a checkpoint file" if args.checkpoint.is_dir() else "not found"
+        raise AnalyzeError(f"checkpoint {args.checkpoint} {what}")
+    if args.data is not None and not args.data.is_dir():
+        raise AnalyzeError(f"--data {args.data}: no such directory (give fairseq-preprocess's --destdir)")
+    if args.num_sentences < 1:
+        raise AnalyzeError(f"--num-sentences must be >= 1, got {args.num_sentences}")
+    if args.batch_size < 1:
+        raise AnalyzeError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.label_smoothing is not None and not 0.0 <= args.label_smoothing < 1.0:
+        raise AnalyzeError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
+    if args.out.exists() and not args.out.is_dir():
+        raise AnalyzeError(f"--out {args.out} exists and is not a directory")
+
+
+def available_splits(data_dir: Path) -> List[str]:
+    return sorted({f.name.split(".")[0] for f in Path(data_dir).glob("*.idx")})
+
+
+def load(args):
+    """(model, task, cfg) from the checkpoint, with ``--data`` overriding its data path."""
+    import resnmt  # noqa: F401  (registers the model; allow-lists checkpoint types for weights_only)
+    from fairseq import checkpoint_utils
+
+    overrides = {"data": str(args.data.resolve())} if args.data is not None else {}
+    try:
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(args.checkpoint)], arg_overrides=overrides)
+    except FileNotFoundError as err:
+        raise AnalyzeError(f"cannot set up the checkpoint's task: {err} (give --data)")
+    except Exception as err:  # unpickling errors, missing keys, ...
+        raise AnalyzeError(f"cannot load {args.checkpoint} as a fairseq checkpoint: {type(err).__name__}: "
+                           f"{str(err).splitlines()[0] if str(err) else ''}")
+    model = models[0]
+    if not hasattr(model, "encoder") or not hasattr(model.encoder, "connection_spec"):
+        raise AnalyzeError(f"{args.checkpoint} holds a {type(model).__name__}, not a resnmt_transformer model")
+    logger = model.__dict__.pop("connection_stats_logger", None)
+    if logger is not None:  # trained with --log-connection-stats: those hooks only log in training
+        logger.remove()
+    return model, task, cfg
+
+
+def load_split(task, cfg, split: str):
+    data = Path(str(cfg.task.data).split(":")[0])
+    try:
+        task.load_dataset(split)
+    except FileNotFoundError:
+        have = ", ".join(available_splits(data)) or "none"
+        raise AnalyzeError(f"split {split!r} not found in {data} (splits there: {have})")
+    dataset = task.dataset(split)
+    if getattr(dataset, "tgt", None) is None:
+        raise AnalyzeError(f"split {split!r} in {data} has no target side: the analysis is teacher-forced")
+    return dataset
+
+
+def default_label_smoothing(cfg) -> float:
+    criterion = getattr(cfg, "criterion", None)
+    if criterion is not None and getattr(criterion, "_name", None) == "label_smoothed_cross_entropy":
+        return float(getattr(criterion, "label_smoothing", 0.0) or 0.0)
+    return 0.0
+
+
+def kinds_description(kinds: Dict[str, str]) -> str:
+    if len(set(kinds.values())) == 1:
+        return next(iter(kinds.values()))
+    return ", ".join(f"{side} {kind}" for side, kind in kinds.items())
+
+
+def nest(means: Dict[str, Dict[tuple, float]], num_layers: Dict[str, int]) -> dict:
+    """``{stat: {(side, layer, sublayer): v}}`` -> ``{stat: {side: {sublayer: [v or None per layer]}}}``."""
+    out: dict = {}
+    for name, by_site in means.items():
+        sides: dict = {}
+        for (side, layer, sublayer), value in sorted(by_site.items()):
+            row = sides.setdefault(side, {}).setdefault(sublayer, [None] * num_layers[side])
+            row[layer] = value
+        out[name] = sides
+    return out
+
+
+def analyze(args) -> dict:
+    import torch
+    from tqdm import tqdm
+
+    from resnmt.analysis.gradients import BlockOutputs, block_gradient_norms
+    from resnmt.analysis.hooks import STATISTICS, Accumulator, StatsCollector, side_kinds
+    from resnmt.analysis.plotting import plot_all
+
+    model, task, cfg = load(args)
+    dataset = load_split(task, cfg, args.split)
+    n = min(args.num_sentences, len(dataset))
+    if n < args.num_sentences:
+        print(f"{PROG}: note: split {args.split!r} has {len(dataset)} sentences; analysing all of them", file=sys.stderr)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    model.to(device).eval()
+    pad = task.target_dictionary.pad()
+    label_smoothing = args.label_smoothing if args.label_smoothing is not None else default_label_smoothing(cfg)
+
+    # longest first in batches of similar length: less padding, same token-weighted means
+    indices = sorted(range(n), key=lambda i: (-int(dataset.src_sizes[i]), i))
+    batches = [indices[i:i + args.batch_size] for i in range(0, n, args.batch_size)]
+    acc = Accumulator()
+    grad_sums: Dict[tuple, List[float]] = {}
+    loss_sum = nll_sum = 0.0
+    ntokens = {"encoder": 0, "decoder": 0}
+    collector = StatsCollector(model, acc)
+    blocks = BlockOutputs(model)
+    try:
+        for batch in tqdm(batches, desc=PROG, unit="batch", disable=args.no_progress_bar, file=sys.stderr):
+            sample = dataset.collater([dataset[i] for i in batch])
+            sample = move_to(sample, device)
+            grads, loss, nll = block_gradient_norms(model, sample, label_smoothing, pad, blocks)
+            for site, (total, count) in grads.items():
+                s = grad_sums.setdefault(site, [0.0, 0.0])
+                s[0] += float(total)
+                s[1] += float(count)
+            loss_sum += float(loss)
+            nll_sum += float(nll)
+            ntokens["encoder"] += int(sample["net_input"]["src_tokens"].ne(task.source_dictionary.pad()).sum())
+            ntokens["decoder"] += int(sample["target"].ne(pad).sum())
+    finally:
+        collector.remove()
+        blocks.remove()
+
+    means = acc.means()
+    means["grad_norm"] = {site: total / count for site, (total, count) in grad_sums.items() if count > 0}
+    num_layers = {"encoder": len(model.encoder.layers), "decoder": len(model.decoder.layers)}
+    statistics = nest(means, num_layers)
+    kinds = side_kinds(model)
+    arch = getattr(cfg.model, "arch", None) or type(model).__name__
+    result = {
+        "checkpoint": str(args.checkpoint.resolve()),
+        "arch": arch,
+        "connections": kinds,
+        "normalized_activation": getattr(cfg.model, "normalized_activation", None),
+        "data": str(cfg.task.data),
+        "split": args.split,
+        "num_sentences": n,
+        "num_tokens": ntokens,
+        "loss": {
+            "label_smoothing": label_smoothing,
+            "loss_per_token": loss_sum / max(ntokens["decoder"], 1),
+            "nll_per_token": nll_sum / max(ntokens["decoder"], 1),
+        },
+        "descriptions": {name: STATISTICS[name][1] for name in statistics},
+        "statistics": statistics,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    if not any(name in statistics for name in GATE_STATISTICS):
+        print(f"no gates in this model ({kinds_description(kinds)}): skipping gate plots")
+    title = f"{arch} ({args.split}, {n} sentences)"
+    written = plot_all(statistics, title, args.out, kinds)
+    print_summary(result, args.out, written)
+    return result
+
+
+def move_to(sample, device):
+    from fairseq import utils
+
+    return sample if device.type == "cpu" else utils.move_to_cuda(sample, device=device)
+
+
+def print_summary(result: dict, out: Path, written) -> None:
+    print(f"{result['arch']}: {result['num_sentences']} sentences of {result['split']!r}, "
+          f"{result['num_tokens']['decoder']} target tokens, loss {result['loss']['loss_per_token']:.3f}/token")
+    for name, sides in result["statistics"].items():
+        parts = []
+        for side, rows in sides.items():
+            for sublayer, values in rows.items():
+                shown = " ".join("-" if v is None else f"{v:.3g}" for v in values)
+                parts.append(f"{side[:3]}/{sublayer}: {shown}")
+        print(f"  {name:14s} " + "; ".join(parts))
+    print(f"wrote {out / 'analysis.json'} and {len(written)} plots: {', '.join(p.name for p in written)}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        check_paths(args)
+        analyze(args)
+    except AnalyzeError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
