@@ -35,6 +35,7 @@ setup(
     ],
     entry_points={
         "console_scripts": [
+            "resnmt-train=resnmt.cli.train:main",
             "resnmt-average=resnmt.cli.average_checkpoints:main",
             "resnmt-evaluate=resnmt.cli.evaluate:main",
             "resnmt-analyze=resnmt.cli.analyze:main",

@@ -58,8 +58,10 @@ def positive_int(text: str) -> int:
 
 
 def add_connection_args(parser) -> None:
+    """Add resnmt's connection flags to ``parser`` (fairseq passes its model-specific
+    argument group; no nested group, which argparse would leave out of --help)."""
     kinds = ", ".join(CONNECTION_KINDS)
-    group = parser.add_argument_group("resnmt sublayer connections")
+    group = parser
     group.add_argument(
         "--residual", choices=CONNECTION_KINDS, metavar="KIND",
         help=f"connection of every sublayer ({kinds}); post_ln: LN(x+F) [Vaswani 2017]; "

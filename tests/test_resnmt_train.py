@@ -1,0 +1,29 @@
+"""resnmt-train: fairseq-train with the model's flags in --help and an absolute --user-dir."""
+import torch
+
+from conftest import REPO_ROOT, run_cli
+from model_utils import TINY
+
+RESNMT_FLAGS = [
+    "--residual", "--encoder-residual", "--decoder-residual", "--skip-lambda", "--sas-gate", "--sas-gamma",
+    "--sas-gate-dim", "--sas-alpha-bias-init", "--sas-beta-bias-init", "--sas-gamma-bias-init",
+    "--highway-bias-init", "--normalized-activation", "--normalized-activation-stats",
+    "--normalized-activation-momentum", "--encoder-unnormalized-top-layers", "--decoder-unnormalized-top-layers",
+]
+
+
+def test_help_lists_every_resnmt_flag_with_its_text(tiny_bin):
+    out = run_cli(["resnmt-train", tiny_bin, "--arch", "transformer_sas_base", "--help"]).stdout
+    help_body = out[out.index("Model-specific configuration"):]
+    for flag in RESNMT_FLAGS:
+        assert f"  {flag} " in help_body, flag
+    assert "SAS eq.3/4" in help_body and "--encoder-layers" in help_body
+
+
+def test_trains_with_the_installed_package_as_user_dir(tiny_bin, tmp_path):
+    run_cli(["resnmt-train", tiny_bin, "--arch", "transformer_rskip_base", *TINY, "--optimizer", "adam", "--lr", "1e-3",
+             "--max-update", "1", "--max-tokens", "500", "--save-dir", tmp_path, "--no-epoch-checkpoints",
+             "--num-workers", "0"], cwd=tmp_path)
+    cfg = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["cfg"]
+    assert cfg["common"]["user_dir"] == str(REPO_ROOT / "resnmt")
+    assert cfg["model"].encoder_residual == "rskip_ln"
