@@ -1,0 +1,154 @@
+#!/usr/bin/env python
+"""Markdown tables from ``benchmarks/results/*.jsonl``.
+
+* speed: the rows of the latest ``speed.py`` run for each (device, size) found in
+  ``speed.jsonl`` (ratios are medians over interleaved rounds, [min–max] beside them),
+  plus the SAS overhead analysis;
+* quality: one row per configuration (and settings) in ``quality.jsonl`` with n (runs),
+  mean sacreBLEU, standard deviation and the seeds, and the planned rows still missing.
+
+    python benchmarks/make_tables.py                    # print the tables
+    python benchmarks/make_tables.py --write docs/benchmarks.md
+        # replace the text between <!-- speed-table:begin --> / <!-- speed-table:end -->
+        # and <!-- quality-table:begin --> / <!-- quality-table:end --> in that file
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from quality import ROWS as QUALITY_ROWS  # noqa: E402
+from speed import markdown_table as speed_markdown  # noqa: E402
+
+# the papers' direction, for comparison (IWSLT'15 EN-VI base unless said otherwise)
+PAPERS = {
+    "transformer": "baseline (SAS paper 30.9, rSkip paper 30.3 on EN-VI)",
+    "post_ln": "= fairseq transformer (rSkip Table 2: 30.31)",
+    "pre_ln": "pre-LN: no EN-VI number in the papers",
+    "xskip (λ=1)": "worse than post-LN: 28.98 vs 30.31 (rSkip Table 2)",
+    "xskip_ln (λ=2)": "better: 30.99 (rSkip Table 2)",
+    "rskip_ln (λ=2)": "best: 31.45 (rSkip Table 2; 2-layer model 30.49 vs 30.04)",
+    "rskip_ln (λ=3)": "better, below λ=2: 31.10 (rSkip Table 2)",
+    "sas": "better: 32.0 vs 30.9 (SAS paper)",
+    "highway": "SAS paper Table 6 ('Transform Gate') ablation",
+    "rskip_ln (λ=2) + nswish": "no paper number for this combination",
+}
+
+MARKERS = {
+    "speed": ("<!-- speed-table:begin -->", "<!-- speed-table:end -->"),
+    "quality": ("<!-- quality-table:begin -->", "<!-- quality-table:end -->"),
+}
+
+
+def read_jsonl(path):
+    if not Path(path).exists():
+        return []
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def speed_tables(records):
+    groups = OrderedDict()
+    for r in records:
+        key = (r["settings"]["device"], r["size"]["name"])
+        groups.setdefault(key, []).append(r)
+    parts = []
+    for (device, size_name), recs in groups.items():
+        latest = max(r["run_id"] for r in recs)
+        rows = [r for r in recs if r["run_id"] == latest]
+        s, z, m = rows[0]["settings"], rows[0]["size"], rows[0]["machine"]
+        parts.append(
+            f"**{device}, {z['layers']}+{z['layers']} layers d={z['dim']} FFN {z['ffn']} {z['heads']} heads** — "
+            f"run {latest}, {rows[0]['rounds']} interleaved rounds, {s['threads']} torch thread(s) per measurement, "
+            f"{s['warmup']} warm-up + {s['updates']} timed updates of ≤{s['max_tokens']} tokens, "
+            f"beam 4 on {s['decode_sentences']} sentences ({s['decode_batch']} per batch, {s['decode_len']} tokens each); "
+            f"machine: {m.get('gpu') or str(m.get('cpus')) + ' CPUs'}, torch {m.get('torch', '?')}\n"
+        )
+        parts.append(speed_markdown(rows))
+        sas = [r for r in rows if "sas_overhead" in r]
+        if sas:
+            parts.append("\nSAS gate overhead (analytic, per target token; see the formula below the table):\n")
+            parts.append("| row | gate hidden g | gate params | params ratio (measured) | gate MACs / model MACs "
+                         "| predicted train ratio | measured train ratio | measured / predicted (≥ 0.95?) |")
+            parts.append("|---|---|---|---|---|---|---|---|")
+            for r in sas:
+                o = r["sas_overhead"]
+                mp = o.get("measured_over_predicted")
+                parts.append(
+                    f"| {r['row']} | {o['gate_dim']} | {o['gate_params']:,} | {r['params_ratio']:.3f} "
+                    f"| {o['mac_overhead']:.3f} | {o['predicted_train_ratio']:.3f} "
+                    f"| {r['train_ratio']['median']:.3f} | {mp:.3f} ({'pass' if mp >= 0.95 else 'MISS'}) |"
+                )
+        parts.append("")
+    return "\n".join(parts) if parts else "_no speed results yet_"
+
+
+def quality_table(records):
+    groups = OrderedDict()
+    for r in records:
+        groups.setdefault((r["row"], r["settings_key"]), []).append(r)
+    lines = [
+        "| row | n | sacreBLEU mean | std | min–max | seeds | papers' direction |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    order = {row: i for i, row in enumerate(QUALITY_ROWS)}
+    settings_seen = OrderedDict()
+    for (row, key), recs in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1])):
+        bleus = [r["bleu"] for r in recs]
+        std = statistics.stdev(bleus) if len(bleus) > 1 else float("nan")
+        settings_seen[key] = recs[0]["settings"]
+        lines.append(
+            f"| {row}{'' if len(settings_seen) == 1 else f' [{key}]'} | {len(bleus)} | {statistics.mean(bleus):.2f} "
+            f"| {'—' if math.isnan(std) else f'{std:.2f}'} | {min(bleus):.2f}–{max(bleus):.2f} "
+            f"| {','.join(str(r['seed']) for r in recs)} | {PAPERS.get(row, '')} |"
+        )
+    missing = []
+    for row, (_, _, n_wanted) in QUALITY_ROWS.items():
+        have = sum(len(v) for (r, _), v in groups.items() if r == row)
+        if have < n_wanted:
+            missing.append(f"{row} ({have} of {n_wanted} seeds)")
+    out = "\n".join(lines)
+    for key, s in settings_seen.items():
+        z = s["size"]
+        out += (f"\n\nSettings {key}: {z['layers']}+{z['layers']} layers d={z['dim']} FFN {z['ffn']} {z['heads']} heads, "
+                f"{s['max_tokens']} tokens/batch, {s['max_update']} updates, lr {s['lr']} (inverse sqrt, "
+                f"{s['warmup_updates']} warm-up), dropout {s['dropout']}, label smoothing {s['label_smoothing']}, "
+                f"average of the last {s['average']} checkpoints (every {s['save_every']} updates), beam {s['beam']}, "
+                f"{s['lenpen_form']} lenpen {s['lenpen']}, {s['threads']} thread(s).")
+    out += "\n\nNot yet run: " + ("; ".join(missing) if missing else "none") + "."
+    return out
+
+
+def replace_between(text, begin, end, body):
+    if begin not in text or end not in text:
+        raise SystemExit(f"markers {begin} / {end} not found")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", default=str(HERE / "results"), help="directory of *.jsonl (default: benchmarks/results)")
+    p.add_argument("--write", metavar="MD", help="replace the tables between the marker comments in this file")
+    a = p.parse_args(argv)
+    records = []
+    for path in sorted(Path(a.results).glob("*.jsonl")):
+        records += read_jsonl(path)
+    speed = speed_tables([r for r in records if r.get("benchmark") == "speed"])
+    quality = quality_table([r for r in records if r.get("benchmark") == "quality"])
+    if a.write:
+        text = Path(a.write).read_text(encoding="utf-8")
+        text = replace_between(text, *MARKERS["speed"], speed)
+        text = replace_between(text, *MARKERS["quality"], quality)
+        Path(a.write).write_text(text, encoding="utf-8")
+    print("## Speed and memory\n\n" + speed + "\n\n## Quality\n\n" + quality)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

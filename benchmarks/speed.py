@@ -1,0 +1,441 @@
+#!/usr/bin/env python
+"""Training speed, beam-4 decoding speed and peak memory of resnmt's connections,
+each as a ratio to a reference measured interleaved in the same run.
+
+Every measurement runs in a fresh subprocess (so peak memory is that config's alone):
+it builds the model through fairseq's real argument parser, trains ``--warmup`` +
+``--updates`` steps (forward, backward, Adam) on the first batches of the binarized
+training data, then decodes ``--decode-sentences`` validation sentences with fairseq's
+``SequenceGenerator`` (beam 4). Each row compares a config with its reference
+(fairseq's ``transformer`` of the same size, or the plain activation for NReLU/NSwish);
+the two are measured back to back, in alternating order, once per round, and a row's
+ratio is the median over rounds of the per-round ratio.
+
+Outputs: one JSON line per row appended to ``--out`` (default
+``benchmarks/results/speed.jsonl``), and the markdown table on stdout.
+
+    python benchmarks/speed.py                         # CPU, 6+6 d=256 FFN 1024 4 heads
+    python benchmarks/speed.py --device cuda --size base  # GPU, fairseq's base sizes
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = REPO_ROOT / "data" / "multi30k" / "bin"
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "speed.jsonl"
+
+SIZES = {
+    # name: (layers, d, ffn, heads)
+    "cpu": (6, 256, 1024, 4),
+    "base": (6, 512, 2048, 8),
+    "tiny": (2, 16, 32, 2),
+}
+
+# measurement name -> (arch, extra flags); {L} is replaced by the number of layers
+CONFIGS = {
+    "transformer": ("transformer", []),
+    "transformer_prenorm": ("transformer", ["--encoder-normalize-before", "--decoder-normalize-before"]),
+    "post_ln": ("transformer_postln_base", []),
+    "pre_ln": ("transformer_preln_base", []),
+    "xskip_ln2": ("transformer_xskip_base", ["--skip-lambda", "2"]),
+    "rskip_ln2": ("transformer_rskip_base", ["--skip-lambda", "2"]),
+    "sas": ("transformer_sas_base", []),
+    "sas_gate64": ("transformer_sas_base", ["--sas-gate-dim", "64"]),
+    "highway": ("transformer_highway_base", []),
+    # plain Swish: nswish with every FFN kept unnormalized (fairseq has no swish --activation-fn)
+    "swish": ("transformer_postln_base", ["--normalized-activation", "nswish",
+                                          "--encoder-unnormalized-top-layers", "{L}",
+                                          "--decoder-unnormalized-top-layers", "{L}"]),
+    "nswish": ("transformer_postln_base", ["--normalized-activation", "nswish"]),
+    "nrelu": ("transformer_postln_base", ["--normalized-activation", "nrelu"]),
+}
+
+# row -> (config, reference config, target train ratio, target decode ratio, memory target)
+# None: no fixed target (SAS with the paper's gate: compared with its predicted cost).
+ROWS = {
+    "post_ln": ("post_ln", "transformer", 0.98, 0.98, 1.05),
+    "pre_ln": ("pre_ln", "transformer_prenorm", 0.98, 0.98, 1.05),
+    "xskip_ln (λ=2)": ("xskip_ln2", "transformer", 0.97, 0.97, 1.05),
+    "rskip_ln (λ=2)": ("rskip_ln2", "transformer", 0.93, 0.93, 1.05),
+    "sas (gate h)": ("sas", "transformer", None, None, None),
+    "sas (gate 64)": ("sas_gate64", "transformer", 0.90, 0.90, None),
+    "highway": ("highway", "transformer", None, None, 1.05),
+    "nswish vs swish": ("nswish", "swish", 0.93, 0.93, 1.05),
+    "nrelu vs relu": ("nrelu", "post_ln", 0.93, 0.93, 1.05),
+}
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def read_status_kb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def fairseq_argv(data, config, size, max_tokens):
+    layers, dim, ffn, heads = size
+    arch, extra = CONFIGS[config]
+    extra = [e.replace("{L}", str(layers)) for e in extra]
+    return [
+        str(data), "--arch", arch, "--user-dir", str(REPO_ROOT / "resnmt"),
+        "--encoder-layers", str(layers), "--decoder-layers", str(layers),
+        "--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
+        "--encoder-ffn-embed-dim", str(ffn), "--decoder-ffn-embed-dim", str(ffn),
+        "--encoder-attention-heads", str(heads), "--decoder-attention-heads", str(heads),
+        "--share-all-embeddings", "--dropout", "0.1", "--max-tokens", str(max_tokens),
+        "--seed", "1", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        *extra,
+    ]
+
+
+def measure(spec):
+    """One config, in this (fresh) process: dict of throughput and memory numbers."""
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    device = torch.device(spec["device"])
+    cuda = device.type == "cuda"
+
+    from fairseq import options, tasks
+    from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+    from fairseq.sequence_generator import SequenceGenerator
+    from fairseq import utils
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(
+        parser, input_args=fairseq_argv(spec["data"], spec["config"], spec["size"], spec["max_tokens"])
+    )
+    task = tasks.setup_task(args)
+    task.load_dataset("train")
+    task.load_dataset("valid")
+    n_batches = spec["warmup"] + spec["updates"]
+    itr = task.get_batch_iterator(
+        dataset=task.dataset("train"), max_tokens=spec["max_tokens"], max_positions=(1024, 1024),
+        ignore_invalid_inputs=True, required_batch_size_multiple=8, seed=1,
+    ).next_epoch_itr(shuffle=True)
+    batches = [next(itr) for _ in range(n_batches)]
+    valid = task.dataset("valid")
+    n_dec = min(spec["decode_sentences"], len(valid))
+    dec_batches = [
+        valid.collater([valid[i] for i in range(s, min(s + spec["decode_batch"], n_dec))])
+        for s in range(0, n_dec, spec["decode_batch"])
+    ]
+    if cuda:
+        batches = [utils.move_to_cuda(b) for b in batches]
+        dec_batches = [utils.move_to_cuda(b) for b in dec_batches]
+
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        mem0 = torch.cuda.memory_allocated()
+    else:
+        mem0 = read_status_kb("VmRSS") * 1024
+    torch.manual_seed(1)
+    model = task.build_model(args).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def train_step(batch):
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        net_output = model(**batch["net_input"])
+        lprobs = model.get_normalized_probs(net_output, log_probs=True)
+        loss, _ = label_smoothed_nll_loss(
+            lprobs.view(-1, lprobs.size(-1)), batch["target"].view(-1), 0.1,
+            ignore_index=task.target_dictionary.pad(), reduce=True,
+        )
+        loss.backward()
+        optimizer.step()
+
+    for batch in batches[: spec["warmup"]]:
+        train_step(batch)
+    sync()
+    t0 = time.perf_counter()
+    for batch in batches[spec["warmup"]:]:
+        train_step(batch)
+    sync()
+    train_time = time.perf_counter() - t0
+    train_tokens = sum(int(b["ntokens"]) for b in batches[spec["warmup"]:])
+    if cuda:
+        peak = torch.cuda.max_memory_allocated() - mem0
+    else:
+        peak = read_status_kb("VmHWM") * 1024 - mem0
+    optimizer.zero_grad(set_to_none=True)
+
+    model.eval()
+    generator = SequenceGenerator(
+        [model], task.target_dictionary, beam_size=4,
+        # every hypothesis gets exactly decode_len tokens: an untrained model's output
+        # length is arbitrary, and the cost of a step must be compared, not luck
+        max_len_a=0, max_len_b=spec["decode_len"], min_len=spec["decode_len"],
+    )
+    generator.generate([model], dec_batches[0])  # warm-up
+    sync()
+    t0 = time.perf_counter()
+    n_sent = 0
+    for batch in dec_batches:
+        generator.generate([model], batch)
+        n_sent += batch["nsentences"]
+    sync()
+    decode_time = time.perf_counter() - t0
+    src_tokens = sum(int(b["net_input"]["src_tokens"].numel()) for b in batches[spec["warmup"]:])
+    tgt_padded = sum(int(b["target"].numel()) for b in batches[spec["warmup"]:])
+    return {
+        "config": spec["config"],
+        "train_tokens_per_s": train_tokens / train_time,
+        "decode_sentences_per_s": n_sent / decode_time,
+        "peak_memory_bytes": peak,
+        "params": n_params,
+        "train_tokens": train_tokens,
+        "train_padded_src_tokens": src_tokens,
+        "train_padded_tgt_tokens": tgt_padded,
+        "decode_sentences": n_sent,
+    }
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def sas_overhead(size, vocab, gate_dim, src_per_tgt=1.0):
+    """Analytic per-target-token MACs and parameters of the model and of SAS's gates.
+
+    Per token per sublayer the two gates cost 2*(2h*g + g) MACs (first layer 2h -> g,
+    second g -> 1; g = gate hidden size, h in the paper) and hold 2*(2h*g + 2g + 1)
+    parameters. The model's own matmuls per token: encoder layer 4h^2 + 2hf (q,k,v,out
+    projections, FFN), decoder layer 4h^2 + 2h^2 + 2hf per target token (self-attention,
+    cross-attention q/out, FFN) + 2h^2 per source token (cross-attention k/v), output
+    projection hV per target token. Attention scores (O(T) per token) are left out.
+    """
+    layers, h, f, _ = size
+    g = gate_dim or h
+    enc_tok = layers * (4 * h * h + 2 * h * f)
+    dec_tok = layers * (6 * h * h + 2 * h * f) + h * vocab
+    model_macs = src_per_tgt * (enc_tok + layers * 2 * h * h) + dec_tok
+    gate_tok = 2 * (2 * h * g + g)
+    gate_macs = src_per_tgt * layers * 2 * gate_tok + layers * 3 * gate_tok
+    gate_params = (2 * layers + 3 * layers) * 2 * (2 * h * g + 2 * g + 1)
+    return {
+        "gate_dim": g,
+        "model_macs_per_tgt_token": model_macs,
+        "gate_macs_per_tgt_token": gate_macs,
+        "mac_overhead": gate_macs / model_macs,
+        "predicted_train_ratio": model_macs / (model_macs + gate_macs),
+        "gate_params": gate_params,
+    }
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run_worker(spec, timeout):
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(spec["threads"])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=str(REPO_ROOT))
+    if proc.returncode != 0:
+        raise RuntimeError(f"measurement of {spec['config']} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def fmt_ratio(x):
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def verdict(value, target, higher_is_better=True):
+    if target is None or value is None:
+        return ""
+    ok = value >= target if higher_is_better else value <= target
+    return "pass" if ok else "MISS"
+
+
+def markdown_table(rows):
+    out = [
+        "| row | train tok/s ratio (target) | | decode sent/s ratio (target) | | peak memory ratio (target) | | params ratio | rounds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        t, d, m = r["train_ratio"], r["decode_ratio"], r["memory_ratio"]
+        out.append(
+            f"| {r['row']} (vs {r['reference']}) "
+            f"| {fmt_ratio(t['median'])} [{fmt_ratio(t['min'])}–{fmt_ratio(t['max'])}] ({r['target_train'] or '—'}) "
+            f"| {verdict(t['median'], r['target_train'])} "
+            f"| {fmt_ratio(d['median'])} [{fmt_ratio(d['min'])}–{fmt_ratio(d['max'])}] ({r['target_decode'] or '—'}) "
+            f"| {verdict(d['median'], r['target_decode'])} "
+            f"| {fmt_ratio(m['median'])} ({('≤ %s' % r['target_memory']) if r['target_memory'] else '—'}) "
+            f"| {verdict(m['median'], r['target_memory'], higher_is_better=False)} "
+            f"| {r['params_ratio']:.3f} | {r['rounds']} |"
+        )
+    return "\n".join(out)
+
+
+def read_jsonl(path):
+    if not Path(path).exists():
+        return []
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def summarize(values):
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return {"median": None, "min": None, "max": None, "values": []}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=str(DEFAULT_DATA),
+                   help="fairseq-binarized data with train and valid splits and a joined dictionary "
+                   "(default: data/multi30k/bin, from data-prep/prepare-multi30k.sh)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="default: cpu")
+    p.add_argument("--size", default=None, choices=sorted(SIZES),
+                   help="model size: cpu = 6+6 layers d=256 FFN 1024 4 heads, base = 6+6 d=512 FFN 2048 "
+                   "8 heads, tiny = 2+2 d=16 (tests) (default: cpu on --device cpu, base on cuda)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per measurement (default: 1)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved repeats per row (default: 3)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed training updates first (default: 1)")
+    p.add_argument("--updates", type=int, default=3, help="timed training updates (default: 3)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="tokens per training batch (default: 1024 on cpu, 4096 on cuda)")
+    p.add_argument("--decode-sentences", type=int, default=48,
+                   help="validation sentences decoded (default: 48; 512 recommended on cuda)")
+    p.add_argument("--decode-batch", type=int, default=16, help="sentences per decoding batch (default: 16)")
+    p.add_argument("--decode-len", type=int, default=20,
+                   help="every hypothesis is decoded to exactly this many tokens (default: 20)")
+    p.add_argument("--rows", default=",".join(ROWS),
+                   help="comma-separated rows (default: all): " + ", ".join(ROWS))
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON lines appended here (default: %(default)s)")
+    p.add_argument("--raw", help="every measured pair is appended here as it lands "
+                   "(default: OUT's name with -raw, e.g. benchmarks/results/speed-raw.jsonl)")
+    p.add_argument("--from-raw", metavar="RUN_ID",
+                   help="measure nothing: summarize the rounds of run RUN_ID found in --raw (e.g. an "
+                   "interrupted run) and append its rows to --out")
+    p.add_argument("--timeout", type=int, default=900, help="seconds allowed per measurement")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+
+    if a.worker:
+        print(json.dumps(measure(json.loads(a.worker))))
+        return 0
+
+    size_name = a.size or ("base" if a.device == "cuda" else "cpu")
+    size = SIZES[size_name]
+    max_tokens = a.max_tokens or (4096 if a.device == "cuda" else 1024)
+    rows = [r.strip() for r in a.rows.split(",") if r.strip()]
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        p.error(f"unknown rows {unknown}; choose from: {', '.join(ROWS)}")
+    if not (Path(a.data) / "dict.en.txt").exists() and not list(Path(a.data).glob("dict.*.txt")):
+        p.error(f"--data {a.data}: no fairseq dictionary there; run "
+                "bash data-prep/prepare-multi30k.sh --mirror ../shared/data/multi30k data/multi30k")
+
+    base_spec = {
+        "data": str(Path(a.data).resolve()), "device": a.device, "size": list(size), "threads": a.threads,
+        "warmup": a.warmup, "updates": a.updates, "max_tokens": max_tokens,
+        "decode_sentences": a.decode_sentences, "decode_batch": a.decode_batch, "decode_len": a.decode_len,
+    }
+    raw_path = Path(a.raw) if a.raw else Path(a.out).with_name(Path(a.out).stem + "-raw.jsonl")
+    if a.from_raw:
+        run_id = a.from_raw
+        raws = [r for r in read_jsonl(raw_path) if r["run_id"] == run_id]
+        if not raws:
+            p.error(f"no measurements of run {run_id} in {raw_path}")
+        base_spec, size_name, size = raws[0]["spec"], raws[0]["size_name"], tuple(raws[0]["spec"]["size"])
+        per_row = {}
+        for r in raws:
+            per_row.setdefault(r["row"], []).append(r["results"])
+        rows = [r for r in ROWS if r in per_row]
+    else:
+        run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        per_row = {r: [] for r in rows}
+        started = time.time()
+        raw_path.parent.mkdir(parents=True, exist_ok=True)
+        for rnd in range(a.rounds):
+            for row in rows:
+                config, ref = ROWS[row][0], ROWS[row][1]
+                order = (ref, config) if rnd % 2 == 0 else (config, ref)
+                res = {c: run_worker(dict(base_spec, config=c), a.timeout) for c in order}
+                per_row[row].append(res)
+                with open(raw_path, "a", encoding="utf-8") as f:  # every pair kept as it lands
+                    f.write(json.dumps({"benchmark": "speed_raw", "run_id": run_id, "round": rnd + 1, "row": row,
+                                        "order": list(order), "results": res, "spec": base_spec,
+                                        "size_name": size_name}, ensure_ascii=False) + "\n")
+                print(f"[speed] round {rnd + 1}/{a.rounds} {row}: train x{res[config]['train_tokens_per_s'] / res[ref]['train_tokens_per_s']:.3f} "
+                      f"decode x{res[config]['decode_sentences_per_s'] / res[ref]['decode_sentences_per_s']:.3f} "
+                      f"memory x{res[config]['peak_memory_bytes'] / max(res[ref]['peak_memory_bytes'], 1):.3f} "
+                      f"({time.time() - started:.0f}s)", file=sys.stderr, flush=True)
+
+    vocab = sum(1 for _ in open(next(Path(base_spec["data"]).glob("dict.*.txt")), encoding="utf-8")) + 4
+    machine = {
+        "host": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count(),
+        "device": base_spec["device"], "python": platform.python_version(),
+    }
+    try:
+        import torch
+
+        machine["torch"] = torch.__version__
+        if base_spec["device"] == "cuda":
+            machine["gpu"] = torch.cuda.get_device_name(0)
+    except Exception:  # pragma: no cover - informational only
+        pass
+    results = []
+    for row in rows:
+        config, ref, t_train, t_dec, t_mem = ROWS[row]
+        runs = per_row[row]
+        ratio = lambda key: summarize([r[config][key] / r[ref][key] if r[ref][key] > 0 else None for r in runs])
+        rec = {
+            "benchmark": "speed", "run_id": run_id, "row": row, "config": config, "reference": ref,
+            "size": dict(zip(("layers", "dim", "ffn", "heads"), size), name=size_name),
+            "settings": {k: base_spec[k] for k in ("device", "threads", "warmup", "updates", "max_tokens",
+                                                     "decode_sentences", "decode_batch", "decode_len")},
+            "machine": machine, "rounds": len(runs),
+            "train_ratio": ratio("train_tokens_per_s"),
+            "decode_ratio": ratio("decode_sentences_per_s"),
+            "memory_ratio": ratio("peak_memory_bytes"),
+            "params_ratio": runs[0][config]["params"] / runs[0][ref]["params"],
+            "target_train": t_train, "target_decode": t_dec, "target_memory": t_mem,
+            "absolute": {
+                c: {k: statistics.median(r[c][k] for r in runs)
+                    for k in ("train_tokens_per_s", "decode_sentences_per_s", "peak_memory_bytes", "params")}
+                for c in (config, ref)
+            },
+        }
+        if config.startswith("sas"):
+            gate_dim = 64 if config == "sas_gate64" else None
+            src = sum(r[config]["train_padded_src_tokens"] for r in runs)
+            tgt = sum(r[config]["train_padded_tgt_tokens"] for r in runs)
+            rec["sas_overhead"] = sas_overhead(size, vocab, gate_dim, src / tgt)
+            rec["sas_overhead"]["measured_over_predicted"] = (
+                rec["train_ratio"]["median"] / rec["sas_overhead"]["predicted_train_ratio"]
+                if rec["train_ratio"]["median"] else None
+            )
+        results.append(rec)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "a", encoding="utf-8") as f:
+        for rec in results:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    print(markdown_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

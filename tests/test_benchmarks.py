@@ -1,0 +1,77 @@
+"""Smoke test of benchmarks/ (speed.py, quality.py, make_tables.py) with tiny settings.
+
+The real benchmark numbers come from `make bench` (docs/benchmarks.md); this only checks
+that the scripts run end to end and write what make_tables.py reads.
+"""
+import json
+import math
+import sys
+
+from conftest import REPO_ROOT, run_cli
+
+BENCH = REPO_ROOT / "benchmarks"
+
+
+def finite_positive(x):
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_speed_tiny(tiny_bin, tmp_path):
+    out = tmp_path / "speed.jsonl"
+    proc = run_cli([
+        sys.executable, BENCH / "speed.py", "--data", tiny_bin, "--size", "tiny", "--rounds", "1",
+        "--warmup", "1", "--updates", "1", "--max-tokens", "300", "--decode-sentences", "4",
+        "--decode-batch", "4", "--decode-len", "3", "--rows", "sas (gate 64)", "--out", out,
+    ], timeout=300)
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["row"] for r in records] == ["sas (gate 64)"]
+    for r in records:
+        assert r["reference"] == "transformer" and r["rounds"] == 1
+        for key in ("train_ratio", "decode_ratio", "memory_ratio"):
+            assert finite_positive(r[key]["median"]), (r["row"], key, r[key])
+    sas = records[0]["sas_overhead"]
+    assert sas["gate_dim"] == 64 and 0 < sas["predicted_train_ratio"] < 1
+    assert finite_positive(sas["measured_over_predicted"])
+    assert "| sas (gate 64) (vs transformer) |" in proc.stdout
+
+
+def test_quality_tiny_and_resume(tiny_bin, tmp_path):
+    out = tmp_path / "quality.jsonl"
+    argv = [
+        sys.executable, BENCH / "quality.py", "--data", tiny_bin.parent, "--ref", tiny_bin.parent / "text" / "test.de",
+        "--remove-bpe", "none", "--size", "tiny", "--max-update", "2", "--save-every", "1", "--average", "2",
+        "--warmup", "1", "--max-len-b", "5", "--rows", "post_ln", "--seeds", "1",
+        "--workdir", tmp_path / "work", "--out", out,
+    ]
+    run_cli(argv, timeout=300)
+    (rec,) = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert rec["row"] == "post_ln" and rec["seed"] == 1 and rec["n_sentences"] == 60
+    assert math.isfinite(rec["bleu"]) and rec["bleu"] >= 0
+    listing = run_cli([*argv, "--list"]).stdout
+    assert "done     post_ln  seed 1" in listing
+    run_cli(argv)  # resumable: a finished (row, seed, settings) is not run again
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 1
+
+
+def test_make_tables_from_handwritten_jsonl(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    settings = {
+        "size": {"name": "small", "layers": 2, "dim": 128, "ffn": 512, "heads": 4}, "max_tokens": 4096,
+        "max_update": 800, "lr": 0.001, "warmup_updates": 300, "dropout": 0.1, "label_smoothing": 0.1,
+        "save_every": 40, "average": 5, "beam": 4, "lenpen": 0.6, "lenpen_form": "gnmt", "threads": 1,
+    }
+    lines = [
+        {"benchmark": "quality", "row": "post_ln", "seed": s, "settings": settings, "settings_key": "k1", "bleu": b}
+        for s, b in ((1, 30.0), (2, 32.0))
+    ] + [{"benchmark": "quality", "row": "sas", "seed": 1, "settings": settings, "settings_key": "k1", "bleu": 29.5}]
+    (results / "quality.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n", encoding="utf-8")
+    doc = tmp_path / "doc.md"
+    doc.write_text("intro\n<!-- speed-table:begin -->\nold\n<!-- speed-table:end -->\nmiddle\n"
+                   "<!-- quality-table:begin -->\nold\n<!-- quality-table:end -->\nend\n", encoding="utf-8")
+    run_cli([sys.executable, BENCH / "make_tables.py", "--results", results, "--write", doc])
+    text = doc.read_text(encoding="utf-8")
+    assert "| post_ln | 2 | 31.00 | 1.41 | 30.00–32.00 | 1,2 |" in text
+    assert "| sas | 1 | 29.50 | — |" in text
+    assert "transformer (0 of 2 seeds)" in text and "old" not in text
+    assert text.startswith("intro\n") and text.endswith("end\n") and "_no speed results yet_" in text
