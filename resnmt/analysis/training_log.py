@@ -13,8 +13,8 @@ Levels:
   the mean over that side's sublayers, e.g. ``sas_alpha_enc``, ``sas_gamma_dec``,
   ``rskip_ratio_enc``, ``hw_gate_dec``, ``act_lambda_enc`` (6 keys for an SAS model);
 * ``layer``: the ``side`` keys plus one per layer and sublayer, e.g.
-  ``sas_alpha_enc0_self``, ``sas_beta_dec5_cross``, ``act_rho_dec2`` (45 more for a
-  6+6 SAS model).
+  ``sas_alpha_enc0_self``, ``sas_beta_dec5_cross``, ``act_rho_dec2`` (90 more for a
+  6+6 SAS model: 6 x 2 + 6 x 3 sublayers, 3 gates each).
 """
 from typing import Optional
 

@@ -21,9 +21,13 @@ Writes ``OUT/analysis.json`` and ``OUT/<statistic>.png``. Exact definitions:
 """
 import argparse
 import json
+import logging
+import warnings
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
+
+from resnmt.analysis.hooks import STATISTICS
 
 PROG = "resnmt-analyze"
 GATE_STATISTICS = ("sas_alpha", "sas_beta", "sas_gamma", "highway_gate")
@@ -126,12 +130,14 @@ def kinds_description(kinds: Dict[str, str]) -> str:
 
 def nest(means: Dict[str, Dict[tuple, float]], num_layers: Dict[str, int]) -> dict:
     """``{stat: {(side, layer, sublayer): v}}`` -> ``{stat: {side: {sublayer: [v or None per layer]}}}``."""
+    order = {name: i for i, name in enumerate(("encoder", "decoder", "self", "cross", "ffn", "output"))}
     out: dict = {}
-    for name, by_site in means.items():
+    for name in [n for n in STATISTICS if n in means]:  # a fixed order: gates, ratio, activation, gradient
         sides: dict = {}
-        for (side, layer, sublayer), value in sorted(by_site.items()):
+        by_site = means[name]
+        for side, layer, sublayer in sorted(by_site, key=lambda s: (order[s[0]], order[s[2]], s[1])):
             row = sides.setdefault(side, {}).setdefault(sublayer, [None] * num_layers[side])
-            row[layer] = value
+            row[layer] = by_site[(side, layer, sublayer)]
         out[name] = sides
     return out
 
@@ -141,9 +147,14 @@ def analyze(args) -> dict:
     from tqdm import tqdm
 
     from resnmt.analysis.gradients import BlockOutputs, block_gradient_norms
-    from resnmt.analysis.hooks import STATISTICS, Accumulator, StatsCollector, side_kinds
+    from resnmt.analysis.hooks import Accumulator, StatsCollector, side_kinds
     from resnmt.analysis.plotting import plot_all
 
+    # fairseq's INFO lines and matplotlib's font search would bury the summary
+    logging.getLogger().setLevel(logging.WARNING)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    # emitted by fairseq's attention on every batch; not actionable here
+    warnings.filterwarnings("ignore", message="Support for mismatched key_padding_mask")
     model, task, cfg = load(args)
     dataset = load_split(task, cfg, args.split)
     n = min(args.num_sentences, len(dataset))
@@ -207,7 +218,8 @@ def analyze(args) -> dict:
     (args.out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     if not any(name in statistics for name in GATE_STATISTICS):
         print(f"no gates in this model ({kinds_description(kinds)}): skipping gate plots")
-    title = f"{arch} ({args.split}, {n} sentences)"
+    size = f"{num_layers['encoder']}+{num_layers['decoder']} layers, d={model.encoder.embed_tokens.embedding_dim}"
+    title = f"{arch} ({size}; {args.split}, {n} sentences)"
     written = plot_all(statistics, title, args.out, kinds)
     print_summary(result, args.out, written)
     return result
