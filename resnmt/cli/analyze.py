@@ -150,9 +150,7 @@ def analyze(args) -> dict:
     from resnmt.analysis.hooks import Accumulator, StatsCollector, side_kinds
     from resnmt.analysis.plotting import plot_all
 
-    # fairseq's INFO lines and matplotlib's font search would bury the summary
-    logging.getLogger().setLevel(logging.WARNING)
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    logging.getLogger().setLevel(logging.WARNING)  # fairseq's INFO lines would bury the summary
     # emitted by fairseq's attention on every batch; not actionable here
     warnings.filterwarnings("ignore", message="Support for mismatched key_padding_mask")
     model, task, cfg = load(args)
@@ -246,6 +244,7 @@ def print_summary(result: dict, out: Path, written) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
     try:
         check_paths(args)
         analyze(args)
