@@ -102,18 +102,19 @@ class NormalizedActivation(nn.Module):
             return _NormalizedActivationFn.apply(h, self.omega, self, padding_mask)
 
     def statistics(
-        self, x: Tensor, a: Tensor, padding_mask: Optional[Tensor]
+        self, x: Tensor, a: Tensor, positive: Tensor, padding_mask: Optional[Tensor]
     ) -> Tuple[Tensor, Tensor, Tensor]:
-        """(mu, rho, rho') for ``x = h`` in float32 and ``a = f(x)``, no gradient.
+        """(mu, rho, rho') for ``x = h`` in float32, ``a = f(x)`` and ``positive``, the
+        per-token count of ``x > 0`` ``(seq_len, batch)``; no gradient.
 
         Per token, each ``(seq_len, batch, 1)``, in instance mode; scalars in batch mode
         (in training this updates the running estimates and returns the new values).
         """
         if self.batch_stats:
-            return self._batch_estimates(x, a, padding_mask)
-        return self._instance_stats(x, a)
+            return self._batch_estimates(x, a, positive, padding_mask)
+        return self._instance_stats(x, a, positive)
 
-    def _token_stats(self, x: Tensor, a: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    def _token_stats(self, x: Tensor, a: Tensor, positive: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Per-token mean and (biased) variance of a and h, and the fraction of h > 0.
 
         Each ``(seq_len, batch)``. Sums and norms are single vectorized reductions;
@@ -125,19 +126,17 @@ class NormalizedActivation(nn.Module):
         var_h = (torch.linalg.vector_norm(x, dim=-1).square() * inv_c - mean_h.square()).clamp_(min=0.0)
         mean_a = a.sum(dim=-1) * inv_c
         var_a = (torch.linalg.vector_norm(a, dim=-1).square() * inv_c - mean_a.square()).clamp_(min=0.0)
-        # 1.0 where h > 0, written as float: summing a bool tensor is slow on CPU
-        p = torch.gt(x, 0.0, out=torch.empty_like(x)).sum(dim=-1) * inv_c
-        return mean_h, var_h, mean_a, var_a, p
+        return mean_h, var_h, mean_a, var_a, positive * inv_c
 
-    def _instance_stats(self, x: Tensor, a: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    def _instance_stats(self, x: Tensor, a: Tensor, positive: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """Per-token (mu, rho, rho'), each ``(seq_len, batch, 1)``."""
-        _, var_h, mu, var_a, p = self._token_stats(x, a)
+        _, var_h, mu, var_a, p = self._token_stats(x, a, positive)
         rho = (var_a / (var_h + self.eps)).clamp(self.clamp_min, self.clamp_max)
         rho_prime = p.clamp(self.clamp_min, self.clamp_max)
         return mu.unsqueeze(-1), rho.unsqueeze(-1), rho_prime.unsqueeze(-1)
 
     def _batch_estimates(
-        self, x: Tensor, a: Tensor, padding_mask: Optional[Tensor]
+        self, x: Tensor, a: Tensor, positive: Tensor, padding_mask: Optional[Tensor]
     ) -> Tuple[Tensor, Tensor, Tensor]:
         """Scalar (mu, rho, rho'): updated estimates in training, stored ones in eval."""
         if not self.training:
@@ -146,7 +145,7 @@ class NormalizedActivation(nn.Module):
                 self.running_rho.float(),
                 self.running_rho_prime.float(),
             )
-        mu_b, rho_b, p_b = self._batch_stats(x, a, padding_mask)
+        mu_b, rho_b, p_b = self._batch_stats(x, a, positive, padding_mask)
         self.num_updates.add_(1)
         n = self.num_updates.float()
         # m_n = min(m, 1 - 1/n): the first update takes the batch value as it is
@@ -163,14 +162,14 @@ class NormalizedActivation(nn.Module):
         return mu, rho, rho_prime
 
     def _batch_stats(
-        self, x: Tensor, a: Tensor, padding_mask: Optional[Tensor]
+        self, x: Tensor, a: Tensor, positive: Tensor, padding_mask: Optional[Tensor]
     ) -> Tuple[Tensor, Tensor, Tensor]:
         """(mu, rho, p) over all features of all non-padding tokens, as scalars.
 
         Per-token means and variances are combined with the law of total variance,
         so the mask only touches ``(seq_len, batch)`` tensors, never ``h`` itself.
         """
-        mean_h_t, var_h_t, mean_a_t, var_a_t, p_t = self._token_stats(x, a)
+        mean_h_t, var_h_t, mean_a_t, var_a_t, p_t = self._token_stats(x, a, positive)
         if padding_mask is None:
             w = torch.ones_like(mean_h_t)
         else:
@@ -221,8 +220,12 @@ class _NormalizedActivationFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, omega: Tensor, act: "NormalizedActivation", padding_mask: Optional[Tensor]):
         x = h.float()
-        a = F.silu(x) if act.swish else F.relu(x)
-        mu, rho, rho_prime = act.statistics(x, a, padding_mask)
+        # One full-size temporary: first 1.0 where h > 0 (counted as float: summing a
+        # bool tensor is slow on CPU), then f(h), then the output.
+        buf = torch.empty_like(x)
+        positive = torch.gt(x, 0.0, out=buf).sum(dim=-1)
+        a = torch.ops.aten.silu.out(x, out=buf) if act.swish else torch.clamp_min(x, 0.0, out=buf)
+        mu, rho, rho_prime = act.statistics(x, a, positive, padding_mask)
         lam = torch.sqrt(0.5 * (rho.reciprocal() + rho_prime.reciprocal()))
         scale = 2.0 * torch.sigmoid(omega.float()) * lam
         # scale * (a - mu) in one pass, written over the temporary a
