@@ -168,11 +168,11 @@ def measure(spec):
     for batch in batches[: spec["warmup"]]:
         train_step(batch)
     sync()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for batch in batches[spec["warmup"]:]:
         train_step(batch)
     sync()
-    train_time = time.perf_counter() - t0
+    train_time, train_cpu = time.perf_counter() - t0, time.process_time() - c0
     train_tokens = sum(int(b["ntokens"]) for b in batches[spec["warmup"]:])
     if cuda:
         peak = torch.cuda.max_memory_allocated() - mem0
@@ -189,19 +189,23 @@ def measure(spec):
     )
     generator.generate([model], dec_batches[0])  # warm-up
     sync()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     n_sent = 0
     for batch in dec_batches:
         generator.generate([model], batch)
         n_sent += batch["nsentences"]
     sync()
-    decode_time = time.perf_counter() - t0
+    decode_time, decode_cpu = time.perf_counter() - t0, time.process_time() - c0
     src_tokens = sum(int(b["net_input"]["src_tokens"].numel()) for b in batches[spec["warmup"]:])
     tgt_padded = sum(int(b["target"].numel()) for b in batches[spec["warmup"]:])
     return {
         "config": spec["config"],
         "train_tokens_per_s": train_tokens / train_time,
         "decode_sentences_per_s": n_sent / decode_time,
+        # per second of this process's CPU time: on a shared CPU (1 thread) this is the
+        # config's own cost, not the share of the cores the scheduler happened to give it
+        "train_tokens_per_cpu_s": train_tokens / train_cpu,
+        "decode_sentences_per_cpu_s": n_sent / decode_cpu,
         "peak_memory_bytes": peak,
         "params": n_params,
         "train_tokens": train_tokens,
@@ -378,8 +382,9 @@ def main(argv=None):
                     f.write(json.dumps({"benchmark": "speed_raw", "run_id": run_id, "round": rnd + 1, "row": row,
                                         "order": list(order), "results": res, "spec": base_spec,
                                         "size_name": size_name}, ensure_ascii=False) + "\n")
-                print(f"[speed] round {rnd + 1}/{a.rounds} {row}: train x{res[config]['train_tokens_per_s'] / res[ref]['train_tokens_per_s']:.3f} "
-                      f"decode x{res[config]['decode_sentences_per_s'] / res[ref]['decode_sentences_per_s']:.3f} "
+                u = "cpu_s" if a.device == "cpu" else "s"
+                print(f"[speed] round {rnd + 1}/{a.rounds} {row}: train x{res[config]['train_tokens_per_' + u] / res[ref]['train_tokens_per_' + u]:.3f} "
+                      f"decode x{res[config]['decode_sentences_per_' + u] / res[ref]['decode_sentences_per_' + u]:.3f} "
                       f"memory x{res[config]['peak_memory_bytes'] / max(res[ref]['peak_memory_bytes'], 1):.3f} "
                       f"({time.time() - started:.0f}s)", file=sys.stderr, flush=True)
 
@@ -396,6 +401,9 @@ def main(argv=None):
             machine["gpu"] = torch.cuda.get_device_name(0)
     except Exception:  # pragma: no cover - informational only
         pass
+    # CPU: rates per second of process CPU time (1 thread); GPU: wall clock (synchronized)
+    clock = "process CPU time" if base_spec["device"] == "cpu" else "wall clock"
+    unit = "cpu_s" if base_spec["device"] == "cpu" else "s"
     results = []
     for row in rows:
         config, ref, t_train, t_dec, t_mem = ROWS[row]
@@ -407,14 +415,18 @@ def main(argv=None):
             "settings": {k: base_spec[k] for k in ("device", "threads", "warmup", "updates", "max_tokens",
                                                      "decode_sentences", "decode_batch", "decode_len")},
             "machine": machine, "rounds": len(runs),
-            "train_ratio": ratio("train_tokens_per_s"),
-            "decode_ratio": ratio("decode_sentences_per_s"),
+            "clock": clock,
+            "train_ratio": ratio(f"train_tokens_per_{unit}"),
+            "decode_ratio": ratio(f"decode_sentences_per_{unit}"),
+            "wall_clock_train_ratio": ratio("train_tokens_per_s"),
+            "wall_clock_decode_ratio": ratio("decode_sentences_per_s"),
             "memory_ratio": ratio("peak_memory_bytes"),
             "params_ratio": runs[0][config]["params"] / runs[0][ref]["params"],
             "target_train": t_train, "target_decode": t_dec, "target_memory": t_mem,
             "absolute": {
                 c: {k: statistics.median(r[c][k] for r in runs)
-                    for k in ("train_tokens_per_s", "decode_sentences_per_s", "peak_memory_bytes", "params")}
+                    for k in ("train_tokens_per_s", "decode_sentences_per_s", "train_tokens_per_cpu_s",
+                              "decode_sentences_per_cpu_s", "peak_memory_bytes", "params")}
                 for c in (config, ref)
             },
         }

@@ -1,0 +1,87 @@
+#!/usr/bin/env python
+"""Where a config's extra training time goes: torch.profiler op totals of a config and
+of its reference, side by side (same batches, same size as speed.py).
+
+    python benchmarks/profile_ops.py --config rskip_ln2 --reference transformer
+    python benchmarks/profile_ops.py --config nswish --reference swish --top 25
+
+Prints, per op, the summed self CPU time (ms) over ``--updates`` training updates of
+each model and the difference, largest differences first. Configs are speed.py's
+(``CONFIGS``). Op times under a profiler on a shared machine are noisy: read the
+large differences, not the small ones.
+"""
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from speed import CONFIGS, DEFAULT_DATA, SIZES, fairseq_argv  # noqa: E402
+
+
+def profile(config, a):
+    import torch
+    from fairseq import options, tasks
+    from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    size = SIZES[a.size]
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, input_args=fairseq_argv(a.data, config, size, a.max_tokens))
+    task = tasks.setup_task(args)
+    task.load_dataset("train")
+    itr = task.get_batch_iterator(
+        dataset=task.dataset("train"), max_tokens=a.max_tokens, max_positions=(1024, 1024),
+        ignore_invalid_inputs=True, required_batch_size_multiple=8, seed=1,
+    ).next_epoch_itr(shuffle=True)
+    batches = [next(itr) for _ in range(1 + a.updates)]
+    torch.manual_seed(1)
+    model = task.build_model(args)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step(batch):
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        out = model(**batch["net_input"])
+        lprobs = model.get_normalized_probs(out, log_probs=True)
+        loss, _ = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), batch["target"].view(-1), 0.1,
+                                          ignore_index=task.target_dictionary.pad())
+        loss.backward()
+        opt.step()
+
+    step(batches[0])
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for b in batches[1:]:
+            step(b)
+    totals = defaultdict(float)
+    for ev in prof.key_averages():
+        totals[ev.key] += ev.self_cpu_time_total / 1000.0
+    return totals
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, choices=sorted(CONFIGS))
+    p.add_argument("--reference", default="transformer", choices=sorted(CONFIGS))
+    p.add_argument("--data", default=str(DEFAULT_DATA))
+    p.add_argument("--size", default="cpu", choices=sorted(SIZES))
+    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--updates", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--top", type=int, default=20)
+    a = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(a.threads)
+    ref = profile(a.reference, a)
+    cfg = profile(a.config, a)
+    keys = sorted(set(ref) | set(cfg), key=lambda k: -abs(cfg.get(k, 0) - ref.get(k, 0)))
+    print(f"{'op':<45} {a.reference:>14} {a.config:>14} {'diff ms':>10}")
+    for k in keys[: a.top]:
+        print(f"{k[:45]:<45} {ref.get(k, 0):14.1f} {cfg.get(k, 0):14.1f} {cfg.get(k, 0) - ref.get(k, 0):10.1f}")
+    print(f"{'TOTAL':<45} {sum(ref.values()):14.1f} {sum(cfg.values()):14.1f} {sum(cfg.values()) - sum(ref.values()):10.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
