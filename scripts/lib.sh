@@ -85,7 +85,8 @@ rn_python() {
 rn_user_dir() {
     local py
     py=$(rn_python)
-    "$py" -c 'import os, resnmt; print(os.path.dirname(os.path.abspath(resnmt.__file__)))' 2>/dev/null ||
+    # find_spec locates the package without importing it (importing resnmt imports fairseq)
+    "$py" -c 'import importlib.util as u, os; print(os.path.dirname(os.path.abspath(u.find_spec("resnmt").origin)))' 2>/dev/null ||
         rn_die "cannot import resnmt with $py (make venv && . .venv/bin/activate, or set PYTHON)"
 }
 

@@ -22,7 +22,8 @@ ARCH      a registered arch of model resnmt_transformer
 
 Options:
   --data DIR            binarized data (default: data/DATASET/bin)
-  --save-dir DIR        checkpoints and train.log (default: runs/DATASET/ARCH[-TAG])
+  --save-dir DIR        checkpoints, train.log (the output of every run, appended)
+                        and train.cmd (the commands used) (default: runs/DATASET/ARCH[-TAG])
   --tag TAG             suffix of the default save dir (e.g. seed1)
   --preset P            paper: the papers' settings for DATASET and the arch's size
                         (default with GPUs); small: 2+2 layers d=128 FFN 512 for CPU
@@ -55,10 +56,12 @@ Flags after -- go to fairseq-train after the preset's, so they override them
 Presets (paper): Adam (0.9, 0.98, eps 1e-9), inverse_sqrt with 4000 warm-up
 updates, peak lr 7e-4 (base) / 5e-4 (big), label smoothing 0.1,
 --share-all-embeddings, the arch's dropout (0.1 base, 0.3 big; 0.1 for big on
-EN-FR as in Vaswani et al.), fp16 on GPU, --keep-last-epochs 10;
+EN-FR as in Vaswani et al.), fp16 on GPU, --keep-last-epochs 10, and a
+checkpoint every 1000 updates (the last 10 kept) for averaging;
   iwslt15-en-vi: 4096 tokens per update (1 GPU x 4096), 50k updates
-  wmt14-*:       32768 tokens per update, base 100k / big 300k updates, and a
-                 checkpoint every 1000 updates (the last 10 kept) for averaging
+  wmt14-*:       32768 tokens per update, base 100k / big 300k updates
+Preset small: 4096 tokens per update, lr 1e-3, 500 warm-up updates, dropout 0.1,
+2000 updates.
 Environment: RESNMT_FAIRSEQ_TRAIN replaces the fairseq-train command (a wrapper);
 PYTHON selects the interpreter used for checks.
 EOF
@@ -115,7 +118,9 @@ wmt14-en-de | multi30k) src=en tgt=de ;;
 wmt14-en-fr) src=en tgt=fr ;;
 esac
 
-rn_require_cmds "${RESNMT_FAIRSEQ_TRAIN:-fairseq-train}"
+read -r -a trainer <<<"${RESNMT_FAIRSEQ_TRAIN:-fairseq-train}"
+((${#trainer[@]})) || rn_usage_error "RESNMT_FAIRSEQ_TRAIN is set but empty"
+rn_require_cmds "${trainer[0]}"
 python_bin=$(rn_python)
 
 # The arch must be registered: resnmt_transformer's archs, or fairseq's transformer.
@@ -169,13 +174,15 @@ preset_flags=()
 case $preset in
 paper)
     if [[ $size == big ]]; then lr=5e-4 cap=3584; else lr=7e-4 cap=4096; fi
-    preset_flags+=(--lr "$lr" --warmup-updates 4000 --log-interval 100)
+    # a checkpoint every 1000 updates, the last 10 kept: tensor2tensor's default
+    # interval, whose last 10 checkpoints the papers averaged
+    preset_flags+=(--lr "$lr" --warmup-updates 4000 --log-interval 100
+        --save-interval-updates 1000 --keep-interval-updates 10)
     case $dataset in
     iwslt15-en-vi | multi30k) target=4096 preset_max_update=50000 ;;
     wmt14-*)
         target=32768
         if [[ $size == big ]]; then preset_max_update=300000; else preset_max_update=100000; fi
-        preset_flags+=(--save-interval-updates 1000 --keep-interval-updates 10)
         # Vaswani et al. trained the EN-FR big model with dropout 0.1, not 0.3
         [[ $dataset == wmt14-en-fr && $size == big ]] && preset_flags+=(--dropout 0.1)
         ;;
@@ -229,7 +236,6 @@ user_dir=$(rn_user_dir)
 
 # ---------------------------------------------------------------------- command
 
-read -r -a trainer <<<"${RESNMT_FAIRSEQ_TRAIN:-fairseq-train}"
 dist=()
 launch=()
 if ((gpus > 1 || nodes > 1)); then
@@ -253,7 +259,7 @@ if ((gpus > 1 || nodes > 1)); then
     esac
 fi
 cmd=("${launch[@]}" "${trainer[@]}" "$data" --user-dir "$user_dir" "${common[@]}" "${preset_flags[@]}"
-    "${dist[@]}" --save-dir "$save_dir" --log-format simple --log-file "$save_dir/train.log"
+    "${dist[@]}" --save-dir "$save_dir" --log-format simple
     "${extra[@]}")
 
 rn_log "$dataset $src->$tgt, $arch ($size), preset $preset, $world process(es) ($((gpus)) GPU(s) x $nodes node(s))"
@@ -278,5 +284,6 @@ fi
 printf '%s\n' "$cmd_text" >>"$save_dir/train.cmd"
 rn_log "running: $cmd_text"
 start=$SECONDS
-"${cmd[@]}"
+# fairseq's own output, appended to SAVE_DIR/train.log as well (all restarts in one file)
+"${cmd[@]}" 2>&1 | tee -a "$save_dir/train.log"
 rn_log "done in $(rn_fmt_secs $((SECONDS - start))): $save_dir"

@@ -1,0 +1,169 @@
+"""scripts/train.sh and scripts/run_experiment.sh: options, errors before any work,
+the batch arithmetic of the presets, launchers, and a tiny experiment end to end
+(train -> average -> decode with the GNMT penalty -> score) that a re-run skips."""
+import json
+import os
+import shlex
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT, run_cli
+from model_utils import TINY
+
+TRAIN = ["bash", str(REPO_ROOT / "scripts" / "train.sh")]
+EXPERIMENT = ["bash", str(REPO_ROOT / "scripts" / "run_experiment.sh")]
+
+
+def dry_run(*args, **env):
+    """(the fairseq command as a list, stderr) of train.sh --dry-run."""
+    proc = run_cli([*TRAIN, "--dry-run", *args], **env)
+    return shlex.split(proc.stdout.strip()), proc.stderr
+
+
+def flag(cmd, name):
+    return cmd[cmd.index(name) + 1]
+
+
+@pytest.mark.parametrize("script, words", [
+    (TRAIN, ["--gpus", "--preset", "--launcher", "torchrun", "slurm", "--dry-run", "update-freq", "checkpoint_last.pt"]),
+    (EXPERIMENT, ["--mirror", "--average", "--beam", "--lenpen", "--results", "resnmt-evaluate"]),
+])
+def test_help(script, words):
+    out = run_cli([*script, "--help"]).stdout
+    assert out.startswith("Usage: scripts/")
+    for word in words:
+        assert word in out, word
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["wmt15-en-de", "transformer_sas_base"], 2,
+     "DATASET 'wmt15-en-de' is not one of: iwslt15-en-vi wmt14-en-de wmt14-en-fr multi30k"),
+    (["multi30k", "transformer_sas_huge"], 2, "ARCH 'transformer_sas_huge' is not a resnmt_transformer arch"),
+    (["multi30k", "lstm"], 2, "allowed: resnmt_transformer transformer_highway_base"),
+    (["--gpus", "two", "multi30k", "transformer"], 2, "--gpus 'two': must be an integer >= 0"),
+    (["--gpus", "3", "multi30k", "transformer"], 2, "--gpus 3 but only 0 GPU(s) visible here"),
+    (["--nodes", "2", "multi30k", "transformer"], 2, "--nodes 2 needs --launcher torchrun or --launcher slurm"),
+    (["--preset", "tiny", "multi30k", "transformer"], 2, "--preset 'tiny' is not one of: paper small cpu"),
+    (["--max-update", "0", "multi30k", "transformer"], 2, "--max-update '0': must be an integer >= 1"),
+    (["multi30k"], 2, "expected DATASET and ARCH, got 1 argument(s): multi30k"),
+    (["--data", "NOWHERE", "multi30k", "transformer"], 1, "data directory NOWHERE not found"),
+])
+def test_bad_input_stops_before_any_work(tmp_path, args, code, message):
+    save_dir = tmp_path / "run"
+    proc = run_cli([*TRAIN, "--save-dir", save_dir, *args], check=False, cwd=tmp_path)
+    assert proc.returncode == code, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not save_dir.exists() and not (tmp_path / "runs").exists()
+
+
+def test_data_of_another_language_pair_is_refused(tiny_bin, tmp_path):
+    proc = run_cli([*TRAIN, "--data", tiny_bin, "--save-dir", tmp_path / "r", "iwslt15-en-vi", "transformer"],
+                   check=False)
+    assert proc.returncode == 1
+    assert f"{tiny_bin}/dict.vi.txt not found: {tiny_bin} is not iwslt15-en-vi data binarized for en->vi" in proc.stderr
+
+
+def test_paper_presets_batch_arithmetic_and_multi_gpu_commands():
+    # WMT'14 big on 8 GPUs: fairseq spawns 8 processes, 8 x 3584 tokens, update-freq 1, fp16
+    cmd, err = dry_run("--gpus", "8", "wmt14-en-de", "transformer_sas_big")
+    assert cmd[0] == "fairseq-train" and cmd[1] == "data/wmt14-en-de/bin"
+    assert (flag(cmd, "--max-tokens"), flag(cmd, "--update-freq")) == ("3584", "1")
+    assert flag(cmd, "--distributed-world-size") == "8" and "--fp16" in cmd
+    assert (flag(cmd, "--lr"), flag(cmd, "--max-update"), flag(cmd, "--arch")) == ("5e-4", "300000", "transformer_sas_big")
+    assert flag(cmd, "--adam-betas") == "(0.9, 0.98)" and flag(cmd, "--label-smoothing") == "0.1"
+    assert flag(cmd, "--warmup-updates") == "4000" and flag(cmd, "--keep-last-epochs") == "10"
+    assert flag(cmd, "--save-dir") == "runs/wmt14-en-de/transformer_sas_big"
+    assert "8 x max-tokens 3584 x update-freq 1 = 28672 tokens per update (target 32768)" in err
+    # the same on one GPU: 4096 x 8 for base, no distributed flags
+    cmd, err = dry_run("--gpus", "1", "--tag", "s2", "--seed", "2", "wmt14-en-fr", "transformer_rskip_base",
+                       "--", "--skip-lambda", "3", "--lr", "1e-3")
+    assert (flag(cmd, "--max-tokens"), flag(cmd, "--update-freq")) == ("4096", "8")
+    assert "--distributed-world-size" not in cmd and flag(cmd, "--seed") == "2"
+    assert flag(cmd, "--save-dir") == "runs/wmt14-en-fr/transformer_rskip_base-s2"
+    assert cmd[-4:] == ["--skip-lambda", "3", "--lr", "1e-3"]  # after the preset's: they win
+    # IWSLT: the papers' 4096 tokens on one GPU; on 2 GPUs the per-GPU batch halves
+    cmd, _ = dry_run("--gpus", "2", "iwslt15-en-vi", "transformer_postln_base")
+    assert (flag(cmd, "--max-tokens"), flag(cmd, "--update-freq")) == ("2048", "1")
+    assert (flag(cmd, "--source-lang"), flag(cmd, "--target-lang")) == ("en", "vi")
+    # two nodes through torchrun: no init method, fairseq reads torchrun's environment
+    cmd, _ = dry_run("--gpus", "8", "--nodes", "2", "--node-rank", "1", "--launcher", "torchrun",
+                     "--master-addr", "10.0.0.1", "wmt14-en-de", "transformer_sas_base")
+    assert cmd[:11] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "--node-rank", "1",
+                        "--master-addr", "10.0.0.1", "--master-port", "29500"]
+    assert cmd[11].endswith("fairseq-train") and os.path.isabs(cmd[11])
+    assert flag(cmd, "--distributed-world-size") == "16" and "--distributed-init-method" not in cmd
+    assert (flag(cmd, "--max-tokens"), flag(cmd, "--update-freq")) == ("2048", "1")
+
+
+def write_data_root(tiny_bin, root):
+    """A prepared-dataset layout (bin/, raw/test.de) around the shared tiny corpus."""
+    (root / "raw").mkdir(parents=True)
+    os.symlink(tiny_bin, root / "bin")
+    (root / "raw" / "test.de").write_text((tiny_bin.parent / "text" / "test.de").read_text())
+    return root
+
+
+def test_experiment_end_to_end_then_nothing_to_redo(tiny_bin, tmp_path):
+    root = write_data_root(tiny_bin, tmp_path / "data")
+    results = tmp_path / "results.jsonl"
+    save_dir = tmp_path / "runs" / "m30k-rskip"
+    cmd = [*EXPERIMENT, "--data-root", root, "--save-dir", save_dir, "--results", results,
+           "--preset", "cpu", "--max-epoch", "3", "--max-tokens", "800", "--average", "5",
+           "--gen-args", "--max-len-b 20", "multi30k", "transformer_rskip_base",
+           "--", *TINY, "--warmup-updates", "10", "--num-workers", "0", "--no-progress-bar"]
+    proc = run_cli(cmd)
+    err = proc.stderr
+    for step in ("step 1/5: prepare: ", "step 2/5: train transformer_rskip_base", "step 3/5: average the last 3 epoch",
+                 "step 4/5: decode test with beam 4, GNMT length penalty 0.6", "step 5/5: score"):
+        assert step in err, step
+    assert "note: 3 epoch checkpoint(s)" in err and "fewer than --average 5: averaging 3" in err
+    assert "decoded 60 sentences" in err
+
+    lines = results.read_text().splitlines()
+    assert len(lines) == 1
+    rec = json.loads(lines[0])
+    assert rec == json.loads((save_dir / "result.json").read_text())
+    assert (rec["dataset"], rec["arch"], rec["averaged"], rec["averaged_kind"]) == ("multi30k", "transformer_rskip_base", 3, "epoch")
+    assert (rec["beam"], rec["lenpen"], rec["lenpen_form"], rec["epochs"]) == (4, 0.6, "gnmt", 3)
+    assert rec["n_sentences"] == 60 and 0 <= rec["bleu"] <= 100 and rec["signature"].startswith("nrefs:1")
+    assert rec["params"] > 0 and rec["num_updates"] > 0 and rec["train_seconds"] > 0
+    assert rec["checkpoint"] == str(save_dir / "checkpoint.avg3.pt")
+    avg = torch.load(save_dir / "checkpoint.avg3.pt", weights_only=True)
+    assert [os.path.basename(p) for p in avg["resnmt_averaged_from"]] == [f"checkpoint{e}.pt" for e in (1, 2, 3)]
+    gen = (save_dir / "gen.test.avg3.out").read_text()
+    assert gen.count("\nD-") + gen.startswith("D-") == 60
+    assert not list(save_dir.glob("*.tmp*")) and not list(save_dir.glob(".evaluate*"))
+    assert "[train] starting a new run in" in err and (save_dir / "train.log").read_text().count("num. shared model params") == 1
+
+    # the same command again: every step skipped, nothing appended, no file rewritten
+    mtimes = {p: p.stat().st_mtime_ns for p in save_dir.iterdir()}
+    again = run_cli(cmd).stderr
+    for step in ("step 1/5: prepare: ", "step 2/5: train: ", "step 3/5: average: ", "step 4/5: decode: ",
+                 "step 5/5: score: "):
+        assert step in again and "skipped" in again.split(step)[1].splitlines()[0], step
+    assert "[train] running:" not in again and "decoded" not in again  # nothing trained or decoded
+    assert len(results.read_text().splitlines()) == 1
+    assert {p: p.stat().st_mtime_ns for p in save_dir.iterdir()} == mtimes
+
+    # a checkpoint_last.pt truncated by a kill during fairseq's copy is replaced, and training resumes
+    last = save_dir / "checkpoint_last.pt"
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 2])
+    train = run_cli([*TRAIN, "--preset", "cpu", "--data", root / "bin", "--save-dir", save_dir, "--max-epoch", "3",
+                     "--max-tokens", "800", "multi30k", "transformer_rskip_base", "--", *TINY, "--num-workers", "0"])
+    assert "checkpoint_last.pt was incomplete" in train.stderr and "replaced by" in train.stderr
+    assert f"resuming from {save_dir}/checkpoint_last.pt" in train.stderr
+    assert "(epoch 4 @ " in train.stdout + train.stderr  # fairseq loaded it: epoch 3 was complete
+    assert (save_dir / "checkpoint_last.pt.broken").stat().st_size == len(data) // 2
+
+
+def test_experiment_bad_options_stop_before_any_work(tmp_path):
+    proc = run_cli([*EXPERIMENT, "--results", tmp_path / "r.jsonl", "multi30k", "transformer_nope_base"],
+                   check=False, cwd=tmp_path)
+    assert proc.returncode == 1 and "ARCH 'transformer_nope_base' is not" in proc.stderr
+    assert "train.sh refused the training options" in proc.stderr
+    proc = run_cli([*EXPERIMENT, "--average", "0", "multi30k", "transformer"], check=False, cwd=tmp_path)
+    assert proc.returncode == 2 and "--average '0': must be an integer >= 1" in proc.stderr
+    assert os.listdir(tmp_path) == []
