@@ -23,6 +23,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from resnmt.cli.common import OneLineErrorParser
+
 PROG = "resnmt-average"
 EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_RE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
@@ -32,13 +34,8 @@ class AverageError(Exception):
     """A refusal: printed as one line, exit status 1, nothing written."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line instead of usage + message
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineErrorParser(
         prog=PROG,
         description=(
             "Average the model parameters of fairseq checkpoints (the papers decode with the\n"

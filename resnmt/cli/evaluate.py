@@ -36,6 +36,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from resnmt.cli.common import OneLineErrorParser
+
 PROG = "resnmt-evaluate"
 
 # Moses escapes (tokenizer.perl) and their inverse (deescape-special-chars.perl).
@@ -184,15 +186,10 @@ def score_all(hyps, refs, *, lowercase=False, tokenize="13a", compound_split=Fal
 
 # ---------------------------------------------------------------- CLI
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line instead of usage + message
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     from sacrebleu.metrics.bleu import _TOKENIZERS
 
-    p = _Parser(
+    p = OneLineErrorParser(
         prog=PROG,
         description=(
             "Score translations against a reference: sacreBLEU with its signature, tokenized BLEU\n"
