@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from resnmt.analysis.hooks import STATISTICS
+from resnmt.cli.common import OneLineErrorParser
 
 PROG = "resnmt-analyze"
 GATE_STATISTICS = ("sas_alpha", "sas_beta", "sas_gamma", "highway_gate")
@@ -38,7 +39,7 @@ class AnalyzeError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineErrorParser(
         prog=PROG,
         description="Per-layer statistics of a resnmt_transformer checkpoint (SAS gates, rSkip "
         "ratio, highway gate, NReLU/NSwish gains, gradient norm of each block output), "
