@@ -69,7 +69,7 @@ gpus=$(rn_count_gpus)
 read -r -a arch_list <<<"$archs"
 ((${#arch_list[@]})) || rn_usage_error "--archs is empty"
 
-device="the CPU ($(nproc) cores)"
+device="the CPU ($(getconf _NPROCESSORS_ONLN) cores)"
 ((gpus == 0)) || device="1 GPU"
 rn_log "Multi30k EN-DE, ${#arch_list[@]} models on $device, ${limits[*]}, budget $budget; results in $out"
 started=$SECONDS
