@@ -74,27 +74,6 @@ def save_checkpoint(cfg, trainer, epoch_itr, val_loss):
 
 checkpoint_utils.save_checkpoint = save_checkpoint
 
-if os.environ.get("PROBE_EPOCH_INDEPENDENT_BATCHES"):
-    # Stand-in for a fix of resnmt_translation (see tests/test_resume.py): ve-fairseq
-    # 0.12.3 builds the training batches once, from a permutation seeded with
-    # seed + the epoch the iterator is created at, so a run resumed at epoch E > 1
-    # trains on other batches than the uninterrupted run. Build them as at epoch 1.
-    from resnmt.tasks.translation import ResNMTTranslationTask
-
-    _get_batch_iterator = ResNMTTranslationTask.get_batch_iterator
-
-    def get_batch_iterator(self, dataset, *args, **kwargs):
-        if args or dataset is not self.datasets.get(getattr(self.cfg, "train_subset", "train")):
-            return _get_batch_iterator(self, dataset, *args, **kwargs)
-        epoch = kwargs.get("epoch", 1)
-        cached = dataset in self.dataset_to_epoch_iter
-        itr = _get_batch_iterator(self, dataset, **{**kwargs, "epoch": 1})
-        if not cached:
-            itr.epoch = max(epoch, 1)
-        return itr
-
-    ResNMTTranslationTask.get_batch_iterator = get_batch_iterator
-
 if __name__ == "__main__":
     sys.argv = ["fairseq-train"] + sys.argv[1:]
     sys.exit(train_cli.cli_main())

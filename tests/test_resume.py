@@ -6,16 +6,10 @@ uninterrupted run exactly: the same loss at every update (the unrounded values, 
 probe of test_distributed) and bit-identical final parameters and buffers, NSwish's
 batch-mode running estimates and their update counter included.
 
-Known problem (xfail below): with ve-fairseq 0.12.3, ``FairseqTask.get_batch_iterator``
-builds the training batches once, from ``dataset.ordered_indices()`` under
-``numpy_seed(seed + epoch)`` where ``epoch`` is the epoch the iterator is created at.
-A fresh run builds them at epoch 1 and reuses them; a run resumed at epoch E > 1 builds
-them at epoch E: sentences of equal length land in other batches, and the resumed run
-departs from the uninterrupted one at its first update. The exact-reproduction test
-therefore runs with the probe's stand-in fix (PROBE_EPOCH_INDEPENDENT_BATCHES: the
-batches are built as at epoch 1 whatever the starting epoch), and the test of the
-code as it is, without the stand-in, is marked xfail(strict=True) until
-resnmt_translation carries the fix.
+Exactness past epoch 1 relies on resnmt_translation building the training batches as
+at epoch 1 whatever epoch a run starts at (ve-fairseq 0.12.3 orders sentences under
+``numpy_seed(seed + starting epoch)``; see resnmt/tasks/translation.py); the second test
+checks that directly.
 """
 import os
 import signal
@@ -74,7 +68,7 @@ def kill_during_epoch_2(cmd, env, loss_file, per_epoch):
 
 def test_killed_run_resumes_and_reproduces_the_uninterrupted_run(tiny_bin, tmp_path):
     probe = write_probe(tmp_path)
-    env = {"RESNMT_FAIRSEQ_TRAIN": f"{sys.executable} {probe}", "PROBE_EPOCH_INDEPENDENT_BATCHES": "1"}
+    env = {"RESNMT_FAIRSEQ_TRAIN": f"{sys.executable} {probe}"}
 
     # the uninterrupted run
     ref_dir, ref_out = tmp_path / "ref", tmp_path / "ref_probe"
@@ -115,9 +109,7 @@ def test_killed_run_resumes_and_reproduces_the_uninterrupted_run(tiny_bin, tmp_p
     assert any(".self_attn_connection.gates." in k for k in final["model"])  # SAS
 
 
-@pytest.mark.xfail(strict=True, reason="ve-fairseq builds the training batches with numpy_seed(seed + start "
-                   "epoch): a run resumed at epoch 2 trains on other batches (module docstring)")
-def test_resume_at_epoch_2_sees_the_same_batches_without_the_stand_in(tiny_bin, tmp_path):
+def test_resume_at_epoch_2_sees_the_same_batches(tiny_bin, tmp_path):
     probe = write_probe(tmp_path)
     args = lambda out, epochs: probe_train_args(  # noqa: E731
         probe, tiny_bin, out, ARCHS["sas"], "--max-epoch", str(epochs), "--dropout", "0")

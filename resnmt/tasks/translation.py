@@ -17,6 +17,14 @@ training one are built with ``required_batch_size_multiple=1``. fairseq 0.12's
 ``--required-batch-size-multiple`` (default 8; fairseq issue #5036), so
 ``fairseq-generate --task translation`` silently leaves up to 7 test sentences
 untranslated (and validation skips them). Training batches are unchanged.
+
+And one for exact resumption: fairseq builds the training batches once, ordering
+sentences of equal length under ``numpy_seed(seed + epoch)`` of the epoch at which the
+iterator is created. A fresh run builds them at epoch 1; a run resumed at epoch E built
+them at epoch E, so it trained on other batches than the uninterrupted run. This task
+builds them as at epoch 1 whatever the starting epoch (the per-epoch shuffling of the
+batches is fairseq's, unchanged), so a killed and restarted run reproduces the
+uninterrupted one update for update (tests/test_resume.py).
 """
 from dataclasses import dataclass, field
 
@@ -49,11 +57,19 @@ class ResNMTTranslationTask(TranslationTask):
     cfg: ResNMTTranslationConfig
 
     def get_batch_iterator(self, dataset, *args, **kwargs):
-        """fairseq's, but never dropping sentences of evaluation splits (see module docstring)."""
-        train = self.datasets.get(getattr(self.cfg, "train_subset", "train"))
-        if dataset is not train and not args:
+        """fairseq's, but never dropping sentences of evaluation splits, and with training
+        batches that do not depend on the starting epoch (see module docstring)."""
+        if args:  # positional call: leave fairseq's behaviour alone
+            return super().get_batch_iterator(dataset, *args, **kwargs)
+        if dataset is not self.datasets.get(getattr(self.cfg, "train_subset", "train")):
             kwargs["required_batch_size_multiple"] = 1
-        return super().get_batch_iterator(dataset, *args, **kwargs)
+            return super().get_batch_iterator(dataset, **kwargs)
+        start_epoch = max(kwargs.pop("epoch", 1), 1)
+        already_built = dataset in self.dataset_to_epoch_iter
+        itr = super().get_batch_iterator(dataset, epoch=1, **kwargs)
+        if not already_built:
+            itr.epoch = start_epoch
+        return itr
 
     def build_generator(
         self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None
