@@ -8,7 +8,6 @@ Nothing here keeps a graph: callers run them under ``torch.no_grad()``.
 Shapes: ``x`` and ``fx`` are a sublayer's input and its (dropped-out) output,
 ``(seq_len, batch, embed_dim)``; ``h`` is the fc1 output ``(seq_len, batch, ffn_dim)``.
 """
-import inspect
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -89,12 +88,8 @@ def activation_stats(act: NormalizedActivation, h: Tensor, padding_mask: Optiona
     else:
         x = h.float()
         a = F.silu(x) if act.swish else F.relu(x)
-        if "positive" in inspect.signature(act.statistics).parameters:
-            # newer signature: the caller passes the per-token count of h > 0
-            positive = (x > 0).to(x.dtype).sum(dim=-1)
-            _, rho, rho_prime = act.statistics(x, a, positive, padding_mask)
-        else:
-            _, rho, rho_prime = act.statistics(x, a, padding_mask)
+        positive = (x > 0).to(x.dtype).sum(dim=-1)  # per-token count of h > 0
+        _, rho, rho_prime = act.statistics(x, a, positive, padding_mask)
         rho, rho_prime = rho.squeeze(-1), rho_prime.squeeze(-1)
     lam = torch.sqrt(0.5 * (rho.reciprocal() + rho_prime.reciprocal()))
     return {"rho": rho, "rho_prime": rho_prime, "lambda": lam}
