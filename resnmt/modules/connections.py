@@ -190,7 +190,7 @@ class SASConnection(SublayerConnection):
 
     def gate_values(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
         """alpha, beta, gamma, each ``(seq_len, batch, 1)``."""
-        gates = self.gates(torch.cat((x, fx), dim=-1))
+        gates = self.gates(x, fx)  # S([x; F]) without building [x; F]
         alpha, beta = gates[..., 0:1], gates[..., 1:2]
         gamma = gates[..., 2:3] if self.gamma_from_gate else (1 - alpha) * (1 - beta)
         return {"alpha": alpha, "beta": beta, "gamma": gamma}
