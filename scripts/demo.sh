@@ -23,7 +23,7 @@ every finished step (scripts/run_experiment.sh).
 Options (environment variables in brackets):
   --budget B        full (default) or tiny: 40 updates per model, decoding capped
                     at 1.2 x source length + 10 tokens; for smoke tests [DEMO_BUDGET]
-  --max-epoch N     epochs per model (default 12) [DEMO_MAX_EPOCH]
+  --max-epoch N     epochs per model (default 6) [DEMO_MAX_EPOCH]
   --max-update N    stop each model after N updates instead [DEMO_MAX_UPDATE]
   --average N       epoch checkpoints to average (default 5) [DEMO_AVERAGE]
   --archs "A B"     the models (default "transformer_postln_base transformer_rskip_base")
@@ -60,7 +60,7 @@ if [[ $budget == tiny ]]; then
     [[ -n $max_update || -n $max_epoch ]] || max_update=40
     gen_args="--max-len-a 1.2 --max-len-b 10"
 fi
-[[ -n $max_epoch || -n $max_update ]] || max_epoch=12
+[[ -n $max_epoch || -n $max_update ]] || max_epoch=6
 limits=()
 [[ -z $max_epoch ]] || limits+=(--max-epoch "$max_epoch")
 [[ -z $max_update ]] || limits+=(--max-update "$max_update")
