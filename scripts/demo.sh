@@ -17,7 +17,7 @@ network), trains two small Transformers (2+2 layers, d=128, FFN 512: the train.s
 'small' preset), post-LN and 2rSkip+LN (lambda = 2), averages the last epoch
 checkpoints of each, decodes test2016 with beam 4 and the GNMT length penalty 0.6,
 and prints a table: arch, parameters, sacreBLEU (with its signature), training
-time. About 15 minutes on 2 CPU cores. Re-running reuses the prepared data and
+time. About 20 minutes on 2 idle CPU cores. Re-running reuses the prepared data and
 every finished step (scripts/run_experiment.sh).
 
 Options (environment variables in brackets):
