@@ -12,8 +12,12 @@ to take batch statistics over real tokens only.
 """
 from typing import Optional
 
+import torch.nn.functional as F
 from fairseq import utils
 from torch import Tensor, nn
+
+# fairseq's get_activation_fn("swish") returns the torch.nn.SiLU *class*, not a function
+FUNCTIONS_FAIRSEQ_GETS_WRONG = {"swish": F.silu}
 
 
 class PlainActivation(nn.Module):
@@ -22,7 +26,7 @@ class PlainActivation(nn.Module):
     def __init__(self, name: str):
         super().__init__()
         self.name = name
-        self.fn = utils.get_activation_fn(name)
+        self.fn = FUNCTIONS_FAIRSEQ_GETS_WRONG.get(name) or utils.get_activation_fn(name)
 
     def forward(self, h: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
         return self.fn(h)
