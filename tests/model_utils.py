@@ -39,3 +39,17 @@ def randomize_norms(model, seed=0):
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(p + 0.3 * torch.randn(p.shape, generator=g))
+
+
+def assert_incremental_equals_full(model, task, n=3, atol=1e-5):
+    """Step-by-step decoding (fairseq's incremental_state) gives the full forward's
+    outputs at every real (non-padding) target position; ``model`` in eval mode."""
+    net_input = sample_batch(task, n=n)["net_input"]
+    with torch.no_grad():
+        full = model(**net_input)[0]
+        encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+        state, prev, steps = {}, net_input["prev_output_tokens"], []
+        for t in range(prev.size(1)):
+            steps.append(model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0])
+    real = prev.ne(task.target_dictionary.pad())  # padding positions are never read
+    torch.testing.assert_close(torch.cat(steps, dim=1)[real], full[real], rtol=0, atol=atol)

@@ -3,7 +3,7 @@ incremental decoding, gradients, mixed precision, flag resolution, bad input."""
 import pytest
 import torch
 
-from model_utils import TINY, build, parse_train_args, randomize_norms, sample_batch
+from model_utils import TINY, assert_incremental_equals_full, build, parse_train_args, randomize_norms, sample_batch
 from resnmt.modules.connections import CONNECTION_KINDS
 
 KIND_ARGS = {
@@ -70,21 +70,7 @@ def test_incremental_decoding_equals_full_forward(tiny_bin, name):
     model, task, _ = build(tiny_bin, "resnmt_transformer", KIND_ARGS[name])
     randomize_norms(model)
     model.eval()
-    batch = sample_batch(task, n=3)
-    net_input = batch["net_input"]
-    with torch.no_grad():
-        full = model(**net_input)[0]
-        encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
-        incremental_state = {}
-        prev = net_input["prev_output_tokens"]
-        steps = []
-        for t in range(prev.size(1)):
-            out, _ = model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=incremental_state)
-            steps.append(out)
-        stepwise = torch.cat(steps, dim=1)
-    # compare at non-padding target positions (padding positions are never read)
-    real = prev.ne(task.target_dictionary.pad())
-    torch.testing.assert_close(stepwise[real], full[real], rtol=0, atol=1e-5)
+    assert_incremental_equals_full(model, task)
 
 
 @pytest.mark.parametrize("name", list(KIND_ARGS))
