@@ -25,7 +25,7 @@ Options (environment variables in brackets):
                     at 1.2 x source length + 10 tokens; for smoke tests [DEMO_BUDGET]
   --max-epoch N     epochs per model (default 6) [DEMO_MAX_EPOCH]
   --max-update N    stop each model after N updates instead [DEMO_MAX_UPDATE]
-  --average N       epoch checkpoints to average (default 5) [DEMO_AVERAGE]
+  --average N       epoch checkpoints to average (default 2) [DEMO_AVERAGE]
   --archs "A B"     the models (default "transformer_postln_base transformer_rskip_base")
   --out DIR         runs, results.jsonl and table.md (default runs/demo) [DEMO_OUT]
   --data-root DIR   prepared Multi30k (default data/multi30k) [DEMO_DATA]
@@ -34,7 +34,7 @@ EOF
 }
 
 budget=${DEMO_BUDGET:-full} max_epoch=${DEMO_MAX_EPOCH:-} max_update=${DEMO_MAX_UPDATE:-}
-average=${DEMO_AVERAGE:-5} out=${DEMO_OUT:-runs/demo} data_root=${DEMO_DATA:-data/multi30k}
+average=${DEMO_AVERAGE:-2} out=${DEMO_OUT:-runs/demo} data_root=${DEMO_DATA:-data/multi30k}
 archs="transformer_postln_base transformer_rskip_base"
 need_value() { (($2 >= 2)) || rn_usage_error "$1 needs a value"; }
 while (($#)); do
