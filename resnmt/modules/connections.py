@@ -238,7 +238,3 @@ assert tuple(CONNECTION_CLASSES) == CONNECTION_KINDS
 def build_connection(dim: int, spec: ConnectionSpec) -> SublayerConnection:
     """The one place that chooses among connection kinds."""
     return CONNECTION_CLASSES[spec.kind](dim, spec)
-
-
-def build_final_norm(dim: int, spec: ConnectionSpec) -> Optional[nn.Module]:
-    return LayerNorm(dim, export=spec.export) if spec.has_final_norm else None
