@@ -37,24 +37,23 @@ UNSUPPORTED_FAIRSEQ_FLAGS = {
 }
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a real number > 0")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a real number > 0")
-    return value
+def positive(cast, allowed: str):
+    """An argparse ``type``: ``cast(text)`` if that is > 0, else one error naming the value."""
+
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be {allowed}")
+        return value
+
+    return parse
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer > 0")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer > 0")
-    return value
+positive_float = positive(float, "a real number > 0")
+positive_int = positive(int, "an integer > 0")
 
 
 def add_connection_args(parser) -> None:
