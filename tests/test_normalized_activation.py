@@ -175,6 +175,42 @@ def test_gradients_are_those_of_the_formula_with_statistics_constant(kind, mode)
     assert not torch.allclose(h64.grad, h64.grad - h64.grad.mean(-1, keepdim=True), atol=1e-3)
 
 
+def test_nrelu_gradient_is_exact_for_tiny_positive_inputs():
+    # h > 0 so small that scale * relu(h) vanishes next to scale * mu in float32: the
+    # backward must still pass scale * grad there (a mask read back from the output would not)
+    h, _ = sample(seed=3)
+    h[..., :4] = torch.tensor([1e-30, 1e-20, -1e-30, 0.0])
+    module = NormalizedActivation("nrelu").train()
+    h32 = h.clone().requires_grad_()
+    module(h32).sum().backward()
+    h64 = h.double().requires_grad_()
+    detached_formula("nrelu", h64, torch.tensor(0.0, dtype=torch.float64), "instance", None).sum().backward()
+    torch.testing.assert_close(h32.grad.double(), h64.grad, rtol=1e-5, atol=1e-6)
+    assert (h32.grad[..., :2] > 0).all() and (h32.grad[..., 2:4] == 0).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_backward_keeps_no_more_than_the_plain_activation(kind):
+    """Saved for backward, beyond the output (which fc2 keeps anyway) and scalars:
+    NSwish keeps h, as F.silu does; NReLU keeps only a bool mask (F.relu keeps its output)."""
+    h, _ = sample(T=5, B=3, C=32)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = NormalizedActivation(kind).train()(h.clone().requires_grad_())
+    full_size = [t for t in saved if t.shape == h.shape and t.data_ptr() != out.data_ptr()]
+    if kind == "nswish":
+        assert [t.dtype for t in full_size] == [torch.float32]
+    else:
+        assert [t.dtype for t in full_size] == [torch.bool]
+    per_token_scale_and_omega = h.shape[0] * h.shape[1] + 1
+    assert sum(t.numel() for t in saved if t.shape != h.shape) == per_token_scale_and_omega
+
+
 # ---------------------------------------------------------------- batch mode
 
 

@@ -212,9 +212,13 @@ class _NormalizedActivationFn(torch.autograd.Function):
     """``out = 2*sigmoid(omega) * lambda * (f(h) - mu)`` with mu and lambda constants.
 
     Written by hand so that the forward makes one full-size temporary (``f(h)``, then
-    overwritten by the output) and the backward keeps only ``h`` (as plain Swish/ReLU
-    would) and the output (which fc2 keeps anyway), using
-    ``d out / d omega = (1 - sigmoid(omega)) * out``.
+    overwritten by the output) and the backward keeps what plain Swish/ReLU would, plus
+    the output (which fc2 keeps anyway, so it costs nothing), using
+    ``d out / d omega = (1 - sigmoid(omega)) * out``: NSwish keeps ``h`` (Swish' needs
+    it), NReLU only the boolean mask ``h > 0`` (1 byte per element, a quarter of a
+    float32 ``h``). The mask is kept rather than read back from the output
+    (``h > 0`` iff ``out > -mu * scale``) because rounding makes that test wrong for
+    tiny positive ``h``.
     """
 
     @staticmethod
@@ -231,23 +235,26 @@ class _NormalizedActivationFn(torch.autograd.Function):
         # scale * (a - mu) in one pass, written over the temporary a
         out = torch.addcmul(-mu * scale, a, scale, out=a).to(h.dtype)
         ctx.swish = act.swish
-        ctx.save_for_backward(h, out, scale, omega)
+        if act.swish:
+            ctx.save_for_backward(h, out, scale, omega)
+        else:
+            relu_mask = torch.gt(x, 0.0) if ctx.needs_input_grad[0] else None
+            ctx.save_for_backward(relu_mask, out, scale, omega)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
-        h, out, scale, omega = ctx.saved_tensors
+        h_or_mask, out, scale, omega = ctx.saved_tensors
         grad_h = grad_omega = None
-        with torch.autocast(device_type=h.device.type, enabled=False):
+        with torch.autocast(device_type=out.device.type, enabled=False):
             if ctx.needs_input_grad[0]:
-                x = h.float()
                 g = grad_out.float()
                 if ctx.swish:
-                    grad_h = torch.ops.aten.silu_backward(g, x)
+                    grad_h = torch.ops.aten.silu_backward(g, h_or_mask.float())
                 else:
-                    grad_h = torch.ops.aten.threshold_backward(g, x, 0.0)
-                grad_h = grad_h.mul_(scale).to(h.dtype)
+                    grad_h = torch.mul(g, h_or_mask)
+                grad_h = grad_h.mul_(scale).to(out.dtype)
             if ctx.needs_input_grad[1]:
                 dot = torch.dot(grad_out.reshape(-1).float(), out.reshape(-1).float())
                 grad_omega = ((1.0 - torch.sigmoid(omega.float())) * dot).to(omega.dtype)
