@@ -99,7 +99,11 @@ class NormalizedActivation(nn.Module):
 
     def forward(self, h: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
         with torch.autocast(device_type=h.device.type, enabled=False):
-            return _NormalizedActivationFn.apply(h, self.omega, self, padding_mask)
+            if torch.is_grad_enabled() and (h.requires_grad or self.omega.requires_grad):
+                return _NormalizedActivationFn.apply(h, self.omega, self, padding_mask)
+            # inference (decoding, validation): the same values without the autograd
+            # function's bookkeeping, which costs as much as the arithmetic at decode size
+            return _normalized_output(h, self.omega, self, padding_mask)[0]
 
     def statistics(
         self, x: Tensor, a: Tensor, positive: Tensor, padding_mask: Optional[Tensor]
@@ -115,25 +119,27 @@ class NormalizedActivation(nn.Module):
         return self._instance_stats(x, a, positive)
 
     def _token_stats(self, x: Tensor, a: Tensor, positive: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """Per-token mean and (biased) variance of a and h, and the fraction of h > 0.
+        """Per-token mean and (biased) variance of h and a, and the fraction of h > 0.
 
-        Each ``(seq_len, batch)``. Sums and norms are single vectorized reductions;
-        ``torch.var_mean`` (Welford) is several times slower on CPU. In float32 the
+        Each ``(seq_len, batch)``. The five per-token sums are stacked so that the
+        arithmetic on them is a handful of ops whatever the number of statistics: at
+        decoding sizes the cost is the number of tiny ops, not their size.
+        ``torch.var_mean`` (Welford) is several times slower on CPU; in float32 the
         one-pass variance loses ~1e-7 * (mean/std)**2 relative accuracy: negligible.
         """
-        inv_c = 1.0 / x.size(-1)
-        mean_h = x.sum(dim=-1) * inv_c
-        var_h = (torch.linalg.vector_norm(x, dim=-1).square() * inv_c - mean_h.square()).clamp_(min=0.0)
-        mean_a = a.sum(dim=-1) * inv_c
-        var_a = (torch.linalg.vector_norm(a, dim=-1).square() * inv_c - mean_a.square()).clamp_(min=0.0)
-        return mean_h, var_h, mean_a, var_a, positive * inv_c
+        sums = torch.stack(
+            (x.sum(dim=-1), torch.linalg.vecdot(x, x), a.sum(dim=-1), torch.linalg.vecdot(a, a), positive)
+        ).mul_(1.0 / x.size(-1))
+        means = sums[0:4:2]
+        variances = (sums[1:4:2] - means.square()).clamp_(min=0.0)
+        return means[0], variances[0], means[1], variances[1], sums[4]
 
     def _instance_stats(self, x: Tensor, a: Tensor, positive: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """Per-token (mu, rho, rho'), each ``(seq_len, batch, 1)``."""
         _, var_h, mu, var_a, p = self._token_stats(x, a, positive)
-        rho = (var_a / (var_h + self.eps)).clamp(self.clamp_min, self.clamp_max)
-        rho_prime = p.clamp(self.clamp_min, self.clamp_max)
-        return mu.unsqueeze(-1), rho.unsqueeze(-1), rho_prime.unsqueeze(-1)
+        gains = torch.stack((var_a / (var_h + self.eps), p)).clamp_(self.clamp_min, self.clamp_max)
+        gains = gains.unsqueeze(-1)
+        return mu.unsqueeze(-1), gains[0], gains[1]
 
     def _batch_estimates(
         self, x: Tensor, a: Tensor, positive: Tensor, padding_mask: Optional[Tensor]
@@ -223,17 +229,7 @@ class _NormalizedActivationFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h: Tensor, omega: Tensor, act: "NormalizedActivation", padding_mask: Optional[Tensor]):
-        x = h.float()
-        # One full-size temporary: first 1.0 where h > 0 (counted as float: summing a
-        # bool tensor is slow on CPU), then f(h), then the output.
-        buf = torch.empty_like(x)
-        positive = torch.gt(x, 0.0, out=buf).sum(dim=-1)
-        a = torch.ops.aten.silu.out(x, out=buf) if act.swish else torch.clamp_min(x, 0.0, out=buf)
-        mu, rho, rho_prime = act.statistics(x, a, positive, padding_mask)
-        lam = torch.sqrt(0.5 * (rho.reciprocal() + rho_prime.reciprocal()))
-        scale = 2.0 * torch.sigmoid(omega.float()) * lam
-        # scale * (a - mu) in one pass, written over the temporary a
-        out = torch.addcmul(-mu * scale, a, scale, out=a).to(h.dtype)
+        out, scale, x = _normalized_output(h, omega, act, padding_mask)
         ctx.swish = act.swish
         if act.swish:
             ctx.save_for_backward(h, out, scale, omega)
@@ -259,6 +255,26 @@ class _NormalizedActivationFn(torch.autograd.Function):
                 dot = torch.dot(grad_out.reshape(-1).float(), out.reshape(-1).float())
                 grad_omega = ((1.0 - torch.sigmoid(omega.float())) * dot).to(omega.dtype)
         return grad_h, grad_omega, None, None
+
+
+def _normalized_output(
+    h: Tensor, omega: Tensor, act: NormalizedActivation, padding_mask: Optional[Tensor]
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(out, scale, x)``: the output in ``h``'s dtype, ``scale = 2*sigmoid(omega)*lambda``
+    and ``x = h.float()``. No autograd bookkeeping (the caller decides what to save)."""
+    x = h.float()
+    # One full-size temporary: first 1.0 where h > 0 (counted as float: summing a
+    # bool tensor is slow on CPU), then f(h), then the output.
+    buf = torch.empty_like(x)
+    positive = torch.gt(x, 0.0, out=buf).sum(dim=-1)
+    a = torch.ops.aten.silu.out(x, out=buf) if act.swish else torch.clamp_min(x, 0.0, out=buf)
+    mu, rho, rho_prime = act.statistics(x, a, positive, padding_mask)
+    scale = (rho.reciprocal() + rho_prime.reciprocal()).mul_(0.5).sqrt_()
+    scale.mul_(2.0 * torch.sigmoid(omega.detach().float()))
+    # scale * (a - mu), written over the temporary a (two in-place passes: a broadcast
+    # addcmul is 3x slower at decoding sizes on CPU, and no faster at training sizes)
+    out = a.sub_(mu).mul_(scale).to(h.dtype)
+    return out, scale, x
 
 
 def _token_weights(padding_mask: Tensor, x: Tensor) -> Tensor:
