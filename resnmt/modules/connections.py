@@ -133,7 +133,11 @@ class XSkipConnection(SublayerConnection):
         self.skip_lambda = float(spec.skip_lambda)
 
     def forward(self, x: Tensor, fx: Tensor) -> Tensor:
-        return self.skip_lambda * x + fx
+        return self.scaled_sum(x, fx)
+
+    def scaled_sum(self, x: Tensor, fx: Tensor) -> Tensor:
+        # one fused pass (fx + lambda * x) instead of a scaled copy of x and then a sum
+        return torch.add(fx, x, alpha=self.skip_lambda)
 
     def extra_repr(self) -> str:
         return f"lambda={self.skip_lambda:g}"
@@ -147,7 +151,7 @@ class XSkipLNConnection(XSkipConnection):
         self.norm = LayerNorm(dim, export=spec.export)
 
     def forward(self, x: Tensor, fx: Tensor) -> Tensor:
-        return self.norm(self.skip_lambda * x + fx)
+        return self.norm(self.scaled_sum(x, fx))
 
 
 class RSkipLNConnection(SublayerConnection):
