@@ -1,21 +1,19 @@
 # shellcheck shell=bash
 # Shared functions of the data-prep/prepare-*.sh scripts. Sourced, not run.
 #
-#   logging          dp_log, dp_die, dp_usage_error
+#   logging          rn_log, rn_die, rn_usage_error, rn_require_cmds (../scripts/common.sh)
 #   options          dp_parse_args, dp_check_choice, dp_check_int
-#   tools            dp_require_cmds, dp_require_python_modules, dp_py (data-prep/textproc.py)
+#   tools            dp_require_python_modules, dp_py (data-prep/textproc.py)
 #   fetching         dp_fetch NAME URL: --mirror or download, sha256 check
 #   steps            dp_run_steps: numbered steps, .done stamps, resume
 #   outputs          dp_atomic, dp_binarize, dp_lines
 #   WMT'14           dp_wmt14_main: the whole pipeline shared by EN-DE and EN-FR
 #
-# A script sets DP_NAME, declares its options in DP_OPT (name -> default; names
+# A script sets RN_NAME, declares its options in DP_OPT (name -> default; names
 # listed in DP_FLAGS take no value), defines usage(), then calls dp_parse_args "$@".
 
-if [ -z "${BASH_VERSINFO:-}" ] || ((BASH_VERSINFO[0] < 4 || (BASH_VERSINFO[0] == 4 && BASH_VERSINFO[1] < 3))); then
-    echo "error: bash >= 4.3 is required (this is ${BASH_VERSION:-not bash})" >&2
-    exit 1
-fi
+# shellcheck source=../scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/common.sh"
 
 DP_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 declare -A DP_OPT=()       # option name -> value (defaults set by the script)
@@ -26,29 +24,6 @@ declare -A DP_OUTPUTS=()   # step id -> its outputs (paths relative to OUTDIR), 
 DP_READS_WORK=             # ids of the steps that read OUTDIR/work
 DP_OUT=
 DP_TMP=
-
-# ---------------------------------------------------------------------- logging
-
-dp_log() { printf '[%s] %s\n' "$DP_NAME" "$*" >&2; }
-
-dp_die() {
-    printf '[%s] error: %s\n' "$DP_NAME" "$*" >&2
-    exit 1
-}
-
-dp_usage_error() {
-    printf '[%s] error: %s\nRun %s --help for the options.\n' "$DP_NAME" "$*" "$DP_NAME.sh" >&2
-    exit 2
-}
-
-dp_fmt_secs() {
-    local s=$1
-    if ((s >= 3600)); then
-        printf '%dh%02dm' $((s / 3600)) $((s % 3600 / 60))
-    elif ((s >= 60)); then
-        printf '%dm%02ds' $((s / 60)) $((s % 60))
-    else printf '%ds' "$s"; fi
-}
 
 # Help text of the options every script has (used by each script's usage()).
 dp_common_help() {
@@ -85,7 +60,7 @@ dp_set_common_defaults() {
 
 _dp_set_opt() {
     local name=$1 value=$2
-    [[ -v "DP_OPT[$name]" ]] || dp_usage_error "unknown option '--$name'"
+    [[ -v "DP_OPT[$name]" ]] || rn_usage_error "unknown option '--$name'"
     DP_OPT[$name]=$value
 }
 
@@ -102,7 +77,7 @@ dp_parse_args() {
             --) shift; break ;;
             --*=*)
                 name=${1%%=*}; name=${name#--}
-                [[ -v "DP_FLAGS[$name]" ]] && dp_usage_error "option '--$name' takes no value"
+                [[ -v "DP_FLAGS[$name]" ]] && rn_usage_error "option '--$name' takes no value"
                 _dp_set_opt "$name" "${1#*=}"
                 shift
                 ;;
@@ -112,36 +87,36 @@ dp_parse_args() {
                     DP_OPT[$name]=1
                     shift
                 else
-                    [[ -v "DP_OPT[$name]" ]] || dp_usage_error "unknown option '$1'"
-                    (($# >= 2)) || dp_usage_error "option '$1' needs a value"
+                    [[ -v "DP_OPT[$name]" ]] || rn_usage_error "unknown option '$1'"
+                    (($# >= 2)) || rn_usage_error "option '$1' needs a value"
                     _dp_set_opt "$name" "$2"
                     shift 2
                 fi
                 ;;
-            -?*) dp_usage_error "unknown option '$1'" ;;
+            -?*) rn_usage_error "unknown option '$1'" ;;
             *)
-                [[ -z $DP_OUTDIR_ARG ]] || dp_usage_error "unexpected argument '$1' (OUTDIR is already '$DP_OUTDIR_ARG'; one OUTDIR only)"
+                [[ -z $DP_OUTDIR_ARG ]] || rn_usage_error "unexpected argument '$1' (OUTDIR is already '$DP_OUTDIR_ARG'; one OUTDIR only)"
                 DP_OUTDIR_ARG=$1
                 shift
                 ;;
         esac
     done
     if (($#)); then
-        [[ -z $DP_OUTDIR_ARG && $# -eq 1 ]] || dp_usage_error "one OUTDIR only, got: $*"
+        [[ -z $DP_OUTDIR_ARG && $# -eq 1 ]] || rn_usage_error "one OUTDIR only, got: $*"
         DP_OUTDIR_ARG=$1
     fi
-    [[ -n $DP_OUTDIR_ARG ]] || dp_usage_error "missing OUTDIR (the output directory)"
+    [[ -n $DP_OUTDIR_ARG ]] || rn_usage_error "missing OUTDIR (the output directory)"
     dp_check_int workers 1
     if [[ -n ${DP_OPT[mirror]} ]]; then
-        [[ -d ${DP_OPT[mirror]} ]] || dp_usage_error "--mirror ${DP_OPT[mirror]}: no such directory"
-        [[ -r ${DP_OPT[mirror]} && -x ${DP_OPT[mirror]} ]] || dp_usage_error "--mirror ${DP_OPT[mirror]}: directory not readable"
+        [[ -d ${DP_OPT[mirror]} ]] || rn_usage_error "--mirror ${DP_OPT[mirror]}: no such directory"
+        [[ -r ${DP_OPT[mirror]} && -x ${DP_OPT[mirror]} ]] || rn_usage_error "--mirror ${DP_OPT[mirror]}: directory not readable"
         DP_OPT[mirror]=$(cd "${DP_OPT[mirror]}" && pwd)
     fi
     if [[ -n ${DP_OPT[mirror]} && -n ${DP_OPT[mirror-url]} ]]; then
-        dp_usage_error "--mirror and --mirror-url exclude each other"
+        rn_usage_error "--mirror and --mirror-url exclude each other"
     fi
     if [[ -n ${DP_OPT[checksums]} ]]; then
-        [[ -f ${DP_OPT[checksums]} && -r ${DP_OPT[checksums]} ]] || dp_usage_error "--checksums ${DP_OPT[checksums]}: no such readable file"
+        [[ -f ${DP_OPT[checksums]} && -r ${DP_OPT[checksums]} ]] || rn_usage_error "--checksums ${DP_OPT[checksums]}: no such readable file"
     fi
 }
 
@@ -149,49 +124,42 @@ dp_parse_args() {
 dp_check_choice() {
     local name=$1 v; shift
     for v in "$@"; do [[ ${DP_OPT[$name]} == "$v" ]] && return 0; done
-    dp_usage_error "--$name '${DP_OPT[$name]}' is not allowed; choose one of: $*"
+    rn_usage_error "--$name '${DP_OPT[$name]}' is not allowed; choose one of: $*"
 }
 
 # dp_check_int NAME MIN: the value of --NAME must be an integer >= MIN.
 dp_check_int() {
     local name=$1 min=$2 v=${DP_OPT[$1]}
-    [[ $v =~ ^[0-9]+$ ]] || dp_usage_error "--$name '$v' is not an integer (expected an integer >= $min)"
-    ((10#$v >= min)) || dp_usage_error "--$name $v is too small (expected an integer >= $min)"
+    [[ $v =~ ^[0-9]+$ ]] || rn_usage_error "--$name '$v' is not an integer (expected an integer >= $min)"
+    ((10#$v >= min)) || rn_usage_error "--$name $v is too small (expected an integer >= $min)"
     DP_OPT[$name]=$((10#$v))
 }
 
 # ------------------------------------------------------------------------ tools
 
-dp_require_cmds() {
-    local c
-    for c in "$@"; do
-        command -v "$c" >/dev/null 2>&1 || dp_die "'$c' not found on PATH (install the pinned environment with 'make venv' and put .venv/bin on PATH, or activate it: . .venv/bin/activate)"
-    done
-}
-
 # dp_require_python_modules MOD...: find python (PYTHON, python3, python) with these modules.
 dp_require_python_modules() {
     if [[ -n ${PYTHON:-} ]]; then
         DP_PYTHON=$PYTHON
-        command -v "$DP_PYTHON" >/dev/null 2>&1 || dp_die "PYTHON=$PYTHON: not found"
+        command -v "$DP_PYTHON" >/dev/null 2>&1 || rn_die "PYTHON=$PYTHON: not found"
     elif command -v python3 >/dev/null 2>&1; then
         DP_PYTHON=python3
     elif command -v python >/dev/null 2>&1; then
         DP_PYTHON=python
     else
-        dp_die "no python3 on PATH"
+        rn_die "no python3 on PATH"
     fi
     local missing
     missing=$("$DP_PYTHON" - "$@" <<'EOF'
 import importlib.util, sys
 print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))
 EOF
-    ) || dp_die "$DP_PYTHON does not run"
-    [[ -z $missing ]] || dp_die "python module(s) missing in $(command -v "$DP_PYTHON"): $missing (install requirements.txt, e.g. 'make venv', and activate .venv, or set PYTHON=/path/to/venv/bin/python)"
+    ) || rn_die "$DP_PYTHON does not run"
+    [[ -z $missing ]] || rn_die "python module(s) missing in $(command -v "$DP_PYTHON"): $missing (install requirements.txt, e.g. 'make venv', and activate .venv, or set PYTHON=/path/to/venv/bin/python)"
 }
 
 # dp_py SUBCOMMAND ARGS...: run data-prep/textproc.py.
-dp_py() { DATAPREP_TAG=$DP_NAME "$DP_PYTHON" "$DP_LIB_DIR/textproc.py" "$@"; }
+dp_py() { DATAPREP_TAG=$RN_NAME "$DP_PYTHON" "$DP_LIB_DIR/textproc.py" "$@"; }
 
 dp_sha256() {
     if command -v sha256sum >/dev/null 2>&1; then
@@ -206,16 +174,16 @@ dp_sha256() {
 # dp_setup: create OUTDIR, take its lock, record the options that shape the output.
 # Arguments: the option names whose values change the output (compared on re-runs).
 dp_setup() {
-    mkdir -p "$DP_OUTDIR_ARG" || dp_die "cannot create OUTDIR $DP_OUTDIR_ARG"
+    mkdir -p "$DP_OUTDIR_ARG" || rn_die "cannot create OUTDIR $DP_OUTDIR_ARG"
     DP_OUT=$(cd "$DP_OUTDIR_ARG" && pwd)
-    [[ -w $DP_OUT ]] || dp_die "OUTDIR $DP_OUT is not writable"
+    [[ -w $DP_OUT ]] || rn_die "OUTDIR $DP_OUT is not writable"
     DP_ORIG=$DP_OUT/orig
     DP_WORK=$DP_OUT/work
     DP_STAMPS=$DP_OUT/.stamps
     mkdir -p "$DP_ORIG" "$DP_WORK" "$DP_STAMPS"
     if command -v flock >/dev/null 2>&1; then
         exec 9>"$DP_OUT/.lock"
-        flock -n 9 || dp_die "another prepare run is using $DP_OUT (lock $DP_OUT/.lock)"
+        flock -n 9 || rn_die "another prepare run is using $DP_OUT (lock $DP_OUT/.lock)"
     fi
     # temporaries of a run that was killed (we hold the lock: no other run owns them)
     find "$DP_OUT" -maxdepth 1 -name '.tmp.*' -type d -exec rm -rf {} +
@@ -229,7 +197,7 @@ dp_setup() {
     for name in "$@"; do config+="$name=${DP_OPT[$name]}"$'\n'; done
     if [[ -f $DP_STAMPS/config ]]; then
         if [[ $(cat "$DP_STAMPS/config") != "${config%$'\n'}" ]]; then
-            dp_die "$DP_OUT was prepared with other options:
+            rn_die "$DP_OUT was prepared with other options:
 $(diff <(cat "$DP_STAMPS/config") <(printf '%s' "$config") | sed -n 's/^< /  before: --/p; s/^> /  now:    --/p')
 use a new OUTDIR, or delete $DP_OUT to start over"
         fi
@@ -241,13 +209,13 @@ use a new OUTDIR, or delete $DP_OUT to start over"
         local hash fname n=0
         while read -r hash fname; do
             [[ -z $hash || $hash == \#* ]] && continue
-            [[ $hash =~ ^[0-9a-fA-F]{64}$ ]] || dp_die "--checksums ${DP_OPT[checksums]}: '$hash' is not a sha256 (expected lines 'HASH  NAME')"
+            [[ $hash =~ ^[0-9a-fA-F]{64}$ ]] || rn_die "--checksums ${DP_OPT[checksums]}: '$hash' is not a sha256 (expected lines 'HASH  NAME')"
             fname=${fname#\*}
             DP_SHA256[$fname]=${hash,,}
             DP_SHA256_FROM[$fname]="--checksums ${DP_OPT[checksums]}"
             n=$((n + 1))
         done <"${DP_OPT[checksums]}"
-        ((n > 0)) || dp_die "--checksums ${DP_OPT[checksums]}: no 'HASH  NAME' line"
+        ((n > 0)) || rn_die "--checksums ${DP_OPT[checksums]}: no 'HASH  NAME' line"
     fi
 }
 
@@ -258,7 +226,7 @@ _dp_on_exit() {
         local what=failed
         ((rc == 130 || rc == 143)) && what=interrupted
         printf '[%s] %s in step %s (exit %d); outputs of finished steps are kept, re-run the same command to resume\n' \
-            "$DP_NAME" "$what" "$DP_CURRENT_STEP" "$rc" >&2
+            "$RN_NAME" "$what" "$DP_CURRENT_STEP" "$rc" >&2
     fi
 }
 
@@ -266,7 +234,7 @@ _dp_on_exit() {
 dp_pin() {
     [[ -v "DP_SHA256[$1]" ]] && return 0 # --checksums wins
     DP_SHA256[$1]=$2
-    DP_SHA256_FROM[$1]="pinned in $DP_NAME.sh"
+    DP_SHA256_FROM[$1]="pinned in $RN_NAME.sh"
 }
 
 # --------------------------------------------------------------------- fetching
@@ -275,16 +243,16 @@ dp_pin() {
 # record its hash; on a mismatch set DP_VERIFY_ERR and return 1.
 _dp_verify() {
     local file=$1 name=$2 actual
-    [[ -r $file ]] || dp_die "cannot read $file"
-    actual=$(dp_sha256 "$file") || dp_die "cannot read $file"
+    [[ -r $file ]] || rn_die "cannot read $file"
+    actual=$(dp_sha256 "$file") || rn_die "cannot read $file"
     if [[ -v "DP_SHA256[$name]" ]]; then
         if [[ $actual != "${DP_SHA256[$name]}" ]]; then
             DP_VERIFY_ERR="checksum mismatch for $name ($file): sha256 is $actual, expected ${DP_SHA256[$name]} (${DP_SHA256_FROM[$name]})"
             return 1
         fi
-        dp_log "  $name: sha256 OK"
+        rn_log "  $name: sha256 OK"
     else
-        dp_log "  $name: sha256 $actual (not pinned: no published hash is known; pass --checksums to pin it)"
+        rn_log "  $name: sha256 $actual (not pinned: no published hash is known; pass --checksums to pin it)"
     fi
     printf '%s  %s\n' "$actual" "$name" >>"$DP_TMP/SHA256SUMS"
 }
@@ -295,20 +263,20 @@ dp_fetch() {
     local name=$1 url=$2 dest=$DP_ORIG/$1
     if [[ -n ${DP_OPT[mirror]} ]]; then
         local src=${DP_OPT[mirror]}/$name
-        [[ -e $src ]] || dp_die "$name not found in mirror ${DP_OPT[mirror]} (a mirror holds the published files under their published names; expected $src)"
-        [[ -f $src && -r $src ]] || dp_die "cannot read $src"
-        _dp_verify "$src" "$name" || dp_die "$DP_VERIFY_ERR"
+        [[ -e $src ]] || rn_die "$name not found in mirror ${DP_OPT[mirror]} (a mirror holds the published files under their published names; expected $src)"
+        [[ -f $src && -r $src ]] || rn_die "cannot read $src"
+        _dp_verify "$src" "$name" || rn_die "$DP_VERIFY_ERR"
         ln -sfn "$src" "$dest"
         return 0
     fi
     if [[ -f $dest && ! -L $dest ]]; then
-        dp_log "  $name: already downloaded"
-        _dp_verify "$dest" "$name" || dp_die "$DP_VERIFY_ERR (delete it to download it again)"
+        rn_log "  $name: already downloaded"
+        _dp_verify "$dest" "$name" || rn_die "$DP_VERIFY_ERR (delete it to download it again)"
         return 0
     fi
     rm -f "$dest"
     [[ -n ${DP_OPT[mirror-url]} ]] && url=${DP_OPT[mirror-url]%/}/$name
-    dp_log "  $name: downloading $url"
+    rn_log "  $name: downloading $url"
     local part=$dest.part rc=0
     if command -v curl >/dev/null 2>&1; then
         curl -fL --retry 3 --retry-delay 5 --connect-timeout 30 -C - --progress-bar -o "$part" "$url" || rc=$?
@@ -320,12 +288,12 @@ dp_fetch() {
     elif command -v wget >/dev/null 2>&1; then
         wget -c --tries=3 --timeout=30 -O "$part" "$url" || rc=$?
     else
-        dp_die "neither curl nor wget on PATH: install one, or fetch the files yourself and pass --mirror DIR"
+        rn_die "neither curl nor wget on PATH: install one, or fetch the files yourself and pass --mirror DIR"
     fi
-    ((rc == 0)) || dp_die "download of $url failed (exit $rc); partial data kept in $part, re-run to resume"
+    ((rc == 0)) || rn_die "download of $url failed (exit $rc); partial data kept in $part, re-run to resume"
     if ! _dp_verify "$part" "$name"; then
         mv -f "$part" "$part.bad"
-        dp_die "$DP_VERIFY_ERR; the download is kept as $part.bad"
+        rn_die "$DP_VERIFY_ERR; the download is kept as $part.bad"
     fi
     mv -f "$part" "$dest"
 }
@@ -365,37 +333,37 @@ dp_run_steps() {
             break
         elif [[ -n $missing ]]; then
             read -ra m <<<"$missing"
-            dp_log "step $i/$n: done earlier, but its output is missing: ${m[*]:0:2}${m[2]:+ ...}"
+            rn_log "step $i/$n: done earlier, but its output is missing: ${m[*]:0:2}${m[2]:+ ...}"
             redo=$i
             break
         fi
     done
     if ((redo > 2)) && [[ " $DP_READS_WORK " == *" ${ids[redo - 1]} "* && -z $(ls -A "$DP_WORK") ]]; then
-        dp_log "step $redo/$n reads OUTDIR/work, removed after the last complete run (see --keep-work): redoing steps 2-$n"
+        rn_log "step $redo/$n reads OUTDIR/work, removed after the last complete run (see --keep-work): redoing steps 2-$n"
         redo=2
     fi
     if ((redo == 0)); then
-        for ((i = 1; i <= n; i++)); do dp_log "step $i/$n: ${descs[i - 1]}: done, skipping"; done
+        for ((i = 1; i <= n; i++)); do rn_log "step $i/$n: ${descs[i - 1]}: done, skipping"; done
         rmdir "$DP_WORK" 2>/dev/null || true
-        dp_log "nothing to do: $DP_OUT is complete (binarized data in $DP_OUT/bin)"
+        rn_log "nothing to do: $DP_OUT is complete (binarized data in $DP_OUT/bin)"
         return 0
     fi
     for ((i = redo; i <= n; i++)); do rm -f "$(_dp_stamp "$i")"; done
     for ((i = 1; i <= n; i++)); do
         if ((i < redo)); then
-            dp_log "step $i/$n: ${descs[i - 1]}: done, skipping"
+            rn_log "step $i/$n: ${descs[i - 1]}: done, skipping"
             continue
         fi
         DP_CURRENT_STEP="$i/$n (${descs[i - 1]})"
-        dp_log "step $i/$n: ${descs[i - 1]}"
+        rn_log "step $i/$n: ${descs[i - 1]}"
         t0=$SECONDS
         "${fns[i - 1]}"
         touch "$DP_STAMPS/$(printf '%02d' "$i")-${ids[i - 1]}.done"
         DP_CURRENT_STEP=
-        dp_log "step $i/$n: done in $(dp_fmt_secs $((SECONDS - t0)))"
+        rn_log "step $i/$n: done in $(rn_fmt_secs $((SECONDS - t0)))"
     done
     if ((DP_OPT[keep-work] == 0)); then rm -rf "$DP_WORK"; fi
-    dp_log "finished in $(dp_fmt_secs $((SECONDS - start))): binarized data in $DP_OUT/bin"
+    rn_log "finished in $(rn_fmt_secs $((SECONDS - start))): binarized data in $DP_OUT/bin"
 }
 
 _dp_stamp() { # _dp_stamp I: the stamp file of step I (any id)
@@ -434,11 +402,11 @@ dp_lines() {
 dp_same_lines() {
     local f n first=
     for f in "$@"; do
-        n=$(dp_lines "$f") || dp_die "cannot read $f"
+        n=$(dp_lines "$f") || rn_die "cannot read $f"
         if [[ -z $first ]]; then
             first=$n
         elif [[ $n != "$first" ]]; then
-            dp_die "parallel files differ in length: $1 has $first lines, $f has $n"
+            rn_die "parallel files differ in length: $1 has $first lines, $f has $n"
         fi
     done
     echo "$first"
@@ -446,7 +414,7 @@ dp_same_lines() {
 
 # dp_gunzip SRC.gz DEST: decompress atomically; a corrupt archive is an error naming it.
 dp_gunzip() {
-    dp_atomic "$2" gzip -dc "$1" || dp_die "cannot decompress $1 (corrupt or truncated gzip?)"
+    dp_atomic "$2" gzip -dc "$1" || rn_die "cannot decompress $1 (corrupt or truncated gzip?)"
 }
 
 # dp_extract ARCHIVE DESTDIR MEMBER...: extract the named members (tar -xf, any compression).
@@ -455,7 +423,7 @@ dp_extract() {
     shift 2
     mkdir -p "$dest"
     if ! err=$(tar -xf "$archive" -C "$dest" "$@" 2>&1); then
-        dp_die "cannot extract from $archive ($(basename "$archive")): ${err//$'\n'/; }
+        rn_die "cannot extract from $archive ($(basename "$archive")): ${err//$'\n'/; }
   (members needed: $*; a corrupt or truncated download? delete it and re-run)"
     fi
 }
@@ -503,7 +471,7 @@ dp_binarize() {
         --trainpref "$text/train" --validpref "$text/valid" --testpref "$text/test" \
         --destdir "$tmpbin" --joined-dictionary --workers "$workers" >"$log" 2>&1; then
         tail -n 20 "$log" >&2
-        dp_die "fairseq-preprocess failed (full log: $log)"
+        rn_die "fairseq-preprocess failed (full log: $log)"
     fi
     sed -nE 's/^.*(\[[a-z]+\]) (.*: [0-9]+ sents.*)$/  \1 \2/p; s/^.*(\[[a-z]+\] Dictionary: .*)$/  \1/p' "$log" | awk '!seen[$0]++' >&2
     rm -rf "${DP_OUT:?}/bin"
@@ -514,7 +482,7 @@ dp_binarize() {
 dp_write_info() {
     local f
     {
-        echo "# written by data-prep/$DP_NAME.sh on $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+        echo "# written by data-prep/$RN_NAME.sh on $(date -u +%Y-%m-%dT%H:%M:%SZ)"
         echo "options:"
         sed 's/^/  /' "$DP_STAMPS/config"
         echo "  mirror=${DP_OPT[mirror]:-${DP_OPT[mirror-url]:-(published URLs)}}"
@@ -529,7 +497,7 @@ dp_write_info() {
 #
 # dp_wmt14_main "$@": the pipeline shared by prepare-wmt14-en-de.sh and
 # prepare-wmt14-en-fr.sh. The calling script sets:
-#   DP_NAME, WMT_TGT (de | fr), WMT_TGT_NAME, WMT_DEV_NAME, WMT_DEFAULT_RATIO
+#   RN_NAME, WMT_TGT (de | fr), WMT_TGT_NAME, WMT_DEV_NAME, WMT_DEFAULT_RATIO
 #   WMT_FILES  (NAME URL ...)               archives to fetch
 #   WMT_TRAIN  ("ARCHIVE|PREFIX|SUFFIX" ...) training corpora: members PREFIX.LANG SUFFIX
 #   WMT_DEV    ("ARCHIVE|PREFIX" ...)        dev sets, plain text PREFIX.LANG, concatenated
@@ -539,7 +507,7 @@ dp_write_info() {
 dp_wmt14_usage() {
     local t=$WMT_TGT i
     cat <<EOF
-Usage: data-prep/$DP_NAME.sh [options] [--mirror DIR] OUTDIR
+Usage: data-prep/$RN_NAME.sh [options] [--mirror DIR] OUTDIR
 
 WMT'14 English->$WMT_TGT_NAME: the standard training corpora; Moses punctuation
 normalization, non-printing character removal and tokenization (sacremoses,
@@ -592,11 +560,11 @@ dp_wmt14_main() {
     dp_check_int max-train-lines 0
     if ! [[ ${DP_OPT[ratio]} =~ ^[0-9]+(\.[0-9]*)?$ ]] ||
         ! awk -v r="${DP_OPT[ratio]}" 'BEGIN { exit !(r == 0 || r >= 1) }'; then
-        dp_usage_error "--ratio '${DP_OPT[ratio]}' is not allowed: expected a number >= 1, or 0 for no ratio test"
+        rn_usage_error "--ratio '${DP_OPT[ratio]}' is not allowed: expected a number >= 1, or 0 for no ratio test"
     fi
     DP_BPE=${DP_OPT[bpe]}
 
-    dp_require_cmds tar gzip fairseq-preprocess
+    rn_require_cmds tar gzip fairseq-preprocess
     local module=subword_nmt i
     [[ $DP_BPE == sentencepiece ]] && module=sentencepiece
     dp_require_python_modules sacremoses regex "$module"
@@ -647,14 +615,14 @@ _dp_wmt14_extract() {
     mapfile -t archives < <(_dp_wmt14_members | cut -d' ' -f1 | awk '!seen[$0]++')
     for archive in "${archives[@]}"; do
         mapfile -t members < <(_dp_wmt14_members | awk -v a="$archive" '$1 == a { print $2 }')
-        dp_log "  $archive: ${members[*]}"
+        rn_log "  $archive: ${members[*]}"
         dp_extract "$DP_ORIG/$archive" "$x" "${members[@]}"
     done
     for spec in "${WMT_TRAIN[@]}"; do
         IFS='|' read -r archive prefix suffix <<<"$spec"
         n=$(dp_same_lines "$x/$prefix.en$suffix" "$x/$prefix.$WMT_TGT$suffix")
-        ((n > 0)) || dp_die "$prefix.en$suffix in $archive is empty"
-        dp_log "  $(basename "$prefix"): $n pairs"
+        ((n > 0)) || rn_die "$prefix.en$suffix in $archive is empty"
+        rn_log "  $(basename "$prefix"): $n pairs"
     done
 }
 
@@ -674,9 +642,9 @@ _dp_wmt14_raw() {
         dp_atomic "$DP_OUT/raw/valid.$l" cat "${files[@]}"
     done
     n=$(dp_same_lines "$DP_OUT/raw/test.en" "$DP_OUT/raw/test.$WMT_TGT")
-    dp_log "  test (newstest2014): $n pairs"
+    rn_log "  test (newstest2014): $n pairs"
     n=$(dp_same_lines "$DP_OUT/raw/valid.en" "$DP_OUT/raw/valid.$WMT_TGT")
-    dp_log "  valid ($WMT_DEV_NAME): $n pairs"
+    rn_log "  valid ($WMT_DEV_NAME): $n pairs"
 }
 
 _dp_wmt14_tokenize() {

@@ -3,7 +3,7 @@
 # See docs/data-prep.md.
 set -euo pipefail
 
-DP_NAME=prepare-iwslt15-en-vi
+RN_NAME=prepare-iwslt15-en-vi
 # shellcheck source=lib.sh source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -61,7 +61,7 @@ dp_check_int max-len 1
 dp_check_int max-train-lines 0
 DP_BPE=${DP_OPT[bpe]}
 
-dp_require_cmds fairseq-preprocess
+rn_require_cmds fairseq-preprocess
 if [[ $DP_BPE == sentencepiece ]]; then dp_require_python_modules sentencepiece; else dp_require_python_modules subword_nmt; fi
 dp_setup bpe bpe-size spm-type max-len max-train-lines
 
@@ -86,7 +86,7 @@ step_copy() {
     for name in train tst2012 tst2013; do
         split=${SPLIT[$name]}
         n=$(dp_same_lines "$DP_ORIG/$name.en" "$DP_ORIG/$name.vi")
-        ((n > 0)) || dp_die "$DP_ORIG/$name.en is empty"
+        ((n > 0)) || rn_die "$DP_ORIG/$name.en is empty"
         for l in en vi; do
             if [[ $split == train ]] && ((max > 0)); then
                 dp_atomic "$DP_WORK/$split.$l" head -n "$max" "$DP_ORIG/$name.$l"
@@ -94,7 +94,7 @@ step_copy() {
                 dp_atomic "$DP_WORK/$split.$l" cat "$DP_ORIG/$name.$l"
             fi
         done
-        dp_log "  $split ($name): $(dp_lines "$DP_WORK/$split.en") pairs"
+        rn_log "  $split ($name): $(dp_lines "$DP_WORK/$split.en") pairs"
     done
     # raw valid/test text, byte for byte as published: sources and references
     mkdir -p "$DP_OUT/raw"

@@ -3,7 +3,7 @@
 # See docs/data-prep.md.
 set -euo pipefail
 
-DP_NAME=prepare-multi30k
+RN_NAME=prepare-multi30k
 # shellcheck source=lib.sh source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -47,7 +47,7 @@ dp_check_int bpe-size 10
 dp_check_choice spm-type unigram bpe
 DP_BPE=sentencepiece
 
-dp_require_cmds gzip fairseq-preprocess
+rn_require_cmds gzip fairseq-preprocess
 dp_require_python_modules sentencepiece
 dp_setup bpe-size spm-type
 
@@ -75,8 +75,8 @@ step_unpack() {
         for l in en de; do dp_gunzip "$DP_ORIG/$name.$l.gz" "$DP_WORK/$split.$l"; done
         n=$(dp_same_lines "$DP_WORK/$split.en" "$DP_WORK/$split.de")
         [[ $n == "${EXPECT_LINES[$split]}" ]] ||
-            dp_die "$name.en.gz has $n lines, the published Multi30k $split split has ${EXPECT_LINES[$split]}"
-        dp_log "  $split: $n pairs"
+            rn_die "$name.en.gz has $n lines, the published Multi30k $split split has ${EXPECT_LINES[$split]}"
+        rn_log "  $split: $n pairs"
     done
     # raw (untouched) valid/test text: sources and sacreBLEU references
     mkdir -p "$DP_OUT/raw"

@@ -3,7 +3,7 @@
 # The pipeline is dp_wmt14_main in lib.sh (shared with EN-FR). See docs/data-prep.md.
 set -euo pipefail
 
-DP_NAME=prepare-wmt14-en-de
+RN_NAME=prepare-wmt14-en-de
 # shellcheck source=lib.sh source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 

@@ -36,12 +36,11 @@ EOF
 budget=${DEMO_BUDGET:-full} max_epoch=${DEMO_MAX_EPOCH:-} max_update=${DEMO_MAX_UPDATE:-}
 average=${DEMO_AVERAGE:-2} out=${DEMO_OUT:-runs/demo} data_root=${DEMO_DATA:-data/multi30k}
 archs="transformer_postln_base transformer_rskip_base"
-need_value() { (($2 >= 2)) || rn_usage_error "$1 needs a value"; }
 while (($#)); do
     case $1 in
     -h | --help) usage; exit 0 ;;
     --budget | --max-epoch | --max-update | --average | --archs | --out | --data-root)
-        need_value "$1" $#
+        rn_need_value "$1" $#
         opt=${1#--}
         printf -v "${opt//-/_}" '%s' "$2"
         shift 2

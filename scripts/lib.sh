@@ -2,46 +2,38 @@
 # Shared functions of scripts/train.sh, scripts/run_experiment.sh and scripts/demo.sh.
 # Sourced, not run. A script sets RN_NAME (the name used in messages) first.
 #
-#   logging      rn_log, rn_warn, rn_die (exit 1), rn_usage_error (exit 2), rn_fmt_secs
-#   checks       rn_check_int, rn_check_choice, rn_require_cmds
+#   from common.sh  rn_log, rn_warn, rn_die (exit 1), rn_usage_error (exit 2), rn_fmt_secs,
+#                   rn_require_cmds
+#   arguments    rn_need_value, rn_dataset_arch, rn_check_int, rn_check_choice
 #   environment  rn_python, rn_user_dir, rn_count_gpus
 #   checkpoints  rn_checkpoint_ok, rn_repair_checkpoint_last
 #   outputs      rn_atomic_write
 
-if [ -z "${BASH_VERSINFO:-}" ] || ((BASH_VERSINFO[0] < 4 || (BASH_VERSINFO[0] == 4 && BASH_VERSINFO[1] < 3))); then
-    echo "error: bash >= 4.3 is required (this is ${BASH_VERSION:-not bash})" >&2
-    exit 1
-fi
+# shellcheck source=common.sh source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 RN_SCRIPTS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 RN_REPO_ROOT=$(cd "$RN_SCRIPTS_DIR/.." && pwd)
 RN_DATASETS=(iwslt15-en-vi wmt14-en-de wmt14-en-fr multi30k)
 
-# ---------------------------------------------------------------------- logging
-
-rn_log() { printf '[%s] %s\n' "$RN_NAME" "$*" >&2; }
-rn_warn() { printf '[%s] warning: %s\n' "$RN_NAME" "$*" >&2; }
-
-rn_die() {
-    printf '[%s] error: %s\n' "$RN_NAME" "$*" >&2
-    exit 1
-}
-
-rn_usage_error() {
-    printf '[%s] error: %s\nRun %s --help for the options.\n' "$RN_NAME" "$*" "$RN_NAME.sh" >&2
-    exit 2
-}
-
-rn_fmt_secs() {
-    local s=$1
-    if ((s >= 3600)); then
-        printf '%dh%02dm' $((s / 3600)) $((s % 3600 / 60))
-    elif ((s >= 60)); then
-        printf '%dm%02ds' $((s / 60)) $((s % 60))
-    else printf '%ds' "$s"; fi
-}
-
 # ---------------------------------------------------------------------- checks
+
+# rn_need_value OPTION NARGS: OPTION, seen with NARGS arguments left (itself included),
+# must be followed by its value.
+rn_need_value() { (($2 >= 2)) || rn_usage_error "$1 needs a value"; }
+
+# rn_dataset_arch POSITIONAL...: the positional arguments must be exactly DATASET ARCH.
+# Sets dataset, arch and the language pair src, tgt.
+rn_dataset_arch() {
+    (($# == 2)) || rn_usage_error "expected DATASET and ARCH, got $# argument(s): ${*:-none}"
+    dataset=$1 arch=$2
+    rn_check_choice DATASET "$dataset" "${RN_DATASETS[@]}"
+    case $dataset in
+    iwslt15-en-vi) src=en tgt=vi ;;
+    wmt14-en-de | multi30k) src=en tgt=de ;;
+    wmt14-en-fr) src=en tgt=fr ;;
+    esac
+}
 
 # rn_check_int OPTION VALUE MIN: VALUE must be an integer >= MIN.
 rn_check_int() {
@@ -57,14 +49,6 @@ rn_check_choice() {
     shift 2
     for choice in "$@"; do [[ $value == "$choice" ]] && return 0; done
     rn_usage_error "$opt '$value' is not one of: $*"
-}
-
-rn_require_cmds() {
-    local cmd
-    for cmd in "$@"; do
-        command -v "$cmd" >/dev/null 2>&1 ||
-            rn_die "'$cmd' not found on PATH (activate the environment: make venv && . .venv/bin/activate)"
-    done
 }
 
 # ---------------------------------------------------------------------- environment

@@ -55,19 +55,18 @@ data_root= mirror= prep_args= save_dir= average=10 beam=4 lenpen=0.6 batch_size=
 results=runs/results.jsonl tag=
 train_opts=() positional=() extra=()
 
-need_value() { (($2 >= 2)) || rn_usage_error "$1 needs a value"; }
 while (($#)); do
     case $1 in
     -h | --help) usage; exit 0 ;;
     --data-root | --mirror | --prep-args | --save-dir | --average | --beam | --lenpen | --batch-size | --gen-args | --results)
-        need_value "$1" $#
+        rn_need_value "$1" $#
         opt=${1#--}
         printf -v "${opt//-/_}" '%s' "$2"
         shift 2
         ;;
-    --tag) need_value "$1" $#; tag=$2; train_opts+=("$1" "$2"); shift 2 ;;
+    --tag) rn_need_value "$1" $#; tag=$2; train_opts+=("$1" "$2"); shift 2 ;;
     --preset | --gpus | --seed | --max-update | --max-epoch | --max-tokens | --tokens-per-update)
-        need_value "$1" $#
+        rn_need_value "$1" $#
         train_opts+=("$1" "$2")
         shift 2
         ;;
@@ -76,10 +75,7 @@ while (($#)); do
     *) positional+=("$1"); shift ;;
     esac
 done
-((${#positional[@]} == 2)) ||
-    rn_usage_error "expected DATASET and ARCH, got ${#positional[@]} argument(s): ${positional[*]:-none}"
-dataset=${positional[0]} arch=${positional[1]}
-rn_check_choice DATASET "$dataset" "${RN_DATASETS[@]}"
+rn_dataset_arch "${positional[@]}"
 rn_check_int --average "$average" 1
 rn_check_int --beam "$beam" 1
 rn_check_int --batch-size "$batch_size" 1
@@ -88,10 +84,9 @@ rn_check_int --batch-size "$batch_size" 1
 rn_require_cmds resnmt-average resnmt-evaluate fairseq-generate
 
 case $dataset in
-iwslt15-en-vi) src=en tgt=vi eval_opts=() ;;
-multi30k) src=en tgt=de eval_opts=() ;;
-wmt14-en-de) src=en tgt=de eval_opts=(--detok moses --lang de --compound-split) ;;
-wmt14-en-fr) src=en tgt=fr eval_opts=(--detok moses --lang fr) ;;
+iwslt15-en-vi | multi30k) eval_opts=() ;;
+wmt14-en-de) eval_opts=(--detok moses --lang de --compound-split) ;;
+wmt14-en-fr) eval_opts=(--detok moses --lang fr) ;;
 esac
 [[ -n $data_root ]] || data_root=data/$dataset
 [[ -n $save_dir ]] || save_dir=runs/$dataset/$arch${tag:+-$tag}

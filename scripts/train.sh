@@ -74,14 +74,13 @@ master_addr=127.0.0.1 master_port=29500 seed=1 max_update= max_epoch=
 max_tokens= tokens_per_update= dry_run=0
 positional=() extra=()
 
-need_value() { (($2 >= 2)) || rn_usage_error "$1 needs a value"; }
 while (($#)); do
     case $1 in
     -h | --help) usage; exit 0 ;;
     --dry-run) dry_run=1; shift ;;
     --data | --save-dir | --tag | --preset | --gpus | --nodes | --launcher | --node-rank | \
         --master-addr | --master-port | --seed | --max-update | --max-epoch | --max-tokens | --tokens-per-update)
-        need_value "$1" $#
+        rn_need_value "$1" $#
         opt=${1#--}
         printf -v "${opt//-/_}" '%s' "$2"
         shift 2
@@ -92,10 +91,7 @@ while (($#)); do
     esac
 done
 
-((${#positional[@]} == 2)) ||
-    rn_usage_error "expected DATASET and ARCH, got ${#positional[@]} argument(s): ${positional[*]:-none}"
-dataset=${positional[0]} arch=${positional[1]}
-rn_check_choice DATASET "$dataset" "${RN_DATASETS[@]}"
+rn_dataset_arch "${positional[@]}"
 [[ -z $preset ]] || rn_check_choice --preset "$preset" paper small cpu
 rn_check_choice --launcher "$launcher" none torchrun slurm
 rn_check_int --nodes "$nodes" 1
@@ -111,12 +107,6 @@ rn_check_int --seed "$seed" 0
 if ((nodes > 1)) && [[ $launcher == none ]]; then
     rn_usage_error "--nodes $nodes needs --launcher torchrun or --launcher slurm"
 fi
-
-case $dataset in
-iwslt15-en-vi) src=en tgt=vi ;;
-wmt14-en-de | multi30k) src=en tgt=de ;;
-wmt14-en-fr) src=en tgt=fr ;;
-esac
 
 read -r -a trainer <<<"${RESNMT_FAIRSEQ_TRAIN:-fairseq-train}"
 ((${#trainer[@]})) || rn_usage_error "RESNMT_FAIRSEQ_TRAIN is set but empty"
