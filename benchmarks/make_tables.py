@@ -17,7 +17,7 @@ import json
 import math
 import statistics
 import sys
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -87,7 +87,15 @@ def speed_tables(records):
     return "\n".join(parts) if parts else "_no speed results yet_"
 
 
-def quality_table(records):
+def quality_table(records, settings_key=None):
+    """The table for one settings key: ``settings_key``, or the one with the most runs.
+    Runs under other settings are counted in a note, not mixed into the rows."""
+    runs_per_key = Counter(r["settings_key"] for r in records)
+    if settings_key is None and runs_per_key:
+        settings_key = max(runs_per_key, key=lambda k: (runs_per_key[k], max(
+            r.get("finished", "") for r in records if r["settings_key"] == k)))
+    others = {k: n for k, n in runs_per_key.items() if k != settings_key}
+    records = [r for r in records if r["settings_key"] == settings_key]
     groups = OrderedDict()
     for r in records:
         groups.setdefault((r["row"], r["settings_key"]), []).append(r)
@@ -120,6 +128,9 @@ def quality_table(records):
                 f"average of the last {s['average']} checkpoints (every {s['save_every']} updates), beam {s['beam']}, "
                 f"{s['lenpen_form']} lenpen {s['lenpen']}, {s['threads']} thread(s).")
     out += "\n\nNot yet run: " + ("; ".join(missing) if missing else "none") + "."
+    if others:
+        out += ("\n\nNot in this table (other settings; `make_tables.py --quality-settings KEY` shows them): "
+                + ", ".join(f"{k} ({n} run{'s' if n > 1 else ''})" for k, n in sorted(others.items())) + ".")
     return out
 
 
@@ -134,13 +145,15 @@ def replace_between(text, begin, end, body):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default=str(HERE / "results"), help="directory of *.jsonl (default: benchmarks/results)")
+    p.add_argument("--quality-settings", metavar="KEY",
+                   help="settings key of the quality runs to tabulate (default: the key with the most runs)")
     p.add_argument("--write", metavar="MD", help="replace the tables between the marker comments in this file")
     a = p.parse_args(argv)
     records = []
     for path in sorted(Path(a.results).glob("*.jsonl")):
         records += read_jsonl(path)
     speed = speed_tables([r for r in records if r.get("benchmark") == "speed"])
-    quality = quality_table([r for r in records if r.get("benchmark") == "quality"])
+    quality = quality_table([r for r in records if r.get("benchmark") == "quality"], a.quality_settings)
     if a.write:
         text = Path(a.write).read_text(encoding="utf-8")
         text = replace_between(text, *MARKERS["speed"], speed)

@@ -198,7 +198,7 @@ def main(argv=None):
     p.add_argument("--size", default="small", choices=sorted(SIZES),
                    help="small = 2+2 layers d=128 FFN 512 4 heads (default); tiny = tests")
     p.add_argument("--max-tokens", type=int, default=4096, help="default: 4096")
-    p.add_argument("--max-update", type=int, default=800, help="update budget per run (default: 800)")
+    p.add_argument("--max-update", type=int, default=600, help="update budget per run (default: 600)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
     p.add_argument("--warmup", type=int, default=300, help="inverse-sqrt warm-up updates (default: 300)")
     p.add_argument("--dropout", type=float, default=0.1, help="default: 0.1")

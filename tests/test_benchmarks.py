@@ -64,7 +64,10 @@ def test_make_tables_from_handwritten_jsonl(tmp_path):
     lines = [
         {"benchmark": "quality", "row": "post_ln", "seed": s, "settings": settings, "settings_key": "k1", "bleu": b}
         for s, b in ((1, 30.0), (2, 32.0))
-    ] + [{"benchmark": "quality", "row": "sas", "seed": 1, "settings": settings, "settings_key": "k1", "bleu": 29.5}]
+    ] + [{"benchmark": "quality", "row": "sas", "seed": 1, "settings": settings, "settings_key": "k1", "bleu": 29.5},
+         # another budget: kept out of the k1 rows (k1 has more runs), counted in a note
+         {"benchmark": "quality", "row": "post_ln", "seed": 1, "settings": dict(settings, max_update=10),
+          "settings_key": "k0", "bleu": 3.0}]
     (results / "quality.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n", encoding="utf-8")
     doc = tmp_path / "doc.md"
     doc.write_text("intro\n<!-- speed-table:begin -->\nold\n<!-- speed-table:end -->\nmiddle\n"
@@ -74,4 +77,5 @@ def test_make_tables_from_handwritten_jsonl(tmp_path):
     assert "| post_ln | 2 | 31.00 | 1.41 | 30.00–32.00 | 1,2 |" in text
     assert "| sas | 1 | 29.50 | — |" in text
     assert "transformer (0 of 2 seeds)" in text and "old" not in text
+    assert "3.00" not in text and "other settings" in text and "k0 (1 run)" in text
     assert text.startswith("intro\n") and text.endswith("end\n") and "_no speed results yet_" in text
