@@ -120,6 +120,35 @@ dp_parse_args() {
     fi
 }
 
+# The subword and length-filter options of the IWSLT and WMT scripts, with the papers'
+# defaults: --bpe subword-nmt, --bpe-size 32000, --spm-type unigram, --max-len 250,
+# --max-train-lines 0 (all). Set before dp_parse_args, checked after it.
+dp_subword_option_defaults() {
+    DP_OPT[bpe]=subword-nmt
+    DP_OPT[bpe-size]=32000
+    DP_OPT[spm-type]=unigram
+    DP_OPT[max-len]=250
+    DP_OPT[max-train-lines]=0
+}
+
+dp_check_subword_options() {
+    dp_check_choice bpe subword-nmt sentencepiece
+    dp_check_int bpe-size 1
+    dp_check_choice spm-type unigram bpe
+    dp_check_int max-len 1
+    dp_check_int max-train-lines 0
+}
+
+# dp_keep_raw LANG...: OUTDIR/raw/{valid,test}.LANG, byte-for-byte copies of the work
+# files as published (the sources to translate and the sacreBLEU references).
+dp_keep_raw() {
+    local split l
+    mkdir -p "$DP_OUT/raw"
+    for split in valid test; do
+        for l in "$@"; do dp_atomic "$DP_OUT/raw/$split.$l" cat "$DP_WORK/$split.$l"; done
+    done
+}
+
 # dp_check_choice NAME ALLOWED...: the value of --NAME must be one of ALLOWED.
 dp_check_choice() {
     local name=$1 v; shift
@@ -546,18 +575,10 @@ EOF
 
 dp_wmt14_main() {
     dp_set_common_defaults
-    DP_OPT[bpe]=subword-nmt
-    DP_OPT[bpe-size]=32000
-    DP_OPT[spm-type]=unigram
-    DP_OPT[max-len]=250
+    dp_subword_option_defaults
     DP_OPT[ratio]=$WMT_DEFAULT_RATIO
-    DP_OPT[max-train-lines]=0
     dp_parse_args "$@"
-    dp_check_choice bpe subword-nmt sentencepiece
-    dp_check_int bpe-size 1
-    dp_check_choice spm-type unigram bpe
-    dp_check_int max-len 1
-    dp_check_int max-train-lines 0
+    dp_check_subword_options
     if ! [[ ${DP_OPT[ratio]} =~ ^[0-9]+(\.[0-9]*)?$ ]] ||
         ! awk -v r="${DP_OPT[ratio]}" 'BEGIN { exit !(r == 0 || r >= 1) }'; then
         rn_usage_error "--ratio '${DP_OPT[ratio]}' is not allowed: expected a number >= 1, or 0 for no ratio test"

@@ -48,17 +48,9 @@ EOF
 }
 
 dp_set_common_defaults
-DP_OPT[bpe]=subword-nmt
-DP_OPT[bpe-size]=32000
-DP_OPT[spm-type]=unigram
-DP_OPT[max-len]=250
-DP_OPT[max-train-lines]=0
+dp_subword_option_defaults
 dp_parse_args "$@"
-dp_check_choice bpe subword-nmt sentencepiece
-dp_check_int bpe-size 1
-dp_check_choice spm-type unigram bpe
-dp_check_int max-len 1
-dp_check_int max-train-lines 0
+dp_check_subword_options
 DP_BPE=${DP_OPT[bpe]}
 
 rn_require_cmds fairseq-preprocess
@@ -96,11 +88,7 @@ step_copy() {
         done
         rn_log "  $split ($name): $(dp_lines "$DP_WORK/$split.en") pairs"
     done
-    # raw valid/test text, byte for byte as published: sources and references
-    mkdir -p "$DP_OUT/raw"
-    for split in valid test; do
-        for l in en vi; do dp_atomic "$DP_OUT/raw/$split.$l" cat "$DP_WORK/$split.$l"; done
-    done
+    dp_keep_raw en vi
 }
 
 step_learn() { dp_learn_subword "$DP_WORK/train.en" "$DP_WORK/train.vi"; }

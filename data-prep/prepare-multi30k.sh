@@ -78,11 +78,7 @@ step_unpack() {
             rn_die "$name.en.gz has $n lines, the published Multi30k $split split has ${EXPECT_LINES[$split]}"
         rn_log "  $split: $n pairs"
     done
-    # raw (untouched) valid/test text: sources and sacreBLEU references
-    mkdir -p "$DP_OUT/raw"
-    for split in valid test; do
-        for l in en de; do dp_atomic "$DP_OUT/raw/$split.$l" cat "$DP_WORK/$split.$l"; done
-    done
+    dp_keep_raw en de
 }
 
 step_learn() { dp_learn_subword "$DP_WORK/train.en" "$DP_WORK/train.de"; }
