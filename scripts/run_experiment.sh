@@ -20,9 +20,14 @@ Runs the papers' pipeline for one model, each step skipped when its output exist
               saved by the paper presets every 1000 updates) or, without them, the
               last N epoch checkpoints                              -> SAVE_DIR/checkpoint.avgN.pt
   4. decode   fairseq-generate --task resnmt_translation --gen-subset test
-              --beam 4 --lenpen-form gnmt --lenpen 0.6              -> SAVE_DIR/gen.test.avgN.out
-  5. score    resnmt-evaluate against DATA_ROOT/raw/test.TGT        -> SAVE_DIR/result.json,
-              and the same JSON object appended as one line to the --results file
+              --beam 4 --lenpen-form gnmt --lenpen 0.6              -> SAVE_DIR/gen.test.KEY.out
+  5. score    resnmt-evaluate against DATA_ROOT/raw/test.TGT        -> SAVE_DIR/result.KEY.json,
+              the same JSON object appended as one line to the --results file, and
+              copied to SAVE_DIR/result.json (the latest settings' result)
+
+KEY names the decoding settings, e.g. avg10.beam4.lenpen0.6 (plus .genNNN, a checksum,
+with --gen-args): re-running with another --average, --beam, --lenpen or --gen-args
+averages, decodes and scores again, keeping the earlier outputs.
 
 DATASET and ARCH as for scripts/train.sh (--help there for the training options).
 
@@ -153,7 +158,11 @@ fi
 
 # ---------------------------------------------------------------------- 4. decode
 if [[ -e $data_root/spm/spm.model ]]; then post=sentencepiece; else post=subword_nmt; fi
-gen=$save_dir/gen.test.$label.out
+# every output below is named after what produced it (averaging, beam, length penalty,
+# extra generate flags), so a re-run with other settings decodes and scores again
+decode_key=$label.beam$beam.lenpen$lenpen
+[[ -z $gen_args ]] || decode_key+=.gen$(printf '%s' "$gen_args" | cksum | cut -d' ' -f1)
+gen=$save_dir/gen.test.$decode_key.out
 if [[ -e $gen ]]; then
     step 4 "decode: $gen exists, skipped"
 else
@@ -169,7 +178,7 @@ else
 fi
 
 # ---------------------------------------------------------------------- 5. score
-result=$save_dir/result.json
+result=$save_dir/result.$decode_key.json
 if [[ -e $result ]]; then
     step 5 "score: $result exists, skipped"
 else
@@ -212,6 +221,8 @@ EOF
     cat "$result" >>"$results"
     rn_log "appended the result to $results"
 fi
+# result.json: the result of the latest settings (rewritten only when they changed)
+cmp -s "$result" "$save_dir/result.json" || rn_atomic_write "$save_dir/result.json" <"$result"
 "$(rn_python)" - "$result" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))

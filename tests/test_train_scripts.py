@@ -4,6 +4,7 @@ the batch arithmetic of the presets, launchers, and a tiny experiment end to end
 import json
 import os
 import shlex
+import subprocess
 
 import pytest
 import torch
@@ -97,6 +98,11 @@ def test_paper_presets_batch_arithmetic_and_multi_gpu_commands():
     assert (flag(cmd, "--max-tokens"), flag(cmd, "--update-freq")) == ("2048", "1")
 
 
+def cksum(text):
+    """What `printf '%s' TEXT | cksum` prints first (POSIX CRC), as run_experiment.sh keys --gen-args."""
+    return subprocess.run(["cksum"], input=text.encode(), capture_output=True, check=True).stdout.split()[0].decode()
+
+
 def write_data_root(tiny_bin, root):
     """A prepared-dataset layout (bin/, raw/test.de) around the shared tiny corpus."""
     (root / "raw").mkdir(parents=True)
@@ -132,7 +138,9 @@ def test_experiment_end_to_end_then_nothing_to_redo(tiny_bin, tmp_path):
     assert rec["checkpoint"] == str(save_dir / "checkpoint.avg3.pt")
     avg = torch.load(save_dir / "checkpoint.avg3.pt", weights_only=True)
     assert [os.path.basename(p) for p in avg["resnmt_averaged_from"]] == [f"checkpoint{e}.pt" for e in (1, 2, 3)]
-    gen = (save_dir / "gen.test.avg3.out").read_text()
+    key = f"avg3.beam4.lenpen0.6.gen{cksum('--max-len-b 20')}"
+    assert rec == json.loads((save_dir / f"result.{key}.json").read_text())
+    gen = (save_dir / f"gen.test.{key}.out").read_text()
     assert gen.count("\nD-") + gen.startswith("D-") == 60
     assert not list(save_dir.glob("*.tmp*")) and not list(save_dir.glob(".evaluate*"))
     assert "[train] starting a new run in" in err and (save_dir / "train.log").read_text().count("num. shared model params") == 1
@@ -146,6 +154,18 @@ def test_experiment_end_to_end_then_nothing_to_redo(tiny_bin, tmp_path):
     assert "[train] running:" not in again and "decoded" not in again  # nothing trained or decoded
     assert len(results.read_text().splitlines()) == 1
     assert {p: p.stat().st_mtime_ns for p in save_dir.iterdir()} == mtimes
+
+    # other decoding settings (fewer checkpoints averaged, beam 2): averaged, decoded and
+    # scored again into their own files; result.json follows; the first result is kept
+    other = run_cli([*cmd[:cmd.index("--average")], "--average", "2", "--beam", "2",
+                     *cmd[cmd.index("--average") + 2:]]).stderr
+    assert "step 2/5: train: " in other and "step 3/5: average the last 2 epoch" in other
+    assert "decode test with beam 2" in other and "decoded 60 sentences" in other
+    assert [json.loads(x)["averaged"] for x in results.read_text().splitlines()] == [3, 2]
+    latest = json.loads((save_dir / "result.json").read_text())
+    assert (latest["averaged"], latest["beam"]) == (2, 2)
+    assert latest == json.loads((save_dir / f"result.avg2.beam2.lenpen0.6.gen{cksum('--max-len-b 20')}.json").read_text())
+    assert json.loads((save_dir / f"result.{key}.json").read_text()) == rec
 
     # a checkpoint_last.pt truncated by a kill during fairseq's copy is replaced, and training resumes
     last = save_dir / "checkpoint_last.pt"
