@@ -8,7 +8,7 @@
   mean sacreBLEU, standard deviation and the seeds, and the planned rows still missing.
 
     python benchmarks/make_tables.py                    # print the tables
-    python benchmarks/make_tables.py --write docs/benchmarks.md
+    python benchmarks/make_tables.py --write docs/benchmarks.md --write README.md
         # replace the text between <!-- speed-table:begin --> / <!-- speed-table:end -->
         # and <!-- quality-table:begin --> / <!-- quality-table:end --> in that file
 """
@@ -71,7 +71,7 @@ def speed_tables(records):
         parts.append(speed_markdown(rows))
         sas = [r for r in rows if "sas_overhead" in r]
         if sas:
-            parts.append("\nSAS gate overhead (analytic, per target token; see the formula below the table):\n")
+            parts.append("\nSAS gate overhead (analytic, per target token; formula in docs/benchmarks.md, \"SAS overhead, analytically\"):\n")
             parts.append("| row | gate hidden g | gate params | params ratio (measured) | gate MACs / model MACs "
                          "| predicted train ratio | measured train ratio | measured / predicted (≥ 0.95?) |")
             parts.append("|---|---|---|---|---|---|---|---|")
@@ -147,18 +147,19 @@ def main(argv=None):
     p.add_argument("--results", default=str(HERE / "results"), help="directory of *.jsonl (default: benchmarks/results)")
     p.add_argument("--quality-settings", metavar="KEY",
                    help="settings key of the quality runs to tabulate (default: the key with the most runs)")
-    p.add_argument("--write", metavar="MD", help="replace the tables between the marker comments in this file")
+    p.add_argument("--write", metavar="MD", action="append", default=[],
+                   help="replace the tables between the marker comments in this file (repeatable)")
     a = p.parse_args(argv)
     records = []
     for path in sorted(Path(a.results).glob("*.jsonl")):
         records += read_jsonl(path)
     speed = speed_tables([r for r in records if r.get("benchmark") == "speed"])
     quality = quality_table([r for r in records if r.get("benchmark") == "quality"], a.quality_settings)
-    if a.write:
-        text = Path(a.write).read_text(encoding="utf-8")
+    for path in a.write:
+        text = Path(path).read_text(encoding="utf-8")
         text = replace_between(text, *MARKERS["speed"], speed)
         text = replace_between(text, *MARKERS["quality"], quality)
-        Path(a.write).write_text(text, encoding="utf-8")
+        Path(path).write_text(text, encoding="utf-8")
     print("## Speed and memory\n\n" + speed + "\n\n## Quality\n\n" + quality)
     return 0
 

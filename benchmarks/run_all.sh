@@ -39,4 +39,4 @@ fi
 if [[ $RUN_QUALITY == 1 ]]; then
     "$PYTHON" benchmarks/quality.py ${QUALITY_ARGS:-}
 fi
-"$PYTHON" benchmarks/make_tables.py --write docs/benchmarks.md
+"$PYTHON" benchmarks/make_tables.py --write docs/benchmarks.md --write README.md
