@@ -35,7 +35,7 @@ PAPERS = {
     "rskip_ln (λ=2)": "best: 31.45 (rSkip Table 2; 2-layer model 30.49 vs 30.04)",
     "rskip_ln (λ=3)": "better, below λ=2: 31.10 (rSkip Table 2)",
     "sas": "better: 32.0 vs 30.9 (SAS paper)",
-    "highway": "SAS paper Table 6 ('Transform Gate') ablation",
+    "highway": "worse: CIFAR-10 92.15 vs 93.66 (SAS paper Table 6, 'Transform Gate'); no NMT number",
     "rskip_ln (λ=2) + nswish": "no paper number for this combination",
 }
 
@@ -106,6 +106,7 @@ def quality_table(records, settings_key=None):
     order = {row: i for i, row in enumerate(QUALITY_ROWS)}
     settings_seen = OrderedDict()
     for (row, key), recs in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1])):
+        recs = sorted(recs, key=lambda r: r["seed"])
         bleus = [r["bleu"] for r in recs]
         std = statistics.stdev(bleus) if len(bleus) > 1 else float("nan")
         settings_seen[key] = recs[0]["settings"]
