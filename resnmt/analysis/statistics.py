@@ -11,11 +11,10 @@ Shapes: ``x`` and ``fx`` are a sublayer's input and its (dropped-out) output,
 from typing import Dict, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from resnmt.modules.connections import HighwayConnection, RSkipLNConnection, SASConnection
-from resnmt.modules.normalized_activation import NormalizedActivation
+from resnmt.modules.normalized_activation import NormalizedActivation, normalization_factor
 
 
 def sas_gates(conn: SASConnection, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
@@ -87,12 +86,9 @@ def activation_stats(act: NormalizedActivation, h: Tensor, padding_mask: Optiona
         rho_prime = act.running_rho_prime.float().expand(shape)
     else:
         x = h.float()
-        a = F.silu(x) if act.swish else F.relu(x)
-        positive = (x > 0).to(x.dtype).sum(dim=-1)  # per-token count of h > 0
-        _, rho, rho_prime = act.statistics(x, a, positive, padding_mask)
+        _, rho, rho_prime = act.statistics(x, *act.activate(x), padding_mask)
         rho, rho_prime = rho.squeeze(-1), rho_prime.squeeze(-1)
-    lam = torch.sqrt(0.5 * (rho.reciprocal() + rho_prime.reciprocal()))
-    return {"rho": rho, "rho_prime": rho_prime, "lambda": lam}
+    return {"rho": rho, "rho_prime": rho_prime, "lambda": normalization_factor(rho, rho_prime)}
 
 
 def masked_sum_count(values: Tensor, padding_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:

@@ -105,6 +105,18 @@ class NormalizedActivation(nn.Module):
             # function's bookkeeping, which costs as much as the arithmetic at decode size
             return _normalized_output(h, self.omega, self, padding_mask)[0]
 
+    def activate(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(f(x), positive)`` for float32 ``x``: the plain activation and the per-token
+        count of ``x > 0`` ``(seq_len, batch)``, the inputs of :meth:`statistics`.
+
+        One full-size temporary: first 1.0 where x > 0 (counted as float: summing a bool
+        tensor is slow on CPU), then ``f(x)``.
+        """
+        buf = torch.empty_like(x)
+        positive = torch.gt(x, 0.0, out=buf).sum(dim=-1)
+        a = torch.ops.aten.silu.out(x, out=buf) if self.swish else torch.clamp_min(x, 0.0, out=buf)
+        return a, positive
+
     def statistics(
         self, x: Tensor, a: Tensor, positive: Tensor, padding_mask: Optional[Tensor]
     ) -> Tuple[Tensor, Tensor, Tensor]:
@@ -257,20 +269,21 @@ class _NormalizedActivationFn(torch.autograd.Function):
         return grad_h, grad_omega, None, None
 
 
+def normalization_factor(rho: Tensor, rho_prime: Tensor) -> Tensor:
+    """``lambda = sqrt((1/rho + 1/rho') / 2)``, the reciprocal of the harmonic mean of the
+    forward and backward gains (a new tensor)."""
+    return (rho.reciprocal() + rho_prime.reciprocal()).mul_(0.5).sqrt_()
+
+
 def _normalized_output(
     h: Tensor, omega: Tensor, act: NormalizedActivation, padding_mask: Optional[Tensor]
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(out, scale, x)``: the output in ``h``'s dtype, ``scale = 2*sigmoid(omega)*lambda``
     and ``x = h.float()``. No autograd bookkeeping (the caller decides what to save)."""
     x = h.float()
-    # One full-size temporary: first 1.0 where h > 0 (counted as float: summing a
-    # bool tensor is slow on CPU), then f(h), then the output.
-    buf = torch.empty_like(x)
-    positive = torch.gt(x, 0.0, out=buf).sum(dim=-1)
-    a = torch.ops.aten.silu.out(x, out=buf) if act.swish else torch.clamp_min(x, 0.0, out=buf)
+    a, positive = act.activate(x)  # a is the one full-size temporary, overwritten below
     mu, rho, rho_prime = act.statistics(x, a, positive, padding_mask)
-    scale = (rho.reciprocal() + rho_prime.reciprocal()).mul_(0.5).sqrt_()
-    scale.mul_(2.0 * torch.sigmoid(omega.detach().float()))
+    scale = normalization_factor(rho, rho_prime).mul_(2.0 * torch.sigmoid(omega.detach().float()))
     # scale * (a - mu), written over the temporary a (two in-place passes: a broadcast
     # addcmul is 3x slower at decoding sizes on CPU, and no faster at training sizes)
     out = a.sub_(mu).mul_(scale).to(h.dtype)
