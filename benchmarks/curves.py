@@ -1,0 +1,254 @@
+#!/usr/bin/env python
+"""BLEU against the training budget: one run per (depth, row, seed), scored at several budgets.
+
+Each run trains with ``fairseq-train`` (the rows of ``benchmarks/quality.py``, on Multi30k
+EN-DE) and stops at every milestone (``--milestones``, in updates): the newest
+``--average`` update checkpoints are averaged, test2016 is decoded with beam 4 and the
+GNMT length penalty 0.6 (maximum length source + 50, tensor2tensor's), scored with
+``resnmt-evaluate``, the milestone's checkpoint is run through ``resnmt-analyze`` on the
+validation set, and one JSON line is appended to ``--out`` holding the BLEU, the
+validation losses so far and the analysis. Training then resumes to the next milestone
+(stopping and resuming fairseq is exact, see tests/test_resume.py).
+
+Runs are taken in the study's priority order. Several copies of this script can run at
+once (``--workers`` starts them): each run directory is locked by the copy working on it.
+A killed run resumes from its last checkpoint; milestones already in ``--out`` are not
+scored again, so the study can be continued over several sessions.
+
+    python benchmarks/curves.py --workers 2            # the whole study, 2 runs at a time
+    python benchmarks/curves.py --list                 # what is done and what is missing
+    python benchmarks/curves.py --only small:post_ln:1 # one run
+"""
+import argparse
+import datetime
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from quality import ROWS, slug
+
+from resnmt import experiment as ex
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "curves.jsonl"
+
+# The study, most decisive runs first: (size, row, seed).
+STUDY_ORDER = (
+    [("small", r, 1) for r in ("post_ln", "rskip_ln (λ=2)", "sas")]
+    + [("deep", r, 1) for r in ("post_ln", "rskip_ln (λ=2)", "sas")]
+    + [("small", r, 1) for r in ("pre_ln", "xskip_ln (λ=2)")] + [("deep", "pre_ln", 1)]
+    + [("small", r, 2) for r in ("post_ln", "rskip_ln (λ=2)", "sas", "pre_ln", "xskip_ln (λ=2)")]
+    + [("small", r, 3) for r in ("post_ln", "rskip_ln (λ=2)", "sas")]
+    + [("deep", r, 1) for r in ("deepnorm", "rezero", "admin")]
+    + [("deep", r, 2) for r in ("post_ln", "rskip_ln (λ=2)", "sas", "pre_ln")]
+)
+
+
+def settings_of(a) -> dict:
+    """What every run of the study shares (the milestones and the size are per line)."""
+    return {
+        "corpus": "multi30k", "max_tokens": a.max_tokens, "lr": a.lr, "warmup_updates": a.warmup,
+        "dropout": a.dropout, "label_smoothing": 0.1, "save_every": a.save_every, "average": a.average,
+        "beam": 4, "lenpen": 0.6, "lenpen_form": "gnmt", "max_len_a": 1, "max_len_b": 50,
+        "threads": a.threads, **({"every_size": "tiny"} if a.tiny else {}),
+    }
+
+
+def settings_key(settings: dict) -> str:
+    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def planned(a):
+    runs = []
+    for size, row, seed in STUDY_ORDER:
+        if row not in ROWS:  # a connection kind that has not landed yet
+            continue
+        if a.only and f"{size}:{row}:{seed}" not in a.only and f"{size}:{slug(row)}:{seed}" not in a.only:
+            continue
+        runs.append((size, row, seed))
+    return runs
+
+
+def done_milestones(out: Path, key: str):
+    done = {}
+    for r in ex.read_jsonl(out):
+        if r.get("benchmark") == "curves" and r["settings_key"] == key:
+            done.setdefault((r["size"]["name"], r["row"], r["seed"]), set()).add(r["updates"])
+    return done
+
+
+class RunLock:
+    """An exclusive, non-blocking lock on a run directory (released when the process dies)."""
+
+    def __init__(self, run_dir: Path):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.f = open(run_dir / "lock", "w")
+
+    def acquire(self) -> bool:
+        try:
+            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            self.f.close()
+            return False
+
+    def release(self) -> None:
+        self.f.close()
+
+
+def run_dir_of(a, key, size, row, seed) -> Path:
+    return Path(a.workdir) / key / size / f"{slug(row)}.seed{seed}"
+
+
+def one_run(a, settings, key, size, row, seed, milestones_done, env, device):
+    run_dir = run_dir_of(a, key, size, row, seed)
+    ckpt_dir, log = run_dir / "checkpoints", run_dir / "log.txt"
+    arch, flags, _ = ROWS[row]
+    model_size = ex.SIZES["tiny" if a.tiny else size]
+    train_argv = ex.benchmark_train_argv(
+        a.bin_dir, arch, flags, model_size, seed=seed, max_tokens=a.max_tokens, lr=a.lr, warmup=a.warmup,
+        dropout=a.dropout, save_every=a.save_every, keep=a.average, validate=True)
+    timing_path = run_dir / "train_seconds.json"
+    for updates in a.milestones:
+        if updates in milestones_done:
+            continue
+        print(f"[curves] {size} {row} seed {seed}: training to {updates} updates", file=sys.stderr, flush=True)
+        seconds = ex.train_to(updates, train_argv, ckpt_dir, log, env)
+        total = (json.loads(timing_path.read_text())["seconds"] if timing_path.exists() else 0.0) + seconds
+        ex.atomic_write_text(timing_path, json.dumps({"seconds": total}) + "\n")
+
+        ckpts = ex.checkpoints_until(ckpt_dir, a.average, updates)
+        avg = run_dir / f"checkpoint.avg{a.average}.upd{updates}.pt"
+        ex.average(ckpts, avg)
+        gen = run_dir / f"gen.test.upd{updates}.out"
+        t0 = time.time()
+        ex.decode(a.bin_dir, avg, gen, log, env, max_len_a=1, max_len_b=50)
+        decode_seconds = time.time() - t0
+        result = ex.score(gen, a.ref, remove_bpe=a.remove_bpe)
+        avg.unlink()
+        analysis = ex.analyze(ckpts[-1], a.bin_dir, run_dir / "analysis" / f"upd{updates}", log, env,
+                              num_sentences=a.analyze_sentences)
+        fairseq_log = ex.FairseqLog.parse(log.read_text(encoding="utf-8", errors="replace"))
+        train_loss = [p for p in fairseq_log.train if p[0] <= updates]
+        record = {
+            "benchmark": "curves", "size": {"name": size, **model_size.as_dict()}, "row": row, "seed": seed,
+            "arch": arch, "flags": flags, "updates": updates,
+            "settings": settings, "settings_key": key,
+            "bleu": result["bleu"], "signature": result["signature"], "tok_intl_bleu": result["tok_intl_bleu"],
+            "n_sentences": result["n_sentences"],
+            "valid": [list(p) for p in fairseq_log.valid if p[0] <= updates],
+            "train_loss": train_loss[-1][1] if train_loss else None,
+            "params": fairseq_log.params,
+            "analysis": {"checkpoint_updates": updates, "split": analysis["split"],
+                         "num_sentences": analysis["num_sentences"], "loss": analysis["loss"],
+                         "connections": analysis["connections"], "statistics": analysis["statistics"]},
+            "averaged": [p.name for p in ckpts],
+            "data": ex.repo_relative(a.bin_dir, Path.cwd()), "ref": ex.repo_relative(a.ref, Path.cwd()),
+            "train_seconds": round(total, 1), "decode_seconds": round(decode_seconds, 1),
+            **device, "torch_threads": a.threads,
+            "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        ex.append_jsonl(a.out, record)
+        print(f"[curves] {size} {row} seed {seed} @ {updates}: sacreBLEU {record['bleu']:.2f}, "
+              f"valid loss {record['valid'][-1][1] if record['valid'] else float('nan'):.3f}",
+              file=sys.stderr, flush=True)
+    if not a.keep_checkpoints and all(m in milestones_done or m <= ex.trained_updates(ckpt_dir) for m in a.milestones):
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="data/multi30k",
+                   help="prepared Multi30k (OUTDIR of data-prep/prepare-multi30k.sh; default: data/multi30k)")
+    p.add_argument("--ref", help="reference file (default: DATA/raw/test.de)")
+    p.add_argument("--remove-bpe", default="sentencepiece", choices=["none", "subword_nmt", "sentencepiece"],
+                   help="passed to resnmt-evaluate (default: sentencepiece)")
+    p.add_argument("--milestones", default="300,600,1200,2400,4800",
+                   help="comma-separated budgets in updates at which each run is scored; the last is the "
+                   "run's length (default: %(default)s)")
+    p.add_argument("--only", help="comma-separated runs SIZE:ROW:SEED (e.g. small:post_ln:1,deep:sas:1)")
+    p.add_argument("--max-tokens", type=int, default=4096, help="default: 4096")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
+    p.add_argument("--warmup", type=int, default=300, help="inverse-sqrt warm-up updates (default: 300)")
+    p.add_argument("--dropout", type=float, default=0.3,
+                   help="default: 0.3, the usual choice for Multi30k's 29k pairs trained this long")
+    p.add_argument("--save-every", type=int, default=40, help="checkpoint interval in updates (default: 40)")
+    p.add_argument("--average", type=int, default=5, help="average the newest N checkpoints (default: 5)")
+    p.add_argument("--analyze-sentences", type=int, default=500,
+                   help="validation sentences resnmt-analyze runs at each milestone (default: 500)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per run (default: 1)")
+    p.add_argument("--workers", type=int, default=1, help="runs at a time (copies of this script; default: 1)")
+    p.add_argument("--workdir", default="runs/curves", help="checkpoints and logs (default: runs/curves)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON lines appended here (default: %(default)s)")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's checkpoints when it ends")
+    p.add_argument("--tiny", action="store_true", help="train every run at the tiny size (smoke tests)")
+    p.add_argument("--list", action="store_true", help="print the planned runs and their milestones, and exit")
+    a = p.parse_args(argv)
+
+    try:
+        a.milestones = sorted({int(m) for m in a.milestones.split(",") if m.strip()})
+    except ValueError:
+        p.error(f"--milestones {a.milestones!r}: expected comma-separated numbers of updates")
+    bad = [m for m in a.milestones if m <= 0 or m % a.save_every]
+    if not a.milestones or bad:
+        p.error(f"--milestones {bad or a.milestones}: each must be a positive multiple of --save-every {a.save_every}")
+    if a.milestones[0] < a.average * a.save_every:
+        p.error(f"--milestones {a.milestones[0]}: the first milestone needs {a.average} checkpoints "
+                f"(--average) every {a.save_every} updates (--save-every), so at least {a.average * a.save_every}")
+    a.only = set(x.strip() for x in a.only.split(",")) if a.only else None
+    if a.only:
+        known = {f"{s}:{r}:{n}" for s, r, n in STUDY_ORDER} | {f"{s}:{slug(r)}:{n}" for s, r, n in STUDY_ORDER}
+        unknown = sorted(a.only - known)
+        if unknown:
+            p.error(f"--only {','.join(unknown)}: not in the study; choose SIZE:ROW:SEED from: "
+                    + ", ".join(f"{s}:{slug(r)}:{n}" for s, r, n in STUDY_ORDER))
+    a.out = Path(a.out)
+    a.bin_dir = Path(a.data) / "bin"
+    a.ref = Path(a.ref) if a.ref else Path(a.data) / "raw" / "test.de"
+    settings = settings_of(a)
+    key = settings_key(settings)
+    runs = planned(a)
+
+    if a.list:
+        done = done_milestones(a.out, key)
+        for size, row, seed in runs:
+            have = sorted(done.get((size, row, seed), ()))
+            state = "done   " if set(a.milestones) <= set(have) else ("partial" if have else "missing")
+            print(f"{state}  {size:5s} {row:16s} seed {seed}  milestones {have}")
+        return 0
+    for path in (a.bin_dir / "dict.en.txt", a.ref):
+        if not path.exists():
+            p.error(f"{path} is missing; run bash data-prep/prepare-multi30k.sh --mirror DIR {a.data} "
+                    f"(or without --mirror to download)")
+    if a.workers > 1:
+        child = [sys.executable, __file__, *[x for x in (argv if argv is not None else sys.argv[1:])]]
+        child = [c for i, c in enumerate(child) if not (c == "--workers" or (i and child[i - 1] == "--workers")
+                                                          or c.startswith("--workers="))]
+        procs = [subprocess.Popen(child) for _ in range(a.workers)]
+        return max(proc.wait() for proc in procs)
+
+    env = ex.tool_env(threads=a.threads, cpu_only=True)
+    device = ex.device_description(cpu_only=True)
+    while True:
+        done = done_milestones(a.out, key)
+        todo = [r for r in runs if not set(a.milestones) <= done.get(r, set())]
+        for size, row, seed in todo:
+            lock = RunLock(run_dir_of(a, key, size, row, seed))
+            if lock.acquire():
+                try:
+                    one_run(a, settings, key, size, row, seed, done.get((size, row, seed), set()), env, device)
+                finally:
+                    lock.release()
+                break  # re-read what is done: other workers may have finished runs meanwhile
+        else:
+            return 0  # every remaining run is done or locked by another worker
+
+
+if __name__ == "__main__":
+    sys.exit(main())
