@@ -169,7 +169,7 @@ def main(argv=None):
     p.add_argument("--ref", help="reference file (default: DATA/raw/test.de)")
     p.add_argument("--remove-bpe", default="sentencepiece", choices=["none", "subword_nmt", "sentencepiece"],
                    help="passed to resnmt-evaluate (default: sentencepiece)")
-    p.add_argument("--milestones", default="300,600,1200,2400,4800",
+    p.add_argument("--milestones", default="200,600,1200,1800,2400,3600,4800",
                    help="comma-separated budgets in updates at which each run is scored; the last is the "
                    "run's length (default: %(default)s)")
     p.add_argument("--only", help="comma-separated runs SIZE:ROW:SEED (e.g. small:post_ln:1,deep:sas:1)")
