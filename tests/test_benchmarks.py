@@ -79,3 +79,33 @@ def test_make_tables_from_handwritten_jsonl(tmp_path):
     assert "transformer (0 of 2 seeds)" in text and "old" not in text
     assert "3.00" not in text and "other settings" in text and "k0 (1 run)" in text
     assert text.startswith("intro\n") and text.endswith("end\n") and "_no speed results yet_" in text
+
+
+def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
+    """One run scored at two budgets; re-running scores nothing again; the plots read it."""
+    out = tmp_path / "curves.jsonl"
+    argv = [
+        sys.executable, BENCH / "curves.py", "--data", tiny_bin.parent, "--ref", tiny_bin.parent / "text" / "test.de",
+        "--remove-bpe", "none", "--tiny", "--milestones", "2,4", "--save-every", "1", "--average", "2",
+        "--warmup", "1", "--max-tokens", "300", "--analyze-sentences", "8", "--only", "small:post_ln:1",
+        "--workdir", tmp_path / "work", "--out", out,
+    ]
+    run_cli(argv, timeout=300)
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [(r["row"], r["seed"], r["updates"]) for r in records] == [("post_ln", 1, 2), ("post_ln", 1, 4)]
+    for r in records:
+        assert math.isfinite(r["bleu"]) and r["n_sentences"] == 60 and r["device"] == "cpu"
+        assert r["size"]["layers"] == 1 and r["settings"]["dropout"] == 0.3
+        assert len(r["analysis"]["statistics"]["grad_norm"]["encoder"]["output"]) == 1
+        assert len(r["averaged"]) == 2
+    assert records[1]["train_seconds"] >= records[0]["train_seconds"] > 0
+    assert "partial" not in run_cli([*argv, "--list"]).stdout
+    run_cli(argv)
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 2
+    bad = run_cli([*argv[:-2], "--milestones", "1", "--out", out], check=False)
+    assert bad.returncode == 2 and "--milestones 1" in bad.stderr
+    figures = tmp_path / "figures"
+    table = run_cli([sys.executable, BENCH / "plot_curves.py", "--results", out, "--figures", figures]).stdout
+    assert "| post_ln |" in table
+    assert sorted(p.name for p in figures.iterdir()) == ["curves-bleu.png", "curves-diagnostics.png",
+                                                          "curves-valid-loss.png"]

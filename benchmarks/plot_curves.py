@@ -1,0 +1,167 @@
+#!/usr/bin/env python
+"""Figures and a table from benchmarks/results/curves.jsonl (written by curves.py).
+
+    python benchmarks/plot_curves.py                   # docs/figures/curves-*.png, table on stdout
+
+Figures (one panel per depth): sacreBLEU against updates per row (mean line, seeds as
+points), validation loss against updates (the run's newest line holds every validation
+so far), and the diagnostics over training from resnmt-analyze at each milestone
+(rSkip effective skip:residual ratio per layer, block-output gradient norm per layer).
+"""
+import argparse
+import logging
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from resnmt.experiment import read_jsonl  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SIZE_TITLES = {"small": "2+2 layers, d=128", "deep": "6+6 layers, d=128", "base": "6+6 layers, d=512"}
+
+
+def load(path: Path):
+    """{(device, size): {row: {seed: {updates: record}}}}"""
+    runs = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
+    for r in read_jsonl(path):
+        if r.get("benchmark") == "curves":
+            runs[(r.get("device", "cpu"), r["size"]["name"])][r["row"]][r["seed"]][r["updates"]] = r
+    return runs
+
+
+def panels(runs):
+    keys = sorted(runs, key=lambda k: (k[0], list(SIZE_TITLES).index(k[1]) if k[1] in SIZE_TITLES else 9))
+    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.2), squeeze=False, constrained_layout=True)
+    return fig, list(zip(keys, axes[0]))
+
+
+def plot_bleu(runs, out: Path) -> None:
+    fig, cells = panels(runs)
+    for (device, size), ax in cells:
+        for row, seeds in sorted(runs[(device, size)].items()):
+            by_update = defaultdict(list)
+            for recs in seeds.values():
+                for u, r in recs.items():
+                    by_update[u].append(r["bleu"])
+            xs = sorted(by_update)
+            line, = ax.plot(xs, [statistics.mean(by_update[u]) for u in xs], marker="o", label=row)
+            for u in xs:
+                ax.scatter([u] * len(by_update[u]), by_update[u], s=10, color=line.get_color(), alpha=0.5)
+        ax.set_title(f"{SIZE_TITLES.get(size, size)} ({device})")
+        ax.set_xlabel("updates (4096 tokens each)")
+        ax.set_ylabel("sacreBLEU, test2016 (avg of 5 ckpts, beam 4)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Multi30k EN-DE: BLEU against training budget (mean line; points = seeds)")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def plot_valid(runs, out: Path) -> None:
+    fig, cells = panels(runs)
+    for (device, size), ax in cells:
+        for i, (row, seeds) in enumerate(sorted(runs[(device, size)].items())):
+            color = f"C{i}"
+            for k, (seed, recs) in enumerate(sorted(seeds.items())):
+                newest = recs[max(recs)]
+                pts = [p for p in newest["valid"] if p[0] >= 400]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, linewidth=1,
+                        label=row if k == 0 else None)
+        ax.set_title(f"{SIZE_TITLES.get(size, size)} ({device})")
+        ax.set_xlabel("updates")
+        ax.set_ylabel("validation loss (label-smoothed, base 2)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Validation loss during training (one line per seed)")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def plot_diagnostics(runs, out: Path, size: str = "small", device: str = "cpu") -> None:
+    """rSkip ratio and gradient norm per layer against updates, seed 1 of post_ln and rskip_ln."""
+    rows = runs.get((device, size), {})
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.2), constrained_layout=True)
+    rskip = rows.get("rskip_ln (λ=2)", {}).get(1, {})
+    for side, ax in zip(("encoder", "decoder"), axes[:2]):
+        xs = sorted(rskip)
+        if xs:
+            stats = rskip[xs[-1]]["analysis"]["statistics"]["rskip_ratio"][side]
+            for sublayer, values in stats.items():
+                for layer in range(len(values)):
+                    ax.plot(xs, [rskip[u]["analysis"]["statistics"]["rskip_ratio"][side][sublayer][layer] for u in xs],
+                            marker="o", label=f"layer {layer} {sublayer}")
+        ax.axhline(1.0, color="gray", linestyle=":", label="post-LN (1)")
+        ax.set_title(f"rSkip+LN λ=2, {side}: effective skip : residual ratio")
+        ax.set_xlabel("updates")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    ax = axes[2]
+    for style, row in (("-", "post_ln"), ("--", "rskip_ln (λ=2)")):
+        recs = rows.get(row, {}).get(1, {})
+        xs = sorted(recs)
+        if not xs:
+            continue
+        for side in ("encoder", "decoder"):
+            n = len(recs[xs[-1]]["analysis"]["statistics"]["grad_norm"][side]["output"])
+            for layer in range(n):
+                ax.plot(xs, [recs[u]["analysis"]["statistics"]["grad_norm"][side]["output"][layer] for u in xs],
+                        linestyle=style, marker=".", label=f"{row} {side[:3]} {layer}")
+    ax.set_title("gradient norm of each block output (valid, 500 sent.)")
+    ax.set_xlabel("updates")
+    ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=6, ncol=2)
+    fig.suptitle(f"Diagnostics during training ({SIZE_TITLES.get(size, size)}, seed 1, resnmt-analyze at each milestone)")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def table(runs) -> str:
+    lines = []
+    order = list(SIZE_TITLES)
+    for (device, size), rows in sorted(runs.items(), key=lambda kv: (kv[0][0], order.index(kv[0][1]))):
+        milestones = sorted({u for seeds in rows.values() for recs in seeds.values() for u in recs})
+        lines += [f"**{SIZE_TITLES.get(size, size)} ({device})**: sacreBLEU mean ± std over seeds (n seeds)", "",
+                  "| row | " + " | ".join(str(u) for u in milestones) + " |",
+                  "|---|" + "---:|" * len(milestones)]
+        for row, seeds in sorted(rows.items()):
+            cells = []
+            for u in milestones:
+                vals = [recs[u]["bleu"] for recs in seeds.values() if u in recs]
+                if not vals:
+                    cells.append("")
+                elif len(vals) == 1:
+                    cells.append(f"{vals[0]:.2f} (1)")
+                else:
+                    cells.append(f"{statistics.mean(vals):.2f} ± {statistics.stdev(vals):.2f} ({len(vals)})")
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", default=str(REPO_ROOT / "benchmarks" / "results" / "curves.jsonl"))
+    p.add_argument("--figures", default=str(REPO_ROOT / "docs" / "figures"), help="output directory of the PNGs")
+    a = p.parse_args(argv)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
+    runs = load(Path(a.results))
+    if not runs:
+        p.error(f"no curves results in {a.results}; run python benchmarks/curves.py first")
+    figures = Path(a.figures)
+    figures.mkdir(parents=True, exist_ok=True)
+    plot_bleu(runs, figures / "curves-bleu.png")
+    plot_valid(runs, figures / "curves-valid-loss.png")
+    plot_diagnostics(runs, figures / "curves-diagnostics.png")
+    print(table(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
