@@ -41,6 +41,20 @@ def panels(runs):
     return fig, list(zip(keys, axes[0]))
 
 
+def label_panel(ax, device: str, size: str, ylabel: str) -> None:
+    ax.set_title(f"{SIZE_TITLES.get(size, size)} ({device})")
+    ax.set_xlabel("updates (4096 tokens each)")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def save(fig, title: str, out: Path) -> None:
+    fig.suptitle(title)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
 def plot_bleu(runs, out: Path) -> None:
     fig, cells = panels(runs)
     for (device, size), ax in cells:
@@ -53,14 +67,8 @@ def plot_bleu(runs, out: Path) -> None:
             line, = ax.plot(xs, [statistics.mean(by_update[u]) for u in xs], marker="o", label=row)
             for u in xs:
                 ax.scatter([u] * len(by_update[u]), by_update[u], s=10, color=line.get_color(), alpha=0.5)
-        ax.set_title(f"{SIZE_TITLES.get(size, size)} ({device})")
-        ax.set_xlabel("updates (4096 tokens each)")
-        ax.set_ylabel("sacreBLEU, test2016 (avg of 5 ckpts, beam 4)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("Multi30k EN-DE: BLEU against training budget (mean line; points = seeds)")
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+        label_panel(ax, device, size, "sacreBLEU, test2016 (avg of 5 ckpts, beam 4)")
+    save(fig, "Multi30k EN-DE: BLEU against training budget (mean line; points = seeds)", out)
 
 
 def plot_valid(runs, out: Path) -> None:
@@ -73,14 +81,8 @@ def plot_valid(runs, out: Path) -> None:
                 pts = [p for p in newest["valid"] if p[0] >= 400]
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, linewidth=1,
                         label=row if k == 0 else None)
-        ax.set_title(f"{SIZE_TITLES.get(size, size)} ({device})")
-        ax.set_xlabel("updates")
-        ax.set_ylabel("validation loss (label-smoothed, base 2)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("Validation loss during training (one line per seed)")
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+        label_panel(ax, device, size, "validation loss (label-smoothed, base 2)")
+    save(fig, "Validation loss during training (one line per seed)", out)
 
 
 def plot_diagnostics(runs, out: Path, size: str = "small", device: str = "cpu") -> None:
@@ -117,9 +119,8 @@ def plot_diagnostics(runs, out: Path, size: str = "small", device: str = "cpu") 
     ax.set_yscale("log")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=6, ncol=2)
-    fig.suptitle(f"Diagnostics during training ({SIZE_TITLES.get(size, size)}, seed 1, resnmt-analyze at each milestone)")
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    save(fig, f"Diagnostics during training ({SIZE_TITLES.get(size, size)}, seed 1, resnmt-analyze at each milestone)",
+         out)
 
 
 def table(runs) -> str:
