@@ -234,7 +234,7 @@ def main(argv=None):
         return max(proc.wait() for proc in procs)
 
     env = ex.tool_env(threads=a.threads, cpu_only=True)
-    device = ex.device_description(cpu_only=True)
+    device = ex.cpu_description()
     while True:
         done = done_milestones(a.out, key)
         todo = [r for r in runs if not set(a.milestones) <= done.get(r, set())]

@@ -35,8 +35,13 @@ def load(path: Path):
     return runs
 
 
+def ordered_keys(runs):
+    """(device, size) keys: by device, then sizes in SIZE_TITLES order."""
+    return sorted(runs, key=lambda k: (k[0], list(SIZE_TITLES).index(k[1]) if k[1] in SIZE_TITLES else len(SIZE_TITLES)))
+
+
 def panels(runs):
-    keys = sorted(runs, key=lambda k: (k[0], list(SIZE_TITLES).index(k[1]) if k[1] in SIZE_TITLES else 9))
+    keys = ordered_keys(runs)
     fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.2), squeeze=False, constrained_layout=True)
     return fig, list(zip(keys, axes[0]))
 
@@ -125,8 +130,8 @@ def plot_diagnostics(runs, out: Path, size: str = "small", device: str = "cpu") 
 
 def table(runs) -> str:
     lines = []
-    order = list(SIZE_TITLES)
-    for (device, size), rows in sorted(runs.items(), key=lambda kv: (kv[0][0], order.index(kv[0][1]))):
+    for device, size in ordered_keys(runs):
+        rows = runs[(device, size)]
         milestones = sorted({u for seeds in rows.values() for recs in seeds.values() for u in recs})
         lines += [f"**{SIZE_TITLES.get(size, size)} ({device})**: sacreBLEU mean ± std over seeds (n seeds)", "",
                   "| row | " + " | ".join(str(u) for u in milestones) + " |",

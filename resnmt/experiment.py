@@ -17,9 +17,9 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Dict, List, Optional, Sequence
 
 USER_DIR = Path(__file__).resolve().parent
@@ -47,9 +47,6 @@ class ModelSize:
 
     def as_dict(self) -> Dict[str, int]:
         return {"layers": self.layers, "dim": self.dim, "ffn": self.ffn, "heads": self.heads}
-
-    def describe(self) -> str:
-        return f"{self.layers}+{self.layers} layers, d={self.dim}, FFN {self.ffn}, {self.heads} heads"
 
 
 # The sizes the CPU benchmarks train; the papers' sizes are the named archs (``*_base``).
@@ -103,13 +100,8 @@ def tool_env(threads: Optional[int] = None, cpu_only: bool = False) -> Dict[str,
     return env
 
 
-def device_description(cpu_only: bool = True) -> Dict[str, str]:
-    """What the numbers were measured on, for the JSON records."""
-    if not cpu_only:
-        import torch
-
-        if torch.cuda.is_available():
-            return {"device": "cuda", "device_name": torch.cuda.get_device_name(0)}
+def cpu_description() -> Dict[str, str]:
+    """The CPU the numbers were measured on, for the JSON records."""
     name = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -121,8 +113,7 @@ def device_description(cpu_only: bool = True) -> Dict[str, str]:
     return {"device": "cpu", "device_name": f"{name} ({os.cpu_count()} CPUs)"}
 
 
-def run_logged(cmd: Sequence, log_path: Path, env: Dict[str, str], stdout_path: Optional[Path] = None,
-               cwd: Optional[Path] = None) -> None:
+def run_logged(cmd: Sequence, log_path: Path, env: Dict[str, str], stdout_path: Optional[Path] = None) -> None:
     """Run ``cmd``; its stderr (and stdout unless ``stdout_path``) is appended to ``log_path``.
     ``stdout_path`` is written atomically: it exists only if the command succeeded."""
     cmd = [str(c) for c in cmd]
@@ -132,11 +123,11 @@ def run_logged(cmd: Sequence, log_path: Path, env: Dict[str, str], stdout_path: 
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
         if stdout_path is None:
-            proc = subprocess.run(cmd, stdout=log, stderr=log, env=env, cwd=cwd)
+            proc = subprocess.run(cmd, stdout=log, stderr=log, env=env)
         else:
             tmp = Path(f"{stdout_path}.tmp{os.getpid()}")
             with open(tmp, "w", encoding="utf-8") as out:
-                proc = subprocess.run(cmd, stdout=out, stderr=log, env=env, cwd=cwd)
+                proc = subprocess.run(cmd, stdout=out, stderr=log, env=env)
             if proc.returncode == 0:
                 os.replace(tmp, stdout_path)
             else:
@@ -163,8 +154,6 @@ def train_to(updates: int, train_argv: Sequence, save_dir: Path, log_path: Path,
 
     fairseq resumed at its ``--max-update`` would still take one more step, so a run that
     already reached ``updates`` is not started again. Returns the seconds spent."""
-    import time
-
     if trained_updates(save_dir) >= updates:
         return 0.0
     t0 = time.time()
