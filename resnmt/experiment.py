@@ -16,17 +16,22 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+
+from resnmt.atomic import atomic_open, atomic_write_text
 
 USER_DIR = Path(__file__).resolve().parent
 
 
 class ExperimentError(RuntimeError):
     """A step failed; the message names the command and ends with the tail of its log."""
+
+
+class _CommandFailed(Exception):
+    """Discards a failed command's partial stdout file (raised inside ``atomic_open``)."""
 
 
 @dataclass(frozen=True)
@@ -56,21 +61,6 @@ SIZES = {
     "deep": ModelSize(6, 128, 512, 4),    # the demo's width at the papers' depth
     "base": ModelSize(6, 512, 2048, 8),   # transformer_wmt_en_de
 }
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def append_jsonl(path: Path, record: dict) -> None:
@@ -125,13 +115,13 @@ def run_logged(cmd: Sequence, log_path: Path, env: Dict[str, str], stdout_path: 
         if stdout_path is None:
             proc = subprocess.run(cmd, stdout=log, stderr=log, env=env)
         else:
-            tmp = Path(f"{stdout_path}.tmp{os.getpid()}")
-            with open(tmp, "w", encoding="utf-8") as out:
-                proc = subprocess.run(cmd, stdout=out, stderr=log, env=env)
-            if proc.returncode == 0:
-                os.replace(tmp, stdout_path)
-            else:
-                tmp.unlink(missing_ok=True)
+            try:
+                with atomic_open(stdout_path, "w") as out:
+                    proc = subprocess.run(cmd, stdout=out, stderr=log, env=env)
+                    if proc.returncode != 0:
+                        raise _CommandFailed
+            except _CommandFailed:
+                pass
     if proc.returncode != 0:
         tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
         raise ExperimentError(f"{Path(cmd[0]).name} failed (exit {proc.returncode}); log {log_path}:\n{tail}")

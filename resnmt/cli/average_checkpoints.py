@@ -17,12 +17,12 @@ import os
 import pickle
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from resnmt.atomic import atomic_open
 from resnmt.cli.common import OneLineErrorParser
 
 PROG = "resnmt-average"
@@ -225,22 +225,9 @@ def _check_compatible(ref_path, ref_sig, path, sig) -> None:
 
 
 def save_atomic(state: dict, output: Path) -> None:
-    """``torch.save`` to a temporary file next to ``output``, then ``os.replace`` it."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual mode
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, output)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """``torch.save`` to ``output`` atomically (flushed to disk before the rename)."""
+    with atomic_open(output, "wb", fsync=True) as f:
+        torch.save(state, f)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
