@@ -128,7 +128,7 @@ def one_run(a, settings, key, size, row, seed, milestones_done, env, device):
         avg.unlink()
         analysis = ex.analyze(ckpts[-1], a.bin_dir, run_dir / "analysis" / f"upd{updates}", log, env,
                               num_sentences=a.analyze_sentences)
-        fairseq_log = ex.FairseqLog.parse(log.read_text(encoding="utf-8", errors="replace"))
+        fairseq_log = ex.FairseqLog.read(log)
         train_loss = [p for p in fairseq_log.train if p[0] <= updates]
         record = {
             "benchmark": "curves", "size": {"name": size, **model_size.as_dict()}, "row": row, "seed": seed,

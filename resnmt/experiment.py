@@ -262,7 +262,7 @@ def prepare(dataset: Dataset, data_root: Path, mirror: Optional[Path] = None, op
     """``bash data-prep/prepare-DATASET.sh [--mirror DIR] OPTIONS DATA_ROOT`` (its messages on stderr)."""
     cmd = ["bash", REPO_ROOT / "data-prep" / f"prepare-{dataset.name}.sh"]
     cmd += ["--mirror", mirror] if mirror else []
-    run_logged([*cmd, *options, data_root], None)
+    run_logged([*cmd, *options, data_root], None, tool_env())
 
 
 # ---------------------------------------------------------------------------- train
@@ -432,7 +432,7 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
             require_commands("torchrun")
             launch = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(gpus), "--node-rank", str(node_rank),
                       "--master-addr", req.master_addr, "--master-port", str(master_port)]
-            trainer = [shutil.which(trainer[0]), *trainer[1:]]
+            trainer = [which(trainer[0]), *trainer[1:]]
         elif req.launcher == "slurm":
             # One task per node; fairseq reads SLURM_* (scontrol for the first host) and
             # spawns one process per GPU, ranks node_id*gpus + local.
@@ -448,9 +448,14 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
     return TrainPlan(cmd=cmd, data=data, save_dir=save_dir)
 
 
+def which(name: str) -> Optional[str]:
+    """``name`` on the PATH the subprocesses get (``tool_env``: this Python's scripts first)."""
+    return shutil.which(name, path=tool_env()["PATH"])
+
+
 def require_commands(*names: str) -> None:
     for name in names:
-        if shutil.which(name) is None:
+        if which(name) is None:
             raise ExperimentError(f"'{name}' not found on PATH (install the environment with 'make venv' and "
                                   "activate it: . .venv/bin/activate)")
 
@@ -507,7 +512,7 @@ def train(plan: TrainPlan, log: Log) -> None:
     start = time.time()
     # fairseq's own output, appended to SAVE_DIR/train.log as well (all restarts in one file)
     with open(save_dir / "train.log", "ab") as train_log:
-        proc = subprocess.Popen(plan.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(plan.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=tool_env())
         for line in iter(proc.stdout.readline, b""):
             sys.stdout.buffer.write(line)
             sys.stdout.flush()

@@ -160,7 +160,7 @@ class Parser(argparse.ArgumentParser):
     """Usage errors as one line naming the option (exit status 2); help is the text above."""
 
     def __init__(self, prog: str, usage: str, text: str):
-        super().__init__(prog=prog, usage=usage, add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+        super().__init__(prog=prog, usage=usage, add_help=False, allow_abbrev=False)
         self.text = text
         self.add_argument("-h", "--help", action="store_true")
 
@@ -364,7 +364,7 @@ def demo_table(records: Sequence[dict]) -> str:
 
 def analyze_demo_models(records: Sequence[dict], out: Path, data_root: Path, log) -> None:
     """resnmt-analyze of each model on test (learned gates, skip ratios); a failure only warns."""
-    if shutil.which("resnmt-analyze") is None:
+    if ex.which("resnmt-analyze") is None:
         log("note: resnmt-analyze is not available here; no plot of the learned gates/ratios")
         return
     for r in records:
@@ -375,7 +375,7 @@ def analyze_demo_models(records: Sequence[dict], out: Path, data_root: Path, log
         tmp = final.with_name(final.name + ".tmp")
         try:
             ex.run_logged(["resnmt-analyze", r["checkpoint"], "--data", data_root / "bin", "--split", "test",
-                           "--out", tmp], None)
+                           "--out", tmp], None, ex.tool_env())
         except ex.ExperimentError:
             shutil.rmtree(tmp, ignore_errors=True)
             log(f"warning: resnmt-analyze failed on {r['checkpoint']}; the table above is unaffected")
