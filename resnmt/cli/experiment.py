@@ -103,7 +103,8 @@ DATASET and ARCH as for scripts/train.sh (--help there for the training options)
 Options:
   --data-root DIR     prepared dataset directory (default: data/DATASET)
   --mirror DIR        local copy of the published files for the prepare script (offline
-                      machines); without it the prepare script downloads them
+                      machines); without it the prepare script downloads them (multi30k:
+                      reads ../shared/data/multi30k instead when that exists)
   --prep-args "A B"   more options for the prepare script (e.g. "--bpe-size 8000")
   --save-dir DIR      (default: runs/DATASET/ARCH[-TAG])
   --tag TAG, --preset P, --gpus N
