@@ -39,6 +39,7 @@ setup(
             "resnmt-average=resnmt.cli.average_checkpoints:main",
             "resnmt-evaluate=resnmt.cli.evaluate:main",
             "resnmt-analyze=resnmt.cli.analyze:main",
+            "resnmt-experiment=resnmt.cli.experiment:main",
         ]
     },
     classifiers=[

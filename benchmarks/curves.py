@@ -22,9 +22,7 @@ scored again, so the study can be continued over several sessions.
 import argparse
 import datetime
 import fcntl
-import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -58,10 +56,6 @@ def settings_of(a) -> dict:
         "beam": 4, "lenpen": 0.6, "lenpen_form": "gnmt", "max_len_a": 1, "max_len_b": 50,
         "threads": a.threads, **({"every_size": "tiny"} if a.tiny else {}),
     }
-
-
-def settings_key(settings: dict) -> str:
-    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def planned(a):
@@ -134,7 +128,7 @@ def one_run(a, settings, key, size, row, seed, milestones_done, env, device):
         avg.unlink()
         analysis = ex.analyze(ckpts[-1], a.bin_dir, run_dir / "analysis" / f"upd{updates}", log, env,
                               num_sentences=a.analyze_sentences)
-        fairseq_log = ex.FairseqLog.parse(log.read_text(encoding="utf-8", errors="replace"))
+        fairseq_log = ex.FairseqLog.read(log)
         train_loss = [p for p in fairseq_log.train if p[0] <= updates]
         record = {
             "benchmark": "curves", "size": {"name": size, **model_size.as_dict()}, "row": row, "seed": seed,
@@ -212,7 +206,7 @@ def main(argv=None):
     a.bin_dir = Path(a.data) / "bin"
     a.ref = Path(a.ref) if a.ref else Path(a.data) / "raw" / "test.de"
     settings = settings_of(a)
-    key = settings_key(settings)
+    key = ex.settings_key(settings)
     runs = planned(a)
 
     if a.list:

@@ -13,17 +13,18 @@
         # and <!-- quality-table:begin --> / <!-- quality-table:end --> in that file
 """
 import argparse
-import json
 import math
 import statistics
 import sys
 from collections import Counter, OrderedDict
 from pathlib import Path
 
+from quality import ROWS as QUALITY_ROWS
+from speed import markdown_table as speed_markdown
+
+from resnmt.experiment import read_jsonl
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from quality import ROWS as QUALITY_ROWS  # noqa: E402
-from speed import markdown_table as speed_markdown  # noqa: E402
 
 # the papers' direction, for comparison (IWSLT'15 EN-VI base unless said otherwise)
 PAPERS = {
@@ -43,12 +44,6 @@ MARKERS = {
     "speed": ("<!-- speed-table:begin -->", "<!-- speed-table:end -->"),
     "quality": ("<!-- quality-table:begin -->", "<!-- quality-table:end -->"),
 }
-
-
-def read_jsonl(path):
-    if not Path(path).exists():
-        return []
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def speed_tables(records):

@@ -13,16 +13,13 @@ large differences, not the small ones.
 import argparse
 import sys
 from collections import defaultdict
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from speed import CONFIGS, DEFAULT_DATA, SIZES, fairseq_argv  # noqa: E402
+from speed import CONFIGS, DEFAULT_DATA, SIZES, fairseq_argv, train_step, training_batches
 
 
 def profile(config, a):
     import torch
     from fairseq import options, tasks
-    from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     size = SIZES[a.size]
@@ -30,24 +27,13 @@ def profile(config, a):
     args = options.parse_args_and_arch(parser, input_args=fairseq_argv(a.data, config, size, a.max_tokens))
     task = tasks.setup_task(args)
     task.load_dataset("train")
-    itr = task.get_batch_iterator(
-        dataset=task.dataset("train"), max_tokens=a.max_tokens, max_positions=(1024, 1024),
-        ignore_invalid_inputs=True, required_batch_size_multiple=8, seed=1,
-    ).next_epoch_itr(shuffle=True)
-    batches = [next(itr) for _ in range(1 + a.updates)]
+    batches = training_batches(task, a.max_tokens, 1 + a.updates)
     torch.manual_seed(1)
     model = task.build_model(args)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
     def step(batch):
-        model.train()
-        opt.zero_grad(set_to_none=True)
-        out = model(**batch["net_input"])
-        lprobs = model.get_normalized_probs(out, log_probs=True)
-        loss, _ = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), batch["target"].view(-1), 0.1,
-                                          ignore_index=task.target_dictionary.pad())
-        loss.backward()
-        opt.step()
+        train_step(model, opt, batch, task.target_dictionary.pad())
 
     step(batches[0])
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:

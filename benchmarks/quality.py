@@ -15,18 +15,16 @@ several sessions (a run interrupted half-way restarts from its last checkpoint).
 """
 import argparse
 import datetime
-import hashlib
-import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from resnmt import experiment as ex
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-USER_DIR = REPO_ROOT / "resnmt"
 DEFAULT_DATA = REPO_ROOT / "data" / "multi30k"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "quality.jsonl"
 DEFAULT_WORKDIR = REPO_ROOT / "runs" / "bench-quality"
@@ -45,13 +43,6 @@ ROWS = {
     "rskip_ln (λ=2) + nswish": ("transformer_rskip_base", ["--skip-lambda", "2", "--normalized-activation", "nswish"], 2),
 }
 PRIORITY = ["transformer", "post_ln", "rskip_ln (λ=2)", "sas"]
-
-SIZES = {
-    # name: (layers, d, ffn, heads)
-    "small": (2, 128, 512, 4),
-    "tiny": (1, 16, 32, 2),
-}
-
 
 def slug(row):
     return re.sub(r"[^a-z0-9]+", "_", row.lower()).strip("_")
@@ -72,9 +63,8 @@ def planned_runs(rows, seeds_override):
 
 
 def settings_of(a):
-    layers, dim, ffn, heads = SIZES[a.size]
     return {
-        "size": {"name": a.size, "layers": layers, "dim": dim, "ffn": ffn, "heads": heads},
+        "size": {"name": a.size, **ex.SIZES[a.size].as_dict()},
         "max_tokens": a.max_tokens, "max_update": a.max_update, "lr": a.lr,
         "warmup_updates": a.warmup, "dropout": a.dropout, "label_smoothing": 0.1,
         "save_every": a.save_every, "average": a.average, "beam": 4, "lenpen": 0.6,
@@ -82,92 +72,32 @@ def settings_of(a):
     }
 
 
-def settings_key(settings):
-    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def train_argv(a, row, seed, ckpt_dir, bin_dir):
-    arch, extra = ROWS[row][0], ROWS[row][1]
-    layers, dim, ffn, heads = SIZES[a.size]
-    return [
-        "fairseq-train", str(bin_dir), "--user-dir", str(USER_DIR), "--arch", arch, *extra,
-        "--encoder-layers", str(layers), "--decoder-layers", str(layers),
-        "--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
-        "--encoder-ffn-embed-dim", str(ffn), "--decoder-ffn-embed-dim", str(ffn),
-        "--encoder-attention-heads", str(heads), "--decoder-attention-heads", str(heads),
-        "--share-all-embeddings", "--dropout", str(a.dropout),
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
-        "--lr", str(a.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(a.warmup),
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--max-tokens", str(a.max_tokens), "--max-update", str(a.max_update), "--seed", str(seed),
-        "--save-dir", str(ckpt_dir), "--save-interval-updates", str(a.save_every),
-        "--keep-interval-updates", str(a.average), "--no-epoch-checkpoints", "--disable-validation",
-        "--num-workers", "0", "--log-format", "simple", "--log-interval", "50", "--no-progress-bar",
-    ]
-
-
-def run(cmd, log_path, env, stdout_path=None):
-    with open(log_path, "a", encoding="utf-8") as log:
-        log.write("$ " + " ".join(map(str, cmd)) + "\n")
-        log.flush()
-        out = open(stdout_path, "w", encoding="utf-8") if stdout_path else log
-        try:
-            proc = subprocess.run([str(c) for c in cmd], stdout=out, stderr=log, env=env, cwd=str(REPO_ROOT))
-        finally:
-            if stdout_path:
-                out.close()
-    if proc.returncode != 0:
-        tail = Path(log_path).read_text(encoding="utf-8", errors="replace")[-3000:]
-        raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}); log {log_path}:\n{tail}")
-
-
-def last_checkpoints(ckpt_dir, n, final_update):
-    """The newest n checkpoints, oldest first: checkpoint_E_U.pt by U, then
-    checkpoint_last.pt (the model after ``final_update`` updates) when no checkpoint_E_U.pt
-    holds the final update (fairseq writes none when training stops at the end of an epoch)."""
-    by_update = sorted(
-        (int(m.group(1)), path) for path in Path(ckpt_dir).glob("checkpoint_*_*.pt")
-        if (m := re.fullmatch(r"checkpoint_\d+_(\d+)\.pt", path.name))
-    )
-    paths = [path for _, path in by_update]
-    last = Path(ckpt_dir) / "checkpoint_last.pt"
-    if last.exists() and (not by_update or by_update[-1][0] < final_update):
-        paths.append(last)
-    if len(paths) < n:
-        raise RuntimeError(f"{ckpt_dir}: {len(paths)} checkpoints, {n} wanted for averaging")
-    return paths[-n:]
-
-
 def one_run(a, row, seed, settings, bin_dir, ref, env):
-    run_dir = Path(a.workdir) / settings_key(settings) / f"{slug(row)}.seed{seed}"
-    ckpt_dir = run_dir / "checkpoints"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log = run_dir / "log.txt"
-    t0 = time.time()
-    run(train_argv(a, row, seed, ckpt_dir, bin_dir), log, env)  # resumes from checkpoint_last.pt
-    train_s = time.time() - t0
+    """Train, average, decode and score one (row, seed) with resnmt.experiment's steps; its record."""
+    run_dir = Path(a.workdir) / ex.settings_key(settings) / f"{slug(row)}.seed{seed}"
+    ckpt_dir, log = run_dir / "checkpoints", run_dir / "log.txt"
+    arch, flags, _ = ROWS[row]
+    train_argv = ex.benchmark_train_argv(
+        bin_dir, arch, flags, ex.SIZES[a.size], seed=seed, max_tokens=a.max_tokens, lr=a.lr, warmup=a.warmup,
+        dropout=a.dropout, save_every=a.save_every, keep=a.average, validate=False)
+    train_s = ex.train_to(a.max_update, train_argv, ckpt_dir, log, env)  # resumes from checkpoint_last.pt
     avg = run_dir / "checkpoint.avg.pt"
-    run(["resnmt-average", "--inputs", *last_checkpoints(ckpt_dir, a.average, a.max_update), "--output", avg], log, env)
+    ex.average(ex.checkpoints_until(ckpt_dir, a.average, a.max_update), avg)
     gen = run_dir / "gen.test.out"
     t1 = time.time()
-    run(["fairseq-generate", bin_dir, "--user-dir", USER_DIR, "--task", "resnmt_translation", "--path", avg,
-         "--gen-subset", "test", "--beam", "4", "--lenpen-form", "gnmt", "--lenpen", "0.6",
-         "--batch-size", "128", "--num-workers", "0", "--max-len-b", str(a.max_len_b)], log, env, stdout_path=gen)
+    ex.decode(bin_dir, avg, gen, log, env, max_len_b=a.max_len_b)
     gen_s = time.time() - t1
-    score_json = run_dir / "score.json"
-    score_json.unlink(missing_ok=True)
-    run(["resnmt-evaluate", "--hyp", gen, "--ref", ref, "--remove-bpe", a.remove_bpe, "--json-out", score_json,
-         "--quiet"], log, env)
-    score = json.loads(score_json.read_text(encoding="utf-8").strip().splitlines()[-1])
-    text = log.read_text(encoding="utf-8", errors="replace")
-    losses = re.findall(r"\| train \|.*?loss (\d+\.\d+)", text) or re.findall(r"loss=(\d+\.\d+)", text)
-    shutil.rmtree(ckpt_dir, ignore_errors=True) if not a.keep_checkpoints else None
+    score = ex.score(gen, ref, remove_bpe=a.remove_bpe)
+    fairseq_log = ex.FairseqLog.read(log)
+    losses = [loss for _, _, loss in fairseq_log.epochs] or [loss for _, loss in fairseq_log.train]
+    if not a.keep_checkpoints:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
     return {
-        "benchmark": "quality", "row": row, "seed": seed, "arch": ROWS[row][0], "flags": ROWS[row][1],
-        "settings": settings, "settings_key": settings_key(settings),
-        "data": str(bin_dir), "ref": str(ref),
+        "benchmark": "quality", "row": row, "seed": seed, "arch": arch, "flags": flags,
+        "settings": settings, "settings_key": ex.settings_key(settings),
+        "data": ex.repo_relative(bin_dir), "ref": ex.repo_relative(ref),
         "bleu": score["bleu"], "signature": score["signature"], "tok_intl_bleu": score.get("tok_intl_bleu"),
-        "n_sentences": score["n_sentences"], "final_train_loss": float(losses[-1]) if losses else None,
+        "n_sentences": score["n_sentences"], "final_train_loss": losses[-1] if losses else None,
         "train_seconds": round(train_s, 1), "generate_seconds": round(gen_s, 1),
         "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "host": os.uname().nodename,
@@ -175,13 +105,7 @@ def one_run(a, row, seed, settings, bin_dir, ref, env):
 
 
 def done_runs(out):
-    done = set()
-    if Path(out).exists():
-        for line in Path(out).read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                r = json.loads(line)
-                done.add((r["row"], r["seed"], r["settings_key"]))
-    return done
+    return {(r["row"], r["seed"], r["settings_key"]) for r in ex.read_jsonl(out)}
 
 
 def main(argv=None):
@@ -195,7 +119,7 @@ def main(argv=None):
     p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows (default: all): " + "; ".join(ROWS))
     p.add_argument("--seeds", help="comma-separated seeds for every row (default: 1..n per row: "
                    "3 for post_ln, rskip_ln (λ=2), sas; 2 for the others)")
-    p.add_argument("--size", default="small", choices=sorted(SIZES),
+    p.add_argument("--size", default="small", choices=sorted(ex.SIZES),
                    help="small = 2+2 layers d=128 FFN 512 4 heads (default); tiny = tests")
     p.add_argument("--max-tokens", type=int, default=4096, help="default: 4096")
     p.add_argument("--max-update", type=int, default=600, help="update budget per run (default: 600)")
@@ -222,7 +146,7 @@ def main(argv=None):
     bin_dir = Path(a.data) / "bin"
     ref = Path(a.ref) if a.ref else Path(a.data) / "raw" / "test.de"
     settings = settings_of(a)
-    key = settings_key(settings)
+    key = ex.settings_key(settings)
     plan = planned_runs(rows, seeds)
     done = done_runs(a.out)
     if a.list:
@@ -231,12 +155,10 @@ def main(argv=None):
         return 0
     for path in (bin_dir / "dict.en.txt", ref):
         if not path.exists():
-            p.error(f"{path} is missing; run bash data-prep/prepare-multi30k.sh --mirror ../shared/data/multi30k data/multi30k")
+            p.error(f"{path} is missing; run bash data-prep/prepare-multi30k.sh {a.data} "
+                    "(with --mirror DIR on a machine without network)")
 
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(a.threads)
-    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env = ex.tool_env(threads=a.threads, cpu_only=True)
     new = 0
     for row, seed in plan:
         if (row, seed, key) in done:
@@ -245,9 +167,7 @@ def main(argv=None):
             break
         print(f"[quality] {row} seed {seed} ...", file=sys.stderr, flush=True)
         rec = one_run(a, row, seed, settings, bin_dir.resolve(), ref.resolve(), env)
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(a.out, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        ex.append_jsonl(a.out, rec)
         new += 1
         print(f"[quality] {row} seed {seed}: sacreBLEU {rec['bleu']:.2f} (train {rec['train_seconds']:.0f}s)",
               file=sys.stderr, flush=True)

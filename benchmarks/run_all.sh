@@ -10,7 +10,8 @@ set -euo pipefail
 usage() {
     sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
     echo "options: --device cpu|cuda (speed only; quality always runs on the CPU), --skip-speed, --skip-quality, -h/--help"
-    echo "env: SPEED_ARGS, QUALITY_ARGS (extra options, see python benchmarks/speed.py --help / quality.py --help)"
+    echo "env: SPEED_ARGS, QUALITY_ARGS (extra options, see python benchmarks/speed.py --help / quality.py --help);"
+    echo "     MULTI30K_MIRROR=DIR prepares Multi30k from a local copy of the published files instead of the network"
 }
 
 DEVICE=cpu
@@ -29,7 +30,7 @@ done
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"
 if [[ ! -d data/multi30k/bin ]]; then
-    bash data-prep/prepare-multi30k.sh --mirror ../shared/data/multi30k data/multi30k
+    bash data-prep/prepare-multi30k.sh ${MULTI30K_MIRROR:+--mirror "$MULTI30K_MIRROR"} data/multi30k
 fi
 # shellcheck disable=SC2086  # word splitting of the extra options is intended
 if [[ $RUN_SPEED == 1 ]]; then

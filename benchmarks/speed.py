@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from resnmt.experiment import ModelSize, read_jsonl
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT / "data" / "multi30k" / "bin"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "speed.jsonl"
@@ -87,19 +89,37 @@ def read_status_kb(field):
 
 
 def fairseq_argv(data, config, size, max_tokens):
-    layers, dim, ffn, heads = size
     arch, extra = CONFIGS[config]
-    extra = [e.replace("{L}", str(layers)) for e in extra]
+    extra = [e.replace("{L}", str(size[0])) for e in extra]
     return [
-        str(data), "--arch", arch, "--user-dir", str(REPO_ROOT / "resnmt"),
-        "--encoder-layers", str(layers), "--decoder-layers", str(layers),
-        "--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
-        "--encoder-ffn-embed-dim", str(ffn), "--decoder-ffn-embed-dim", str(ffn),
-        "--encoder-attention-heads", str(heads), "--decoder-attention-heads", str(heads),
+        str(data), "--arch", arch, "--user-dir", str(REPO_ROOT / "resnmt"), *ModelSize(*size).fairseq_flags(),
         "--share-all-embeddings", "--dropout", "0.1", "--max-tokens", str(max_tokens),
         "--seed", "1", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         *extra,
     ]
+
+
+def training_batches(task, max_tokens, n):
+    """The first ``n`` training batches of epoch 1 (seed 1)."""
+    itr = task.get_batch_iterator(
+        dataset=task.dataset("train"), max_tokens=max_tokens, max_positions=(1024, 1024),
+        ignore_invalid_inputs=True, required_batch_size_multiple=8, seed=1,
+    ).next_epoch_itr(shuffle=True)
+    return [next(itr) for _ in range(n)]
+
+
+def train_step(model, optimizer, batch, pad):
+    """One update: label-smoothed (0.1) cross-entropy, backward, optimizer step."""
+    from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    net_output = model(**batch["net_input"])
+    lprobs = model.get_normalized_probs(net_output, log_probs=True)
+    loss, _ = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), batch["target"].view(-1), 0.1,
+                                      ignore_index=pad, reduce=True)
+    loss.backward()
+    optimizer.step()
 
 
 def measure(spec):
@@ -111,7 +131,6 @@ def measure(spec):
     cuda = device.type == "cuda"
 
     from fairseq import options, tasks
-    from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
     from fairseq.sequence_generator import SequenceGenerator
     from fairseq import utils
 
@@ -122,12 +141,7 @@ def measure(spec):
     task = tasks.setup_task(args)
     task.load_dataset("train")
     task.load_dataset("valid")
-    n_batches = spec["warmup"] + spec["updates"]
-    itr = task.get_batch_iterator(
-        dataset=task.dataset("train"), max_tokens=spec["max_tokens"], max_positions=(1024, 1024),
-        ignore_invalid_inputs=True, required_batch_size_multiple=8, seed=1,
-    ).next_epoch_itr(shuffle=True)
-    batches = [next(itr) for _ in range(n_batches)]
+    batches = training_batches(task, spec["max_tokens"], spec["warmup"] + spec["updates"])
     valid = task.dataset("valid")
     n_dec = min(spec["decode_sentences"], len(valid))
     dec_batches = [
@@ -153,24 +167,12 @@ def measure(spec):
         if cuda:
             torch.cuda.synchronize()
 
-    def train_step(batch):
-        model.train()
-        optimizer.zero_grad(set_to_none=True)
-        net_output = model(**batch["net_input"])
-        lprobs = model.get_normalized_probs(net_output, log_probs=True)
-        loss, _ = label_smoothed_nll_loss(
-            lprobs.view(-1, lprobs.size(-1)), batch["target"].view(-1), 0.1,
-            ignore_index=task.target_dictionary.pad(), reduce=True,
-        )
-        loss.backward()
-        optimizer.step()
-
     for batch in batches[: spec["warmup"]]:
-        train_step(batch)
+        train_step(model, optimizer, batch, task.target_dictionary.pad())
     sync()
     t0, c0 = time.perf_counter(), time.process_time()
     for batch in batches[spec["warmup"]:]:
-        train_step(batch)
+        train_step(model, optimizer, batch, task.target_dictionary.pad())
     sync()
     train_time, train_cpu = time.perf_counter() - t0, time.process_time() - c0
     train_tokens = sum(int(b["ntokens"]) for b in batches[spec["warmup"]:])
@@ -289,12 +291,6 @@ def markdown_table(rows):
             f"| {r['params_ratio']:.3f} | {r['rounds']} |"
         )
     return "\n".join(out)
-
-
-def read_jsonl(path):
-    if not Path(path).exists():
-        return []
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def summarize(values):

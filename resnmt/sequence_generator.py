@@ -36,6 +36,7 @@ With alpha > 0 (which favours longer outputs) tensor2tensor may therefore return
 longer hypothesis that fairseq never finishes; the scores of any hypothesis both
 searches return are identical.
 """
+import functools
 from typing import Dict, List
 
 import torch
@@ -49,20 +50,6 @@ LENPEN_FORMS = ("fairseq", "gnmt")
 def gnmt_length_penalty(length: int, alpha: float) -> float:
     """GNMT's ``((5 + length) / 6) ** alpha`` (``length`` includes the EOS token)."""
     return ((5.0 + length) / 6.0) ** alpha
-
-
-def fairseq_length_penalty(length: int, lenpen: float) -> float:
-    """fairseq's ``length ** lenpen`` (``length`` includes the EOS token)."""
-    return float(length) ** lenpen
-
-
-def length_normalized_score(raw_score: float, length: int, alpha: float, form: str = "gnmt") -> float:
-    """A hypothesis's ranking score: its summed log-probability over the penalty of ``form``."""
-    if form == "gnmt":
-        return raw_score / gnmt_length_penalty(length, alpha)
-    if form == "fairseq":
-        return raw_score / fairseq_length_penalty(length, alpha)
-    raise ValueError(f"unknown length penalty form {form!r}; expected one of {', '.join(LENPEN_FORMS)}")
 
 
 def rescore_gnmt(
@@ -120,26 +107,19 @@ class GNMTLengthPenaltyMixin:
         return self._gnmt(super().generate(models, sample, **kwargs))
 
 
-class GNMTSequenceGenerator(GNMTLengthPenaltyMixin, SequenceGenerator):
-    """fairseq's beam search ranked by ``log P(Y|X) / ((5 + |Y|) / 6) ** alpha``."""
-
-
-class GNMTSequenceGeneratorWithAlignment(GNMTLengthPenaltyMixin, SequenceGeneratorWithAlignment):
-    """The same, for ``--print-alignment``."""
-
-
+@functools.lru_cache(maxsize=None)
 def with_gnmt_penalty(seq_gen_cls):
-    """The GNMT-ranked version of a SequenceGenerator class (for tasks that pick their own)."""
-    known = {
-        SequenceGenerator: GNMTSequenceGenerator,
-        SequenceGeneratorWithAlignment: GNMTSequenceGeneratorWithAlignment,
-    }
-    if seq_gen_cls in known:
-        return known[seq_gen_cls]
+    """The GNMT-ranked subclass of a fairseq SequenceGenerator class (one class per class,
+    so tasks that pick their own generator class get it ranked the same way)."""
     if issubclass(seq_gen_cls, GNMTLengthPenaltyMixin):
         return seq_gen_cls
     if not issubclass(seq_gen_cls, SequenceGenerator):
         raise TypeError(
             f"--lenpen-form gnmt needs a fairseq SequenceGenerator subclass, got {seq_gen_cls.__name__}"
         )
-    return type(f"GNMT{seq_gen_cls.__name__}", (GNMTLengthPenaltyMixin, seq_gen_cls), {})
+    return type(f"GNMT{seq_gen_cls.__name__}", (GNMTLengthPenaltyMixin, seq_gen_cls),
+                {"__doc__": f"fairseq's {seq_gen_cls.__name__} ranked by log P(Y|X) / ((5 + |Y|) / 6) ** alpha."})
+
+
+GNMTSequenceGenerator = with_gnmt_penalty(SequenceGenerator)
+GNMTSequenceGeneratorWithAlignment = with_gnmt_penalty(SequenceGeneratorWithAlignment)  # --print-alignment

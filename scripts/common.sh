@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# Shell functions shared by every resnmt shell script: scripts/lib.sh (train, experiment,
-# demo) and data-prep/lib.sh (the prepare-*.sh scripts) both source this file. Sourced,
+# Shell functions of the data-prep/lib.sh framework (the prepare-*.sh scripts source it
+# through data-prep/lib.sh). Sourced,
 # not run. The calling script sets RN_NAME, the name its messages carry.
 #
 #   rn_log, rn_warn        a line on stderr, prefixed with [RN_NAME]

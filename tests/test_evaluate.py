@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
+from fairseq.data.data_utils import post_process as remove_bpe  # what --remove-bpe applies
 from sacrebleu.metrics import BLEU
 
 from conftest import run_cli, shared_data_dir
@@ -13,7 +14,6 @@ from resnmt.cli.evaluate import (
     parse_generate_output,
     EvaluateError,
     read_lines,
-    remove_bpe,
     split_compounds,
     unescape_moses,
 )

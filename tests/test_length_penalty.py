@@ -12,9 +12,7 @@ from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithA
 from resnmt.sequence_generator import (
     GNMTSequenceGenerator,
     GNMTSequenceGeneratorWithAlignment,
-    fairseq_length_penalty,
     gnmt_length_penalty,
-    length_normalized_score,
     rescore_gnmt,
     with_gnmt_penalty,
 )
@@ -28,16 +26,13 @@ def test_penalty_values():
     assert gnmt_length_penalty(1, ALPHA) == pytest.approx(1.0)  # (5 + 1) / 6 = 1
     assert gnmt_length_penalty(7, ALPHA) == pytest.approx(2.0 ** 0.6)  # (5 + 7) / 6 = 2
     assert gnmt_length_penalty(10, 0.0) == 1.0
-    assert fairseq_length_penalty(10, ALPHA) == pytest.approx(10 ** 0.6)
-    with pytest.raises(ValueError, match="unknown length penalty form 'gnmt2'"):
-        length_normalized_score(-1.0, 3, ALPHA, form="gnmt2")
 
 
 def test_the_two_penalties_rank_a_short_and_a_long_hypothesis_differently():
     # |Y| = 2 (one word + EOS) with log P = -2.0, |Y| = 10 with log P = -4.5
     short, long_ = (-2.0, 2), (-4.5, 10)
-    fs = {name: length_normalized_score(s, n, ALPHA, "fairseq") for name, (s, n) in (("short", short), ("long", long_))}
-    gn = {name: length_normalized_score(s, n, ALPHA, "gnmt") for name, (s, n) in (("short", short), ("long", long_))}
+    fs = {name: s / n ** ALPHA for name, (s, n) in (("short", short), ("long", long_))}  # fairseq's --lenpen
+    gn = {name: s / gnmt_length_penalty(n, ALPHA) for name, (s, n) in (("short", short), ("long", long_))}
     # by hand: fairseq -2/2^.6 = -1.3195 < -4.5/10^.6 = -1.1302; GNMT -2/(7/6)^.6 = -1.8233 > -4.5/(15/6)^.6 = -2.5965
     assert fs["short"] == pytest.approx(-2.0 / 2 ** 0.6) and fs["long"] == pytest.approx(-4.5 / 10 ** 0.6)
     assert gn["short"] == pytest.approx(-2.0 / (7 / 6) ** 0.6) and gn["long"] == pytest.approx(-4.5 / 2.5 ** 0.6)

@@ -52,12 +52,6 @@ Site = Tuple[str, int, str]
 Sink = Callable[[Site, str, Tensor, Tensor], None]  # (site, statistic, sum, count)
 
 
-def short_site(site: Site) -> str:
-    """``("decoder", 1, "cross")`` -> ``"dec1_cross"``."""
-    side, layer, sublayer = site
-    return f"{side[:3]}{layer}_{sublayer}"
-
-
 def model_layers(model: nn.Module) -> Iterator[Tuple[str, int, nn.Module]]:
     """(side, index, layer) of every encoder and decoder layer of a fairseq
     encoder-decoder model."""

@@ -13,12 +13,11 @@ args, extra_state, optimizer_history, task_state) except the optimizer state
 (``fairseq-generate --path``); to train from it use ``--reset-optimizer``.
 """
 import argparse
-import os
 import pickle
 import re
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -74,6 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def numbered_checkpoints(directory: Path, by: str, upper_bound: Optional[int] = None) -> List[Tuple[int, Path]]:
+    """``(number, path)`` of the epoch (``by="epoch"``: ``checkpointE.pt``) or update
+    (``by="update"``: ``checkpoint_E_U.pt``, numbered by U) checkpoints in ``directory``
+    numbered at most ``upper_bound``, oldest first."""
+    pattern = EPOCH_RE if by == "epoch" else UPDATE_RE
+    found = []
+    for entry in Path(directory).iterdir() if Path(directory).is_dir() else ():
+        m = pattern.match(entry.name)
+        if m and entry.is_file():
+            number = int(m.group(m.lastindex))  # epoch E, or update U
+            if upper_bound is None or number <= upper_bound:
+                found.append((number, entry))
+    return sorted(found)
+
+
 def select_checkpoints(directory: Path, n: int, by: str, upper_bound: Optional[int] = None) -> List[Path]:
     """The last ``n`` epoch (``by="epoch"``) or update (``by="update"``) checkpoints, oldest first."""
     if n <= 0:
@@ -81,14 +95,8 @@ def select_checkpoints(directory: Path, n: int, by: str, upper_bound: Optional[i
         raise AverageError(f"{flag} must be a positive number of checkpoints, got {n}")
     if not directory.is_dir():
         raise AverageError(f"{directory} is not a directory (selecting by {by} needs one directory in --inputs)")
-    pattern, name = (EPOCH_RE, "checkpointE.pt") if by == "epoch" else (UPDATE_RE, "checkpoint_E_U.pt")
-    found = []
-    for entry in directory.iterdir():
-        m = pattern.match(entry.name)
-        if m and entry.is_file():
-            number = int(m.group(m.lastindex))  # epoch E, or update U
-            if upper_bound is None or number <= upper_bound:
-                found.append((number, entry))
+    name = "checkpointE.pt" if by == "epoch" else "checkpoint_E_U.pt"
+    found = numbered_checkpoints(directory, by, upper_bound)
     bound = f" with {by} <= {upper_bound}" if upper_bound is not None else ""
     if not found:
         raise AverageError(f"no {name} checkpoints{bound} in {directory}")
@@ -97,7 +105,6 @@ def select_checkpoints(directory: Path, n: int, by: str, upper_bound: Optional[i
             f"asked for the last {n} {by} checkpoints but {directory} has only {len(found)} {name} "
             f"files{bound}"
         )
-    found.sort(key=lambda item: item[0])
     return [path for _, path in found[-n:]]
 
 

@@ -7,12 +7,12 @@ Input: a ``fairseq-generate`` output (its ``D-``/``H-`` lines, put back in sente
 order) or a plain file of hypotheses, one per line, and the reference file.
 Post-processing, in order, applied to the hypotheses (and step 3 to the references too):
 
-1. ``--remove-bpe``: ``subword_nmt`` joins "@@ " pieces, ``sentencepiece`` turns
-   "▁" pieces back into words;
+1. ``--remove-bpe``: fairseq's ``post_process``: ``subword_nmt`` joins "@@ " pieces,
+   ``sentencepiece`` turns "▁" pieces back into words;
 2. Moses entity unescaping (``--unescape moses``, the default) of hypotheses and
-   references alike: ``&apos; &quot; &amp; &lt; &gt; &#91; &#93; &#124;`` (and the
-   older ``&bar; &bra; &ket;``) become ``' " & < > [ ] |`` in one left-to-right pass,
-   so ``&amp;quot;`` becomes ``&quot;`` (exactly undoing Moses's escaping);
+   references alike, with sacremoses' table: ``&apos; &quot; &amp; &lt; &gt; &#91; &#93;
+   &#124;`` (and the older ``&bar; &bra; &ket;``) become ``' " & < > [ ] |``, ``&amp;``
+   last, so ``&amp;quot;`` becomes ``&quot;`` (exactly undoing Moses's escaping);
 3. ``--detok moses --lang L``: sacremoses detokenization of the hypotheses.
 
 Reported (``BLEU`` below is corpus BLEU with sacreBLEU's defaults, one reference):
@@ -36,25 +36,12 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from sacremoses import MosesDetokenizer
+
 from resnmt.cli.common import OneLineErrorParser
 
 PROG = "resnmt-evaluate"
 
-# Moses escapes (tokenizer.perl) and their inverse (deescape-special-chars.perl).
-MOSES_ESCAPES = {
-    "&apos;": "'",
-    "&quot;": '"',
-    "&amp;": "&",
-    "&lt;": "<",
-    "&gt;": ">",
-    "&#91;": "[",
-    "&#93;": "]",
-    "&#124;": "|",
-    "&bar;": "|",
-    "&bra;": "[",
-    "&ket;": "]",
-}
-_ESCAPE_RE = re.compile("|".join(re.escape(k) for k in MOSES_ESCAPES))
 _GEN_LINE_RE = re.compile(r"^([HD])-(\d+)\t")
 _COMPOUND_RE = re.compile(r"(\S)-(\S)")
 _DROPPED_BATCH_HINT = (
@@ -70,22 +57,13 @@ class EvaluateError(Exception):
 # ---------------------------------------------------------------- text processing
 
 def unescape_moses(line: str) -> Tuple[str, int]:
-    """Undo Moses's XML escaping in one pass; returns the text and the number replaced."""
-    return _ESCAPE_RE.subn(lambda m: MOSES_ESCAPES[m.group(0)], line)
-
-
-def remove_bpe(line: str, kind: str) -> str:
-    """Undo subword segmentation: ``subword_nmt`` ("@@ ") or ``sentencepiece`` ("▁").
-
-    The same rules as fairseq's ``--post-process`` (fairseq.data.data_utils.post_process).
-    """
-    if kind == "subword_nmt":
-        return (line + " ").replace("@@ ", "").rstrip()
-    if kind == "sentencepiece":
-        return line.replace(" ", "").replace("\u2581", " ").strip()
-    if kind == "none":
-        return line
-    raise ValueError(f"unknown BPE kind {kind!r}")
+    """Undo Moses's XML escaping with sacremoses' own table (``MosesDetokenizer.unescape_xml``,
+    ``&amp;`` last, so ``&amp;quot;`` becomes ``&quot;``); returns the text and the number replaced."""
+    replaced = 0
+    for pattern, replacement in MosesDetokenizer.MOSES_UNESCAPE_XML_REGEXES:
+        line, n = pattern.subn(replacement, line)
+        replaced += n
+    return line, replaced
 
 
 def split_compounds(line: str) -> str:
@@ -187,7 +165,7 @@ def score_all(hyps, refs, *, lowercase=False, tokenize="13a", compound_split=Fal
 # ---------------------------------------------------------------- CLI
 
 def build_parser() -> argparse.ArgumentParser:
-    from sacrebleu.metrics.bleu import _TOKENIZERS
+    from sacrebleu.metrics import BLEU
 
     p = OneLineErrorParser(
         prog=PROG,
@@ -233,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "into characters in hypotheses AND references before scoring (default: %(default)s)")
     p.add_argument("--lowercase", action="store_true",
                    help="case-insensitive BLEU (all scores); the papers report cased BLEU")
-    p.add_argument("--sacrebleu-tokenize", choices=sorted(_TOKENIZERS), default="13a",
+    p.add_argument("--sacrebleu-tokenize", choices=sorted(BLEU.TOKENIZERS), default="13a",
                    help="sacreBLEU tokenizer of the main score (default: %(default)s)")
     p.add_argument("--compound-split", action="store_true",
                    help="also report tokenized BLEU with compound splitting (WMT'14 EN-DE "
@@ -280,7 +258,10 @@ def evaluate(args) -> dict:
             "decoded already (removing would delete every space): use --remove-bpe none"
         )
 
-    hyps = [remove_bpe(h, args.remove_bpe) for h in hyps]
+    if args.remove_bpe != "none":
+        from fairseq.data.data_utils import post_process
+
+        hyps = [post_process(h, args.remove_bpe) for h in hyps]
     n_hyp_esc = n_ref_esc = 0
     if args.unescape == "moses":
         hyps, counts = zip(*(unescape_moses(h) for h in hyps))
@@ -289,8 +270,6 @@ def evaluate(args) -> dict:
         n_ref_esc = sum(counts)
         hyps, refs = list(hyps), list(refs)
     if args.detok == "moses":
-        from sacremoses import MosesDetokenizer
-
         detok = MosesDetokenizer(lang=args.lang)
         hyps = [detok.detokenize(h.split(), unescape=False) for h in hyps]
 

@@ -29,6 +29,7 @@ uninterrupted one update for update (tests/test_resume.py).
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum
+from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
@@ -75,15 +76,11 @@ class ResNMTTranslationTask(TranslationTask):
         self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None
     ):
         if self.cfg.lenpen_form == "gnmt" and not getattr(args, "score_reference", False):
-            if seq_gen_cls is None:
-                from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
-
-                seq_gen_cls = (
-                    SequenceGeneratorWithAlignment if getattr(args, "print_alignment", False) else SequenceGenerator
-                )
+            if seq_gen_cls is None:  # fairseq's own default (FairseqTask.build_generator), made here to rank it
+                seq_gen_cls = SequenceGenerator
                 if getattr(args, "print_alignment", False):
-                    extra_gen_cls_kwargs = dict(extra_gen_cls_kwargs or {})
-                    extra_gen_cls_kwargs["print_alignment"] = args.print_alignment
+                    seq_gen_cls = SequenceGeneratorWithAlignment
+                    extra_gen_cls_kwargs = {**(extra_gen_cls_kwargs or {}), "print_alignment": args.print_alignment}
             seq_gen_cls = with_gnmt_penalty(seq_gen_cls)
         return super().build_generator(
             models,

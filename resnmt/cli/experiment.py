@@ -1,0 +1,393 @@
+"""Command lines of the experiment pipeline (``resnmt.experiment``).
+
+* ``resnmt-experiment DATASET ARCH`` (also ``scripts/run_experiment.sh``): prepare ->
+  train -> average -> decode -> score for one model, one JSON record;
+* ``scripts/train.sh DATASET ARCH``: one training run with the papers' presets;
+* ``scripts/demo.sh`` (``make demo``): two small models on Multi30k and a BLEU table.
+
+The scripts are one-line wrappers of ``python -m resnmt.cli.experiment {train,run,demo}``.
+Messages go to stderr as ``[NAME] ...``; a bad option is one ``[NAME] error:`` line and
+exit status 2, a failed step exit status 1.
+"""
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from resnmt import experiment as ex
+
+TRAIN_OPTIONS_HELP = """\
+  --seed S              random seed (default 1)
+  --max-update N        stop after N updates (overrides the preset's)
+  --max-epoch N         stop after N epochs (without --max-update it replaces the
+                        preset's update limit)
+  --max-tokens N        tokens per GPU per batch (overrides the preset's)
+  --tokens-per-update N the effective batch the preset aims at; the script picks
+                        --update-freq = max(1, round(N / (nodes*gpus*max-tokens)));
+                        if one step over all GPUs already exceeds 4/3 N, it uses
+                        --max-tokens ceil(N / (nodes*gpus)) and --update-freq 1"""
+
+TRAIN_HELP = f"""\
+Train ARCH on DATASET with fairseq-train --user-dir resnmt. Re-running the same
+command resumes from SAVE_DIR/checkpoint_last.pt (fairseq's default restore file).
+
+DATASET   iwslt15-en-vi (en->vi), wmt14-en-de (en->de), wmt14-en-fr (en->fr),
+          multi30k (en->de); data from data-prep/prepare-DATASET.sh
+ARCH      a registered arch of model resnmt_transformer
+          (transformer_{{postln,preln,xskip,rskip,sas,highway}}_{{base,big}},
+          resnmt_transformer), or fairseq's 'transformer' for a baseline
+
+Options:
+  --data DIR            binarized data (default: data/DATASET/bin)
+  --save-dir DIR        checkpoints, train.log (the output of every run, appended)
+                        and train.cmd (the commands used) (default: runs/DATASET/ARCH[-TAG])
+  --tag TAG             suffix of the default save dir (e.g. seed1)
+  --preset P            paper: the papers' settings for DATASET and the arch's size
+                        (default with GPUs); small: 2+2 layers d=128 FFN 512 for CPU
+                        runs and demos (default without GPUs); cpu: small, forced
+                        onto the CPU
+  --gpus N              GPUs per node (default: all visible; 0 = CPU)
+  --nodes N             nodes (default 1; N > 1 needs --launcher torchrun or slurm)
+  --launcher L          none (default; fairseq spawns one process per GPU),
+                        torchrun (run this script once per node with --node-rank),
+                        slurm (run inside an allocation: srun, one task per node)
+  --node-rank R         this node's rank, torchrun only (default 0)
+  --master-addr HOST    torchrun rendezvous host (default 127.0.0.1)
+  --master-port PORT    torchrun rendezvous / slurm port (default 29500)
+{TRAIN_OPTIONS_HELP}
+  --dry-run             print the command and exit (nothing is checked on disk
+                        beyond the options, nothing is written)
+  -h, --help            this help
+
+Flags after -- go to fairseq-train after the preset's, so they override them
+(argparse keeps the last value), e.g. -- --lr 1e-3 --skip-lambda 3.
+
+Presets (paper): Adam (0.9, 0.98, eps 1e-9), inverse_sqrt with 4000 warm-up
+updates, peak lr 7e-4 (base) / 5e-4 (big), label smoothing 0.1,
+--share-all-embeddings, the arch's dropout (0.1 base, 0.3 big; 0.1 for big on
+EN-FR as in Vaswani et al.), fp16 on GPU, --keep-last-epochs 10, and a
+checkpoint every 1000 updates (the last 10 kept) for averaging;
+  iwslt15-en-vi: 4096 tokens per update (1 GPU x 4096), 50k updates
+  wmt14-*:       32768 tokens per update, base 100k / big 300k updates
+Preset small: 4096 tokens per update, lr 1e-3, 500 warm-up updates, dropout 0.1,
+2000 updates.
+Environment: RESNMT_FAIRSEQ_TRAIN replaces the fairseq-train command (a wrapper).
+"""
+
+EXPERIMENT_HELP = f"""\
+Runs the papers' pipeline for one model, each step skipped when its output exists
+(re-running the same command resumes an interrupted experiment or does nothing):
+
+  1. prepare  data-prep/prepare-DATASET.sh DATA_ROOT     (skipped if DATA_ROOT/bin exists)
+  2. train    the presets of scripts/train.sh (resumes from checkpoint_last.pt)
+                                                                    -> SAVE_DIR/train.done
+  3. average  resnmt-average, the last N update checkpoints (checkpoint_E_U.pt,
+              saved by the paper presets every 1000 updates) or, without them, the
+              last N epoch checkpoints                              -> SAVE_DIR/checkpoint.avgN.pt
+  4. decode   fairseq-generate --task resnmt_translation --gen-subset test
+              --beam 4 --lenpen-form gnmt --lenpen 0.6              -> SAVE_DIR/gen.test.KEY.out
+  5. score    resnmt-evaluate against DATA_ROOT/raw/test.TGT        -> SAVE_DIR/result.KEY.json,
+              the same JSON object appended as one line to the --results file, and
+              copied to SAVE_DIR/result.json (the latest settings' result)
+
+KEY names the decoding settings, e.g. avg10.beam4.lenpen0.6 (plus .genNNN, a checksum,
+with --gen-args): re-running with another --average, --beam, --lenpen or --gen-args
+averages, decodes and scores again, keeping the earlier outputs.
+
+DATASET and ARCH as for scripts/train.sh (--help there for the training options).
+
+Options:
+  --data-root DIR     prepared dataset directory (default: data/DATASET)
+  --mirror DIR        local copy of the published files for the prepare script (offline
+                      machines); without it the prepare script downloads them (multi30k:
+                      reads ../shared/data/multi30k instead when that exists)
+  --prep-args "A B"   more options for the prepare script (e.g. "--bpe-size 8000")
+  --save-dir DIR      (default: runs/DATASET/ARCH[-TAG])
+  --tag TAG, --preset P, --gpus N
+                      as for scripts/train.sh
+{TRAIN_OPTIONS_HELP}
+  --average N         checkpoints to average (default 10; fewer if fewer exist, with a note)
+  --beam K            beam size (default 4)
+  --lenpen A          GNMT length penalty alpha (default 0.6)
+  --batch-size N      decoding batch size in sentences (default 128)
+  --gen-args "A B"    more fairseq-generate flags (e.g. "--max-len-b 50")
+  --results FILE      JSON lines file of all runs (default: runs/results.jsonl)
+  -h, --help          this help
+
+Scoring: sentencepiece data (multi30k, or --bpe sentencepiece) is decoded with
+--post-process sentencepiece, BPE data with --post-process subword_nmt;
+wmt14-en-de adds --detok moses --lang de --compound-split, wmt14-en-fr
+--detok moses --lang fr (see docs/decoding-and-evaluation.md for the three BLEUs).
+To redo a step, delete its output (e.g. SAVE_DIR/train.done after raising --max-update).
+"""
+
+DEMO_HELP = """\
+Prepares Multi30k EN-DE (from a local mirror when one is found, else the network),
+trains two small Transformers (2+2 layers, d=128, FFN 512: the train.sh 'small'
+preset), post-LN and 2rSkip+LN (lambda = 2), averages the last epoch checkpoints of
+each, decodes test2016 with beam 4 and the GNMT length penalty 0.6, and prints a
+table: arch, parameters, sacreBLEU (with its signature), training time. About 20
+minutes on 2 idle CPU cores. Re-running reuses the prepared data and every finished
+step (the pipeline of resnmt-experiment).
+
+Options (environment variables in brackets):
+  --budget B        full (default) or tiny: 40 updates per model, decoding capped
+                    at 1.2 x source length + 10 tokens; for smoke tests [DEMO_BUDGET]
+  --max-epoch N     epochs per model (default 6) [DEMO_MAX_EPOCH]
+  --max-update N    stop each model after N updates instead [DEMO_MAX_UPDATE]
+  --average N       epoch checkpoints to average (default 2) [DEMO_AVERAGE]
+  --archs "A B"     the models (default "transformer_postln_base transformer_rskip_base")
+  --out DIR         runs, results.jsonl and table.md (default runs/demo) [DEMO_OUT]
+  --data-root DIR   prepared Multi30k (default data/multi30k) [DEMO_DATA]
+  -h, --help        this help
+"""
+
+DEMO_NOTE = """\
+What to expect at this budget (measured, README "BLEU against budget and depth"): after
+~800 updates 2rSkip+LN is 1-1.5 BLEU behind post-LN; the gap shrinks with training
+(-0.3 BLEU at 4800 updates, one seed so far). This demo shows the pipeline, not a
+paper's win. Curves: docs/figures/curves-bleu.png; longer runs: benchmarks/curves.py."""
+
+
+def logger(name: str) -> Callable[[str], None]:
+    return lambda message: print(f"[{name}] {message}", file=sys.stderr, flush=True)
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the option (exit status 2); help is the text above."""
+
+    def __init__(self, prog: str, usage: str, text: str):
+        super().__init__(prog=prog, usage=usage, add_help=False, allow_abbrev=False)
+        self.text = text
+        self.add_argument("-h", "--help", action="store_true")
+
+    def format_help(self) -> str:
+        return f"Usage: {self.usage}\n\n{self.text}"
+
+    def error(self, message):
+        usage_error(self.prog, message)
+
+
+def usage_error(prog: str, message: str):
+    name = Path(prog).stem
+    print(f"[{name}] error: {message}\nRun {prog} --help for the options.", file=sys.stderr)
+    sys.exit(2)
+
+
+def split_extra(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """Options before the first ``--``, and the fairseq-train flags after it."""
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def parse(parser: Parser, argv: Sequence[str]):
+    own, extra = split_extra(argv)
+    args = parser.parse_args(own)
+    if args.help:
+        print(parser.format_help(), end="")
+        sys.exit(0)
+    args.extra = extra
+    return args
+
+
+def add_string_options(parser: Parser, *flags: str, **defaults) -> None:
+    for flag in flags:
+        parser.add_argument(flag, default=defaults.get(flag.lstrip("-").replace("-", "_")))
+
+
+TRAIN_FLAGS = ("--tag", "--preset", "--gpus", "--seed", "--max-update", "--max-epoch", "--max-tokens",
+               "--tokens-per-update")
+
+
+def positional_dataset_arch(args) -> Tuple[str, str]:
+    if len(args.positional) != 2:
+        raise ex.UsageError(f"expected DATASET and ARCH, got {len(args.positional)} argument(s): "
+                            f"{' '.join(args.positional) or 'none'}")
+    return args.positional[0], args.positional[1]
+
+
+def train_request(args, **paths) -> ex.TrainRequest:
+    dataset, arch = positional_dataset_arch(args)
+    given = {f.lstrip("-").replace("-", "_"): getattr(args, f.lstrip("-").replace("-", "_")) for f in TRAIN_FLAGS}
+    return ex.TrainRequest(dataset=dataset, arch=arch, extra=args.extra,
+                           **{k: v for k, v in {**given, **paths}.items() if v is not None})
+
+
+def run_guarded(prog: str, body: Callable[[], int]) -> int:
+    """``body()``, with a UsageError as a usage error and an ExperimentError as one error line."""
+    try:
+        return body()
+    except ex.UsageError as e:
+        usage_error(prog, str(e))
+    except ex.ExperimentError as e:
+        print(f"[{Path(prog).stem}] error: {e}", file=sys.stderr)
+        return 1
+
+
+# ------------------------------------------------------------------------------- train
+
+def train_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/train.sh") -> int:
+    p = Parser(prog, f"{prog} [options] DATASET ARCH [-- FAIRSEQ-TRAIN FLAGS...]", TRAIN_HELP)
+    add_string_options(p, "--data", "--save-dir", "--nodes", "--launcher", "--node-rank", "--master-addr",
+                       "--master-port", *TRAIN_FLAGS)
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("positional", nargs="*")
+    args = parse(p, sys.argv[1:] if argv is None else argv)
+    log = logger("train")
+
+    def body():
+        fixed = {k: getattr(args, k) for k in ("data", "save_dir", "nodes", "launcher", "node_rank", "master_addr",
+                                               "master_port")}
+        plan = ex.plan_training(train_request(args, **fixed), log, dry_run=args.dry_run)
+        if args.dry_run:
+            print(shlex.join(plan.cmd))
+            return 0
+        ex.train(plan, log)
+        return 0
+
+    return run_guarded(prog, body)
+
+
+# -------------------------------------------------------------------------- experiment
+
+def experiment_parser(prog: str) -> Parser:
+    p = Parser(prog, f"{prog} [options] DATASET ARCH [-- FAIRSEQ-TRAIN FLAGS...]", EXPERIMENT_HELP)
+    add_string_options(p, "--data-root", "--mirror", "--save-dir", *TRAIN_FLAGS)
+    defaults = ex.ExperimentRequest(train=None)
+    for flag in ("--prep-args", "--average", "--beam", "--lenpen", "--batch-size", "--gen-args", "--results"):
+        p.add_argument(flag, default=getattr(defaults, flag.lstrip("-").replace("-", "_")))
+    p.add_argument("positional", nargs="*")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "resnmt-experiment") -> int:
+    args = parse(experiment_parser(prog), sys.argv[1:] if argv is None else argv)
+    log = logger(Path(prog).stem)
+
+    def body():
+        req = ex.ExperimentRequest(
+            train=train_request(args, save_dir=args.save_dir), data_root=args.data_root, mirror=args.mirror,
+            prep_args=args.prep_args, average=args.average, beam=args.beam, lenpen=args.lenpen,
+            batch_size=args.batch_size, gen_args=args.gen_args, results=args.results)
+        started = time.time()
+        experiment = ex.Experiment(req, log, logger("train"))
+        experiment.run()
+        log(f"done in {ex.format_seconds(time.time() - started)}: {experiment.save_dir}/result.json")
+        return 0
+
+    return run_guarded(prog, body)
+
+
+# -------------------------------------------------------------------------------- demo
+
+def demo_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/demo.sh") -> int:
+    env = os.environ.get
+    p = Parser(prog, f"{prog} [options]     (make demo runs it with the venv on PATH)", DEMO_HELP)
+    p.add_argument("--budget", default=env("DEMO_BUDGET", "full"))
+    p.add_argument("--max-epoch", default=env("DEMO_MAX_EPOCH") or None)
+    p.add_argument("--max-update", default=env("DEMO_MAX_UPDATE") or None)
+    p.add_argument("--average", default=env("DEMO_AVERAGE", "2"))
+    p.add_argument("--archs", default="transformer_postln_base transformer_rskip_base")
+    p.add_argument("--out", default=env("DEMO_OUT", "runs/demo"))
+    p.add_argument("--data-root", default=env("DEMO_DATA", "data/multi30k"))
+    args = parse(p, sys.argv[1:] if argv is None else argv)
+    if args.extra:
+        p.error("unknown argument '--'")
+    log = logger("demo")
+    return run_guarded(prog, lambda: demo(args, log))
+
+
+def demo(args, log) -> int:
+    ex.check_choice("--budget", args.budget, ("full", "tiny"))
+    for flag in ("--max-epoch", "--max-update"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            ex.check_int(flag, value, 1)
+    ex.check_int("--average", args.average, 1)
+    archs = args.archs.split()
+    if not archs:
+        raise ex.UsageError("--archs is empty")
+    gen_args = ""
+    if args.budget == "tiny":
+        if args.max_update is None and args.max_epoch is None:
+            args.max_update = "40"
+        gen_args = "--max-len-a 1.2 --max-len-b 10"
+    if args.max_epoch is None and args.max_update is None:
+        args.max_epoch = "6"
+    gpus = min(ex.count_gpus(), 1)  # a model this small gains nothing from more
+    out = Path(args.out)
+    limits = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in (("max_epoch", args.max_epoch),
+                                                                   ("max_update", args.max_update)) if v)
+    device = f"the CPU ({os.cpu_count()} cores)" if gpus == 0 else "1 GPU"
+    log(f"Multi30k EN-DE, {len(archs)} models on {device}, {limits}, budget {args.budget}; results in {out}")
+    started = time.time()
+    experiments = []
+    for i, arch in enumerate(archs, 1):
+        train = ex.TrainRequest("multi30k", arch, save_dir=str(out / arch), preset="small", gpus=str(gpus),
+                                max_epoch=args.max_epoch, max_update=args.max_update)
+        experiments.append(ex.Experiment(ex.ExperimentRequest(
+            train=train, data_root=args.data_root, average=args.average, gen_args=gen_args,
+            results=str(out / "results.jsonl")), logger("run_experiment"), logger("train")))
+    records = []
+    for i, experiment in enumerate(experiments, 1):
+        log(f"model {i}/{len(archs)}: {experiment.req.train.arch}")
+        records.append(experiment.run())
+    table = demo_table(records)
+    ex.atomic_write_text(out / "table.md", table + "\n")
+    analyze_demo_models(records, out, Path(args.data_root), log)
+    print(f"\n{table}\n\n{DEMO_NOTE}", flush=True)
+    log(f"done in {ex.format_seconds(time.time() - started)}; table in {out}/table.md, results in {out}/results.jsonl")
+    return 0
+
+
+def demo_table(records: Sequence[dict]) -> str:
+    """The demo's Markdown table of the experiments' records."""
+    head = ("arch", "parameters", "BLEU", "training time", "updates", "averaged")
+    rows = [(r["arch"], f"{r['params']:,}" if r.get("params") else "?", f"{r['bleu']:.2f}",
+             f"{int((r.get('train_seconds') or 0) // 60)}m{int((r.get('train_seconds') or 0) % 60):02d}s",
+             str(r.get("num_updates")), f"{r['averaged']} {r['averaged_kind']}") for r in records]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+
+    def line(cells):
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows), "",
+                      f"BLEU: sacreBLEU on Multi30k test2016 (1,000 sentences), {records[-1]['signature']}; "
+                      "beam 4, GNMT length penalty 0.6."])
+
+
+def analyze_demo_models(records: Sequence[dict], out: Path, data_root: Path, log) -> None:
+    """resnmt-analyze of each model on test (learned gates, skip ratios); a failure only warns."""
+    if ex.which("resnmt-analyze") is None:
+        log("note: resnmt-analyze is not available here; no plot of the learned gates/ratios")
+        return
+    for r in records:
+        final = out / "analysis" / r["arch"]
+        if final.is_dir():
+            log(f"analysis of {r['arch']}: {final} exists, skipped")
+            continue
+        tmp = final.with_name(final.name + ".tmp")
+        try:
+            ex.run_logged(["resnmt-analyze", r["checkpoint"], "--data", data_root / "bin", "--split", "test",
+                           "--out", tmp], None, ex.tool_env())
+        except ex.ExperimentError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            log(f"warning: resnmt-analyze failed on {r['checkpoint']}; the table above is unaffected")
+            continue
+        tmp.rename(final)
+        log(f"analysis of {r['arch']} (learned gates / skip ratios): {final}")
+
+
+COMMANDS = {"train": train_main, "run": lambda argv: main(argv, "scripts/run_experiment.sh"), "demo": demo_main}
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        sys.exit(f"usage: python -m resnmt.cli.experiment {{{','.join(COMMANDS)}}} [options]")
+    sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))

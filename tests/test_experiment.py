@@ -1,0 +1,69 @@
+"""resnmt.experiment's pieces that the end-to-end runs rely on: the names of decoding
+settings (POSIX cksum, as the shell pipeline named them), the one reader of fairseq's
+log, the checkpoint selection, and the presets' batch arithmetic in-process."""
+import subprocess
+
+import pytest
+
+from resnmt import experiment as ex
+
+# what fairseq-train --log-format simple printed over two runs of one save dir
+LOG = """\
+2026-11-23 10:00:00 | INFO | fairseq_cli.train | num. shared model params: 1,949,696 (num. trained: 1,949,696)
+2026-11-23 10:00:05 | INFO | train_inner | epoch 001:     50 / 136 loss=9.876, nll_loss=9.5, ppl=724, num_updates=50, lr=0.0001
+2026-11-23 10:01:00 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 8.5 | nll_loss 8.1 | ppl 274 | wps 900 | num_updates 136
+2026-11-23 10:01:00 | INFO | train | epoch 001 | loss 9.25 | nll_loss 8.9 | ppl 477 | wps 1500 | ups 2.2 | num_updates 136 | lr 0.000272 | train_wall 60 | wall 61
+2026-11-23 10:01:01 | INFO | fairseq_cli.train | done training in 61.2 seconds
+2026-11-23 11:00:00 | INFO | fairseq_cli.train | num. shared model params: 1,949,696 (num. trained: 1,949,696)
+2026-11-23 11:01:00 | INFO | train | epoch 002 | loss 7.5 | nll_loss 7.0 | ppl 128 | wps 1500 | ups 2.2 | num_updates 272 | lr 0.000544 | train_wall 59 | wall 60
+2026-11-23 11:01:00 | INFO | valid | epoch 002 | valid on 'valid' subset | loss 7.25 | nll_loss 6.75 | ppl 108 | wps 900 | num_updates 272
+2026-11-23 11:01:01 | INFO | fairseq_cli.train | done training in 60.3 seconds
+"""
+
+
+@pytest.mark.parametrize("text", ["", "--max-len-b 20", "--max-len-a 1.2 --max-len-b 10", "é" * 300])
+def test_posix_cksum_is_what_cksum_prints(text):
+    data = text.encode()
+    expected = subprocess.run(["cksum"], input=data, capture_output=True, check=True).stdout.split()[0]
+    assert ex.posix_cksum(data) == int(expected)
+
+
+def test_fairseq_log_over_a_restart():
+    log = ex.FairseqLog.parse(LOG)
+    assert log.params == 1_949_696
+    assert log.epochs == [(1, 136, 9.25), (2, 272, 7.5)]
+    assert log.valid == [(136, 8.5, 8.1), (272, 7.25, 6.75)]
+    assert log.train == [(50, 9.876)]
+    assert log.train_seconds == pytest.approx(121.5)  # both runs, summed
+
+
+def test_checkpoints_until_an_update(tmp_path):
+    for name in ("checkpoint1.pt", "checkpoint_1_40.pt", "checkpoint_1_80.pt", "checkpoint_2_120.pt",
+                 "checkpoint_last.pt", "checkpoint.avg5.pt"):
+        (tmp_path / name).write_bytes(b"")
+    assert [p.name for p in ex.checkpoints_until(tmp_path, 2, 80)] == ["checkpoint_1_40.pt", "checkpoint_1_80.pt"]
+    # training stopped at 136 (an epoch end: no checkpoint_E_136.pt) -> checkpoint_last.pt is that model
+    ex.atomic_write_text(tmp_path / ex.TRAINED_STAMP, '{"updates": 136}\n')
+    assert [p.name for p in ex.checkpoints_until(tmp_path, 2, 136)] == ["checkpoint_2_120.pt", "checkpoint_last.pt"]
+    with pytest.raises(ex.ExperimentError, match="1 checkpoints up to update 40, 2 wanted"):
+        ex.checkpoints_until(tmp_path, 2, 40)
+
+
+@pytest.mark.parametrize("gpus, nodes, tokens, expected", [
+    ("1", "1", None, ("4096", "8")),     # WMT base on one GPU: 8 x 4096 = 32768
+    ("4", "1", None, ("4096", "2")),
+    ("8", "2", None, ("2048", "1")),     # 16 x 4096 > 4/3 x 32768: smaller batches instead
+    ("1", "1", "8000", ("4096", "2")),   # round(8000 / 4096) = 2
+])
+def test_update_freq_from_the_gpu_count(gpus, nodes, tokens, expected):
+    req = ex.TrainRequest("wmt14-en-de", "transformer_sas_base", gpus=gpus, nodes=nodes, tokens_per_update=tokens,
+                          launcher="torchrun" if nodes != "1" else "none")
+    cmd = ex.plan_training(req, dry_run=True).cmd
+    assert (cmd[cmd.index("--max-tokens") + 1], cmd[cmd.index("--update-freq") + 1]) == expected
+
+
+def test_bad_values_name_the_flag():
+    with pytest.raises(ex.UsageError, match=r"^--tokens-per-update '0': must be an integer >= 1$"):
+        ex.plan_training(ex.TrainRequest("multi30k", "transformer", tokens_per_update="0"), dry_run=True)
+    with pytest.raises(ex.UsageError, match=r"^DATASET 'wmt16' is not one of: iwslt15-en-vi wmt14-en-de"):
+        ex.dataset_of("wmt16")
