@@ -10,6 +10,7 @@ from resnmt.modules.connections import (  # noqa: F401  (positive_*: argparse ty
     CONNECTION_KINDS,
     ConnectionConfigError,
     ConnectionSpec,
+    check_flags_used,
     positive_float,
     positive_int,
 )
@@ -79,21 +80,23 @@ def side_connection_spec(cfg, side: str) -> ConnectionSpec:
         value = getattr(cfg, key, None)
         return DEFAULTS.get(key) if value is None else value
 
+    kind = get(f"{side}_residual") or get("residual")
+    own_flags = CONNECTION_CLASSES[kind].flags if kind in CONNECTION_CLASSES else ()
     return ConnectionSpec(
-        get(f"{side}_residual") or get("residual"),
+        kind,
         side=side,
         encoder_layers=num_layers(cfg, "encoder"),
         decoder_layers=num_layers(cfg, "decoder"),
         export=bool(get("export") or False),
-        **{dest: get(dest) for dest in CONNECTION_FLAGS},
+        **{flag.dest: get(flag.dest) for flag in own_flags},  # a side holds its own kind's flags
     )
 
 
 def check_model_args(args) -> None:
     """Raise ConnectionConfigError (a ValueError) for any connection option out of range,
     or a fairseq option the resnmt layers do not implement."""
-    for side in ("encoder", "decoder"):
-        side_connection_spec(args, side)  # ConnectionSpec validates on construction
+    specs = [side_connection_spec(args, side) for side in ("encoder", "decoder")]  # each validates itself
+    check_flags_used([spec.kind for spec in specs], {dest: getattr(args, dest, None) for dest in CONNECTION_FLAGS})
     for key, flag in UNSUPPORTED_FAIRSEQ_FLAGS.items():
         if getattr(args, key, False):
             raise ConnectionConfigError(f"{flag} is not supported by resnmt_transformer models")

@@ -225,11 +225,21 @@ def check_connection_spec(spec: ConnectionSpec) -> None:
     cls.check_spec(spec)  # the kind's own rules first: their messages name the kind
     for flag in cls.flags:
         flag.validate(getattr(spec, flag.dest))
-    for flag in CONNECTION_FLAGS.values():  # flags of other kinds are ignored, except these
-        if flag.owners_only and flag not in cls.flags and getattr(spec, flag.dest) != flag.default:
+    check_flags_used([spec.kind], {dest: getattr(spec, dest) for dest in CONNECTION_FLAGS})
+
+
+def check_flags_used(kinds, values: Mapping[str, Any]) -> None:
+    """Flags of other kinds are ignored, except ``owners_only`` ones: set to a
+    non-default value while none of ``kinds`` (the encoder's and decoder's) takes it,
+    they are an error."""
+    for flag in CONNECTION_FLAGS.values():
+        if not flag.owners_only or values.get(flag.dest, flag.default) in (None, flag.default):
+            continue
+        if not any(flag in CONNECTION_CLASSES[kind].flags for kind in kinds):
             owners = ", ".join(k for k, c in CONNECTION_CLASSES.items() if flag in c.flags)
             raise ConnectionConfigError(
-                f"{flag.option} is invalid for --residual {spec.kind}: it applies only to {owners}{flag.hint}"
+                f"{flag.option} is invalid for --residual {'/'.join(dict.fromkeys(kinds))}: "
+                f"it applies only to {owners}{flag.hint}"
             )
 
 
