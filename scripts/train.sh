@@ -17,7 +17,7 @@ command resumes from SAVE_DIR/checkpoint_last.pt (fairseq's default restore file
 DATASET   iwslt15-en-vi (en->vi), wmt14-en-de (en->de), wmt14-en-fr (en->fr),
           multi30k (en->de); data from data-prep/prepare-DATASET.sh
 ARCH      a registered arch of model resnmt_transformer
-          (transformer_{postln,preln,xskip,rskip,sas,highway}_{base,big},
+          (transformer_{postln,preln,xskip,rskip,sas,highway,deepnorm,rezero,admin}_{base,big},
           resnmt_transformer), or fairseq's 'transformer' for a baseline
 
 Options:
