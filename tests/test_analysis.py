@@ -389,6 +389,23 @@ def test_analyze_console_script_on_post_ln_writes_only_the_gradient_plot(trained
     assert "resnmt-analyze" in proc.stderr  # the tqdm progress bar
 
 
+def test_analyze_admin_rezero_checkpoint_reports_omega_ratio_and_a(trained, tiny_bin, tmp_path):
+    save_dir, _ = trained["admin_rezero"]
+    out = tmp_path / "out"
+    assert analyze_main([str(save_dir / "checkpoint_last.pt"), "--data", str(tiny_bin), "--split", "valid",
+                         "--num-sentences", "12", "--out", str(out), "--no-progress-bar"]) == 0
+    result = json.loads((out / "analysis.json").read_text())
+    stats = result["statistics"]
+    assert result["connections"] == {"encoder": "admin", "decoder": "rezero"}
+    assert set(stats) == {"skip_ratio", "admin_omega", "rezero_a", "grad_norm"}
+    assert set(stats["admin_omega"]) == {"encoder"} and set(stats["rezero_a"]) == {"decoder"}
+    assert all(abs(v - 1.4514) < 3e-3 for v in stats["admin_omega"]["encoder"]["ffn"])  # omega0 for N = 2
+    assert all(abs(v) < 2e-3 for v in stats["rezero_a"]["decoder"]["cross"])  # a from 0, 3 updates
+    assert result["descriptions"]["admin_omega"].startswith("Admin omega")
+    for name in stats:
+        assert png_size(out / f"{name}.png") == (900, 360)
+
+
 @pytest.mark.parametrize("what", ["checkpoint", "data", "split"])
 def test_bad_paths_give_one_line_and_exit_1(trained, tiny_bin, tmp_path, capsys, what):
     ckpt = trained["postln"][0] / "checkpoint_last.pt"

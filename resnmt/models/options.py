@@ -1,8 +1,11 @@
 """Command-line flags of resnmt's connections, their defaults and their checks.
 
-fairseq parses model flags with ``argparse.SUPPRESS`` as the default, so the flags are
-declared here without defaults and ``connection_defaults`` fills in what the command
-line left out (arch functions call it after setting their own choices).
+The flags themselves are declared by the connection classes
+(``resnmt.modules.connections``: each kind's ``flags``); this module puts them on
+fairseq's parser, fills in defaults and builds each side's ``ConnectionSpec``. fairseq
+parses model flags with ``argparse.SUPPRESS`` as the default, so the flags are declared
+without defaults and ``connection_defaults`` fills in what the command line left out
+(arch functions call it after setting their own choices).
 """
 from resnmt.modules.connections import (  # noqa: F401  (positive_*: argparse types other flags reuse)
     CONNECTION_CLASSES,
