@@ -280,7 +280,7 @@ def test_other_kinds_leave_the_sublayer_init_alone():
 def test_rezero_equation_and_init():
     x, fx = inputs()
     c = connection("rezero")
-    assert c.residual_weight.shape == (1,) and float(c.residual_weight) == 0.0
+    assert c.residual_weight.shape == (1,) and float(c.residual_weight.detach()) == 0.0
     torch.testing.assert_close(c(x, fx), x, rtol=0, atol=0)  # the identity at init
     with torch.no_grad():
         c.residual_weight.fill_(0.7)
