@@ -41,6 +41,10 @@ ROWS = {
     "sas": ("transformer_sas_base", [], 3),
     "highway": ("transformer_highway_base", [], 2),
     "rskip_ln (λ=2) + nswish": ("transformer_rskip_base", ["--skip-lambda", "2", "--normalized-activation", "nswish"], 2),
+    "xskip_ln (learned λ from 2)": ("transformer_xskip_base", ["--skip-lambda", "2", "--skip-lambda-learned"], 2),
+    "deepnorm": ("transformer_deepnorm_base", [], 2),
+    "rezero": ("transformer_rezero_base", [], 2),
+    "admin": ("transformer_admin_base", [], 2),
 }
 PRIORITY = ["transformer", "post_ln", "rskip_ln (λ=2)", "sas"]
 

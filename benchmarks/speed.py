@@ -54,6 +54,9 @@ CONFIGS = {
     "sas": ("transformer_sas_base", []),
     "sas_gate64": ("transformer_sas_base", ["--sas-gate-dim", "64"]),
     "highway": ("transformer_highway_base", []),
+    "deepnorm": ("transformer_deepnorm_base", []),
+    "rezero": ("transformer_rezero_base", []),
+    "admin": ("transformer_admin_base", []),
     # plain Swish: nswish with every FFN kept unnormalized (fairseq has no swish --activation-fn)
     "swish": ("transformer_postln_base", ["--normalized-activation", "nswish",
                                           "--encoder-unnormalized-top-layers", "{L}",
@@ -72,6 +75,11 @@ ROWS = {
     "sas (gate h)": ("sas", "transformer", None, None, None),
     "sas (gate 64)": ("sas_gate64", "transformer", 0.90, 0.90, None),
     "highway": ("highway", "transformer", None, None, 1.05),
+    # targets by analogy, not yet measured: deepnorm and admin cost what xskip_ln costs (plus a
+    # per-dimension multiply for admin); rezero is post-LN's work without the LayerNorm
+    "deepnorm": ("deepnorm", "transformer", 0.97, 0.97, 1.05),
+    "admin": ("admin", "transformer", 0.97, 0.97, 1.05),
+    "rezero": ("rezero", "transformer", 0.98, 0.98, 1.05),
     "nswish vs swish": ("nswish", "swish", 0.93, 0.93, 1.05),
     "nrelu vs relu": ("nrelu", "post_ln", 0.93, 0.93, 1.05),
 }

@@ -41,6 +41,17 @@ def randomize_norms(model, seed=0):
                 p.copy_(p + 0.3 * torch.randn(p.shape, generator=g))
 
 
+def move_connections_off_init(model, seed=0):
+    """Give learned connection scales (ReZero's a, learned lambda, Admin's omega)
+    non-trivial values: ReZero starts at a = 0, where every sublayer is skipped and
+    gets no gradient, so equations and gradients would not really be tested."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("residual_weight", "skip_scale")):
+                p.copy_(p + 0.5 + 0.3 * torch.randn(p.shape, generator=g))
+
+
 def assert_incremental_equals_full(model, task, n=3, atol=1e-5):
     """Step-by-step decoding (fairseq's incremental_state) gives the full forward's
     outputs at every real (non-padding) target position; ``model`` in eval mode."""

@@ -15,6 +15,9 @@ CHECKPOINTS = {
     "rskip_highway": ["--encoder-residual", "rskip_ln", "--decoder-residual", "highway", "--skip-lambda", "2"],
     "xskip_ln_xskip_nswish": ["--encoder-residual", "xskip_ln", "--decoder-residual", "xskip", "--skip-lambda", "1.5",
                               "--normalized-activation", "nswish", "--normalized-activation-stats", "batch"],
+    "deepnorm_rezero": ["--encoder-residual", "deepnorm", "--decoder-residual", "rezero"],
+    "admin_xskip_ln_learned": ["--encoder-residual", "admin", "--decoder-residual", "xskip_ln", "--skip-lambda", "1.5",
+                               "--skip-lambda-learned"],
 }
 
 

@@ -12,9 +12,10 @@ from fairseq import checkpoint_utils
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
 from conftest import BIN_DIR, REPO_ROOT, cli_env, run_cli
-from model_utils import TINY, build, randomize_norms, sample_batch
+from model_utils import TINY, build, move_connections_off_init, randomize_norms, sample_batch
 from resnmt.analysis.gradients import block_gradient_norms
 from resnmt.analysis.hooks import Accumulator, StatsCollector
+from resnmt.analysis.training_log import attach_training_logger
 from resnmt.cli.analyze import main as analyze_main
 
 USER_DIR = str(REPO_ROOT / "resnmt")
@@ -169,17 +170,79 @@ def test_gradient_norms_equal_autograd_and_do_not_depend_on_batching(tiny_bin):
         assert split_mean == pytest.approx(float(total / count), rel=1e-4), site
 
 
-def test_flag_off_registers_no_hooks_and_on_registers_them(tiny_bin):
-    def hooks(model):
-        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+@pytest.mark.parametrize(
+    "encoder, decoder, extra",
+    [
+        ("deepnorm", "admin", []),
+        ("rezero", "xskip_ln", ["--skip-lambda", "1.5", "--skip-lambda-learned"]),
+    ],
+)
+def test_new_kinds_report_what_they_learn(tiny_bin, encoder, decoder, extra):
+    """skip:residual norm ratio ||s*x|| / ||F|| (DeepNorm alpha, Admin omega, learned
+    lambda), Admin's mean omega, the mean learned lambda and ReZero's a, over real tokens."""
+    model, task, _ = build(tiny_bin, "resnmt_transformer",
+                           ["--encoder-residual", encoder, "--decoder-residual", decoder, *extra])
+    randomize_norms(model)
+    move_connections_off_init(model)
+    model.eval()
+    enc = model.encoder.layers[1].self_attn_connection
+    dec = model.decoder.layers[0].encoder_attn_connection
+    seen_enc, h1 = capture_inputs(enc)
+    seen_dec, h2 = capture_inputs(dec)
+    with torch.no_grad():
+        means, keep_enc, keep_dec = collect(model, sample_batch(task, 6))
+    h1.remove(), h2.remove()
 
+    def norm_ratio(scale, seen, keep):
+        x, fx = (t.double() for t in seen["inputs"])
+        return masked_mean((scale * x).norm(dim=-1) / fx.norm(dim=-1), keep)
+
+    enc_site, dec_site = ("encoder", 1, "self"), ("decoder", 0, "cross")
+    if encoder == "deepnorm":
+        n, m = 2, 2  # TINY
+        assert enc.alpha == pytest.approx(0.81 * (n ** 4 * m) ** (1 / 16))
+        assert means["skip_ratio"][enc_site] == pytest.approx(norm_ratio(enc.alpha, seen_enc, keep_enc), rel=1e-5)
+        omega = dec.skip_scale.detach().double()
+        assert means["admin_omega"][dec_site] == pytest.approx(float(omega.mean()), rel=1e-6)
+        assert means["skip_ratio"][dec_site] == pytest.approx(norm_ratio(omega, seen_dec, keep_dec), rel=1e-5)
+        assert "admin_omega" not in {name for name, sites in means.items() if enc_site in sites}
+    else:
+        a = float(enc.residual_weight.detach())
+        assert a != 0 and means["rezero_a"][enc_site] == pytest.approx(a, rel=1e-6)
+        lam = dec.skip_scale.detach().double()
+        assert means["skip_lambda"][dec_site] == pytest.approx(float(lam.mean()), rel=1e-6)
+        assert means["skip_ratio"][dec_site] == pytest.approx(norm_ratio(lam, seen_dec, keep_dec), rel=1e-5)
+        assert len(means["rezero_a"]) == 4 and len(means["skip_lambda"]) == 6
+
+
+def count_hooks(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_building_a_model_attaches_no_hooks_the_training_logger_does(tiny_bin):
     off, _, args = build(tiny_bin, "transformer_sas_base")
     assert getattr(args, "log_connection_stats", None) is None
-    assert hooks(off) == 0
-    on, _, args = build(tiny_bin, "transformer_sas_base", ["--log-connection-stats"])
+    assert count_hooks(off) == 0
+    on, task, args = build(tiny_bin, "transformer_sas_base",
+                           ["--log-connection-stats", "--task", "resnmt_translation"])
     assert args.log_connection_stats == "side"
+    assert count_hooks(on) == 0  # building never attaches them
+    task.begin_epoch(1, on)  # what fairseq's trainer calls when training begins
     # 10 SAS connections + 4 layers' padding-mask pre-hooks
-    assert hooks(on) == 14
+    assert count_hooks(on) == 14
+    task.begin_epoch(2, on)
+    assert count_hooks(on) == 14  # once
+    other, _, _ = build(tiny_bin, "transformer_sas_base")
+    collector = attach_training_logger(other, None)
+    assert collector is None and count_hooks(other) == 0
+
+
+def test_log_connection_stats_needs_the_task_that_attaches_them(tiny_bin, capsys):
+    with pytest.raises(SystemExit) as err:
+        build(tiny_bin, "transformer_sas_base", ["--log-connection-stats"])
+    assert err.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--log-connection-stats needs --task resnmt_translation (got --task translation)" in last
 
 
 # ------------------------------------------------------------------ tiny trained checkpoints
@@ -196,10 +259,14 @@ def train_cmd(data, save_dir, arch, *extra):
 
 @pytest.fixture(scope="module")
 def trained(tiny_bin, tmp_path_factory):
-    """Two short fairseq-train runs, side by side: an SAS+NReLU model logging per-layer
-    statistics, and a post-LN model without the flag. {name: (save_dir, log text)}."""
+    """Three short fairseq-train runs, side by side: an SAS+NReLU model logging per-layer
+    statistics, an Admin-encoder/ReZero-decoder model logging per side, and a post-LN
+    model without the flag. {name: (save_dir, log text)}."""
     jobs = {
-        "sas": ("transformer_sas_base", "--normalized-activation", "nrelu", "--log-connection-stats", "layer"),
+        "sas": ("transformer_sas_base", "--normalized-activation", "nrelu", "--log-connection-stats", "layer",
+                "--task", "resnmt_translation"),
+        "admin_rezero": ("transformer_admin_base", "--decoder-residual", "rezero", "--log-connection-stats",
+                         "--task", "resnmt_translation"),
         "postln": ("transformer_postln_base",),
     }
     procs = {}
@@ -236,6 +303,26 @@ def test_training_log_has_side_and_layer_statistics(trained):
         assert float(rec["sas_alpha_enc"]) == pytest.approx(sum(per_layer) / 4, abs=2e-3)
     for rec in json_records(log, "valid"):  # measured in training only
         assert not any(k.startswith(("sas_", "act_")) for k in rec)
+
+
+def test_training_log_of_admin_and_rezero(trained):
+    _, log = trained["admin_rezero"]
+    inner = json_records(log, "train_inner")
+    assert len(inner) == 3
+    for rec in inner:
+        assert {"admin_omega_enc", "skip_ratio_enc", "rezero_a_dec"} <= set(rec), sorted(rec)
+        assert not any(k.endswith("_dec") and k.startswith(("admin_", "skip_")) for k in rec)
+        # N = 2: omega starts at sqrt(5 / ln 5 - 1) = sqrt(2.10667) = 1.4514 and has moved by at most 3 Adam steps
+        assert float(rec["admin_omega_enc"]) == pytest.approx(1.4514, abs=3 * 5e-4 + 1e-3)
+    assert float(inner[0]["rezero_a_dec"]) == 0.0  # logged in the first forward, before any update
+    assert all(abs(float(rec["rezero_a_dec"])) <= 2 * 5e-4 + 5e-4 for rec in inner)  # <= 2 Adam steps of lr 5e-4
+
+
+def test_a_checkpoint_trained_with_the_flag_loads_without_hooks(trained):
+    save_dir, _ = trained["sas"]
+    models, cfg, _task = checkpoint_utils.load_model_ensemble_and_task([str(save_dir / "checkpoint_last.pt")])
+    assert cfg.model.log_connection_stats == "layer"  # stored, and still no reason to attach
+    assert count_hooks(models[0]) == 0
 
 
 def test_training_log_without_the_flag_has_no_statistics(trained):
@@ -300,6 +387,23 @@ def test_analyze_console_script_on_post_ln_writes_only_the_gradient_plot(trained
     assert set(json.loads((out / "analysis.json").read_text())["statistics"]) == {"grad_norm"}
     png_size(out / "grad_norm.png")
     assert "resnmt-analyze" in proc.stderr  # the tqdm progress bar
+
+
+def test_analyze_admin_rezero_checkpoint_reports_omega_ratio_and_a(trained, tiny_bin, tmp_path):
+    save_dir, _ = trained["admin_rezero"]
+    out = tmp_path / "out"
+    assert analyze_main([str(save_dir / "checkpoint_last.pt"), "--data", str(tiny_bin), "--split", "valid",
+                         "--num-sentences", "12", "--out", str(out), "--no-progress-bar"]) == 0
+    result = json.loads((out / "analysis.json").read_text())
+    stats = result["statistics"]
+    assert result["connections"] == {"encoder": "admin", "decoder": "rezero"}
+    assert set(stats) == {"skip_ratio", "admin_omega", "rezero_a", "grad_norm"}
+    assert set(stats["admin_omega"]) == {"encoder"} and set(stats["rezero_a"]) == {"decoder"}
+    assert all(abs(v - 1.4514) < 3e-3 for v in stats["admin_omega"]["encoder"]["ffn"])  # omega0 for N = 2
+    assert all(abs(v) < 2e-3 for v in stats["rezero_a"]["decoder"]["cross"])  # a from 0, 3 updates
+    assert result["descriptions"]["admin_omega"].startswith("Admin omega")
+    for name in stats:
+        assert png_size(out / f"{name}.png") == (900, 360)
 
 
 @pytest.mark.parametrize("what", ["checkpoint", "data", "split"])

@@ -10,7 +10,7 @@ import torch
 from conftest import REPO_ROOT, run_cli
 from model_utils import TINY
 
-FAMILIES = ["postln", "preln", "xskip", "rskip", "sas", "highway"]
+FAMILIES = ["postln", "preln", "xskip", "rskip", "sas", "highway", "deepnorm", "rezero", "admin"]
 USER_DIR = str(REPO_ROOT / "resnmt")
 
 
@@ -98,17 +98,37 @@ def test_training_resumes_from_checkpoint_last(tiny_bin, tmp_path, family):
 
 
 @pytest.mark.parametrize(
-    "extra, message",
+    "arch, extra, message",
     [
-        (["--skip-lambda", "2.5"], "--skip-lambda 2.5 is invalid for --residual rskip_ln: it must be an integer >= 1"),
-        (["--skip-lambda", "0"], "argument --skip-lambda: invalid value '0': must be a real number > 0"),
+        ("rskip", ["--skip-lambda", "2.5"], "--skip-lambda 2.5 is invalid for --residual rskip_ln: it must be an integer >= 1"),
+        ("rskip", ["--skip-lambda", "0"], "argument --skip-lambda: invalid value '0': must be a real number > 0"),
+        ("admin", ["--admin-output-change-scale", "O(n2)"],
+         "argument --admin-output-change-scale: invalid choice: 'O(n2)' (choose from 'O(logn)', 'O(n)', 'O(1)')"),
+        ("rezero", ["--skip-lambda-learned"],
+         "--skip-lambda-learned is invalid for --residual rezero: it applies only to xskip, xskip_ln"),
     ],
 )
-def test_bad_flag_stops_fairseq_train_before_anything_is_written(tiny_bin, tmp_path, extra, message):
+def test_bad_flag_stops_fairseq_train_before_anything_is_written(tiny_bin, tmp_path, arch, extra, message):
     save_dir = tmp_path / "ckpt"
-    proc = run_cli(train_args(tiny_bin, "transformer_rskip_base", save_dir, "--max-update", "2", *extra), check=False)
+    proc = run_cli(train_args(tiny_bin, f"transformer_{arch}_base", save_dir, "--max-update", "2", *extra), check=False)
     assert proc.returncode == 2
     last_line = proc.stderr.strip().splitlines()[-1]
     assert message in last_line
     assert "Traceback" not in proc.stderr
     assert not save_dir.exists()
+
+
+def test_deepnorm_with_nswish_trains_and_decodes(tiny_bin, tmp_path):
+    """The ANAct paper's translation setting: NSwish FFNs in a DeepNorm Transformer
+    (docs/normalized-activations.md has the full-size command)."""
+    save_dir = tmp_path / "ckpt"
+    run_cli(train_args(tiny_bin, "transformer_deepnorm_base", save_dir, "--normalized-activation", "nswish",
+                       "--max-update", "3", "--task", "resnmt_translation"))
+    state = torch.load(save_dir / "checkpoint_last.pt", weights_only=True)
+    assert state["cfg"]["model"].normalized_activation == "nswish"
+    assert state["cfg"]["model"].encoder_residual == "deepnorm"
+    out = run_cli([
+        "fairseq-generate", tiny_bin, "--user-dir", USER_DIR, "--task", "resnmt_translation",
+        "--path", save_dir / "checkpoint_last.pt", "--gen-subset", "valid", "--beam", "4", "--batch-size", "32",
+    ])
+    assert len([line for line in out.stdout.splitlines() if line.startswith("H-")]) == 60

@@ -6,11 +6,15 @@ import torch
 import torch.nn.functional as F
 
 from resnmt.modules.connections import (
+    CONNECTION_CLASSES,
+    CONNECTION_FLAGS,
     CONNECTION_KINDS,
     ConnectionConfigError,
     ConnectionSpec,
     SASConnection,
+    admin_omega,
     build_connection,
+    deepnorm_constants,
 )
 from resnmt.modules.gates import ScalarGates
 
@@ -187,6 +191,13 @@ def test_highway():
         (dict(kind="xskip", skip_lambda=0), "--skip-lambda 0 is invalid for --residual xskip"),
         (dict(kind="sas", sas_gate_dim=0), "--sas-gate-dim 0 is invalid: it must be an integer > 0"),
         (dict(kind="dense"), "--residual 'dense' is not a connection kind; choose one of post_ln, pre_ln"),
+        (dict(kind="rskip_ln", skip_lambda_learned=True),
+         "--skip-lambda-learned is invalid for --residual rskip_ln: it applies only to xskip, xskip_ln"),
+        (dict(kind="post_ln", skip_lambda_learned=True),
+         "--skip-lambda-learned is invalid for --residual post_ln: it applies only to xskip, xskip_ln"),
+        (dict(kind="deepnorm", skip_lambda_learned=True), "--skip-lambda-learned is invalid for --residual deepnorm"),
+        (dict(kind="admin", admin_output_change_scale="O(n^2)"),
+         "--admin-output-change-scale 'O(n^2)': choose one of O(logn), O(n), O(1)"),
     ],
 )
 def test_bad_specs_name_flag_value_and_allowed(spec, message):
@@ -207,3 +218,142 @@ def test_every_kind_finite_under_bf16_autocast(kind):
         y = conn(x, fx)
     assert torch.isfinite(y).all()
     assert math.isclose(float((y.float() - ref).abs().max().detach()), 0.0, abs_tol=0.1 * float(ref.abs().max().detach()) + 0.5)
+
+
+# ------------------------------------------------------------------ DeepNorm, ReZero, Admin, learned lambda
+
+@pytest.mark.parametrize(
+    "n, m, encoder, decoder",
+    [
+        # by hand: 6^5 = 7776, 7776^(1/16) = e^(8.95879/16) = 1.75054; 18^(1/4) = 2.05977; 72^(1/4) = 2.91295
+        (6, 6, (0.81 * 1.75054, 0.87 / 1.75054), (2.05977, 1 / 2.91295)),
+        # 18^5 = 1889568, ^(1/16) = e^(14.45192/16) = 2.46759; 54^(1/4) = 2.71081; 216^(1/4) = 3.83366
+        (18, 18, (0.81 * 2.46759, 0.87 / 2.46759), (2.71081, 1 / 3.83366)),
+        # 100^5 = 1e10, ^(1/16) = 10^0.625 = 4.21697; 300^(1/4) = 4.16179; 1200^(1/4) = 5.88566
+        (100, 100, (0.81 * 4.21697, 0.87 / 4.21697), (4.16179, 1 / 5.88566)),
+    ],
+)
+def test_deepnorm_constants_against_hand_computation(n, m, encoder, decoder):
+    for side, (alpha, beta) in (("encoder", encoder), ("decoder", decoder)):
+        got = deepnorm_constants(side, n, m)
+        assert got == pytest.approx((alpha, beta), rel=2e-5), side
+        conn = build_connection(DIM, ConnectionSpec(kind="deepnorm", side=side, encoder_layers=n, decoder_layers=m))
+        assert (conn.alpha, conn.beta) == got
+        assert conn.skip_scale == got[0]  # the skip weight of LN(alpha*x + F)
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_deepnorm_equation(side):
+    x, fx = inputs()
+    c = connection("deepnorm", side=side, encoder_layers=3, decoder_layers=2)
+    alpha = 0.81 * (3 ** 4 * 2) ** (1 / 16) if side == "encoder" else (3 * 2) ** 0.25
+    expected = layer_norm(alpha * x + fx, c.norm.weight, c.norm.bias)
+    torch.testing.assert_close(c(x, fx), expected, rtol=0, atol=1e-12)
+
+
+def test_deepnorm_initializes_value_output_and_ffn_with_gain_beta():
+    """Xavier-normal: std = gain * sqrt(2 / (fan_in + fan_out)); gain beta for value,
+    output and both FFN weights, 1 for query and key (DeepNet, Figure 2)."""
+    torch.manual_seed(0)
+    c = build_connection(DIM, ConnectionSpec(kind="deepnorm", side="decoder", encoder_layers=6, decoder_layers=6))
+    shapes = {"query": (96, 64), "key": (96, 64), "value": (96, 64), "output": (64, 96), "ffn_in": (256, 64)}
+    projections = {role: torch.nn.Linear(*reversed(shape)) for role, shape in shapes.items()}
+    c.initialize_sublayer(projections)
+    for role, linear in projections.items():
+        fan_out, fan_in = linear.weight.shape
+        gain = 1.0 if role in ("query", "key") else c.beta
+        expected = gain * math.sqrt(2.0 / (fan_in + fan_out))
+        # 6,144+ samples: the sample std is within 5% of the true one with overwhelming probability
+        assert float(linear.weight.detach().std()) == pytest.approx(expected, rel=0.05), role
+        assert abs(float(linear.weight.detach().mean())) < 0.1 * expected
+
+
+def test_other_kinds_leave_the_sublayer_init_alone():
+    linear = torch.nn.Linear(DIM, DIM)
+    before = linear.weight.detach().clone()
+    for kind in CONNECTION_KINDS:
+        if kind != "deepnorm":
+            build_connection(DIM, ConnectionSpec(kind=kind)).initialize_sublayer({"value": linear})
+    assert torch.equal(linear.weight, before)
+
+
+def test_rezero_equation_and_init():
+    x, fx = inputs()
+    c = connection("rezero")
+    assert c.residual_weight.shape == (1,) and float(c.residual_weight.detach()) == 0.0
+    torch.testing.assert_close(c(x, fx), x, rtol=0, atol=0)  # the identity at init
+    with torch.no_grad():
+        c.residual_weight.fill_(0.7)
+    torch.testing.assert_close(c(x, fx), x + 0.7 * fx, rtol=0, atol=1e-15)
+    assert not any("norm" in name for name, _ in c.named_parameters())
+
+
+@pytest.mark.parametrize(
+    "scale, n, omega",
+    [
+        # O(logn), n = 2N = 12: sqrt(13 / ln 13 - 1) = sqrt(13 / 2.564949 - 1) = sqrt(4.068319)
+        ("O(logn)", 12, 2.017008),
+        # n = 3M = 18: sqrt(19 / ln 19 - 1) = sqrt(19 / 2.944439 - 1) = sqrt(5.452786)
+        ("O(logn)", 18, 2.335120),
+        ("O(n)", 12, 1.0),
+        ("O(1)", 18, math.sqrt(18)),
+    ],
+)
+def test_admin_omega_initialisation_against_hand_computation(scale, n, omega):
+    assert admin_omega(n, scale) == pytest.approx(omega, abs=2e-5)
+    side, layers = ("encoder", dict(encoder_layers=n // 2)) if n == 12 else ("decoder", dict(decoder_layers=n // 3))
+    c = build_connection(DIM, ConnectionSpec(kind="admin", side=side, admin_output_change_scale=scale, **layers))
+    assert c.skip_scale.shape == (DIM,) and c.skip_scale.requires_grad
+    torch.testing.assert_close(c.skip_scale.detach(), torch.full((DIM,), admin_omega(n, scale)), rtol=0, atol=0)
+
+
+def test_admin_equation_with_a_trained_omega():
+    x, fx = inputs()
+    c = connection("admin", side="decoder", decoder_layers=4)
+    with torch.no_grad():
+        c.skip_scale.copy_(torch.linspace(0.5, 3.0, DIM, dtype=torch.float64))
+    expected = layer_norm(c.skip_scale * x + fx, c.norm.weight, c.norm.bias)
+    torch.testing.assert_close(c(x, fx), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["xskip", "xskip_ln"])
+def test_learned_lambda_is_a_vector_initialised_to_skip_lambda(kind):
+    x, fx = inputs()
+    c = connection(kind, skip_lambda=1.5, skip_lambda_learned=True)
+    torch.testing.assert_close(c.skip_scale.detach(), torch.full((DIM,), 1.5, dtype=torch.float64), rtol=0, atol=0)
+    with torch.no_grad():
+        c.skip_scale.copy_(torch.linspace(0.2, 2.0, DIM, dtype=torch.float64))
+    z = c.skip_scale * x + fx
+    expected = layer_norm(z, c.norm.weight, c.norm.bias) if kind == "xskip_ln" else z
+    torch.testing.assert_close(c(x, fx), expected, rtol=0, atol=1e-12)
+    c(x, fx).sum().backward()
+    assert c.skip_scale.grad is not None and torch.all(c.skip_scale.grad != 0)
+
+
+def test_spec_is_immutable_and_copies_validate():
+    import copy
+    import pickle
+
+    spec = ConnectionSpec(kind="admin", side="decoder", decoder_layers=3)
+    with pytest.raises(AttributeError):
+        spec.kind = "post_ln"
+    assert copy.deepcopy(spec) == spec == pickle.loads(pickle.dumps(spec))
+    assert hash(spec) == hash(copy.copy(spec))
+    with pytest.raises(TypeError, match="unknown options"):
+        ConnectionSpec(kind="sas", sas_gates=2)
+
+
+def test_registry_is_the_one_list():
+    """Kinds, flags, final-norm rule and statistics all come from the classes."""
+    assert CONNECTION_KINDS == tuple(CONNECTION_CLASSES)
+    assert {kind for kind, cls in CONNECTION_CLASSES.items() if cls.final_norm} == {"pre_ln"}
+    owned = {flag.dest for cls in CONNECTION_CLASSES.values() for flag in cls.flags}
+    assert owned == set(CONNECTION_FLAGS)
+    for kind, cls in CONNECTION_CLASSES.items():
+        assert cls.kind == kind and cls.equation and cls.source
+        conn = build_connection(DIM, ConnectionSpec(kind=kind))
+        x, fx = (t.float() for t in inputs())
+        with torch.no_grad():
+            measured = conn.measure(x, fx)
+        assert set(measured) == {stat.name for stat in conn.measured_statistics()}, kind
+        assert all(v.shape == x.shape[:-1] for v in measured.values()), kind

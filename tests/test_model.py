@@ -3,7 +3,15 @@ incremental decoding, gradients, mixed precision, flag resolution, bad input."""
 import pytest
 import torch
 
-from model_utils import TINY, assert_incremental_equals_full, build, parse_train_args, randomize_norms, sample_batch
+from model_utils import (
+    TINY,
+    assert_incremental_equals_full,
+    build,
+    move_connections_off_init,
+    parse_train_args,
+    randomize_norms,
+    sample_batch,
+)
 from resnmt.modules.connections import CONNECTION_KINDS
 
 KIND_ARGS = {
@@ -15,6 +23,10 @@ KIND_ARGS = {
     "sas": ["--residual", "sas"],
     "sas_gamma_gate_single": ["--residual", "sas", "--sas-gamma", "gate", "--sas-gate", "single_layer"],
     "highway": ["--residual", "highway"],
+    "deepnorm": ["--residual", "deepnorm"],
+    "rezero": ["--residual", "rezero"],
+    "admin": ["--residual", "admin"],
+    "xskip_ln_learned": ["--residual", "xskip_ln", "--skip-lambda", "1.5", "--skip-lambda-learned"],
     "mixed": ["--encoder-residual", "rskip_ln", "--decoder-residual", "sas", "--sas-gate-dim", "4"],
 }
 
@@ -69,6 +81,7 @@ def test_lambda_one_model_equals_post_ln(tiny_bin, kind):
 def test_incremental_decoding_equals_full_forward(tiny_bin, name):
     model, task, _ = build(tiny_bin, "resnmt_transformer", KIND_ARGS[name])
     randomize_norms(model)
+    move_connections_off_init(model)
     model.eval()
     assert_incremental_equals_full(model, task)
 
@@ -76,6 +89,7 @@ def test_incremental_decoding_equals_full_forward(tiny_bin, name):
 @pytest.mark.parametrize("name", list(KIND_ARGS))
 def test_every_parameter_receives_a_gradient(tiny_bin, name):
     model, task, _ = build(tiny_bin, "resnmt_transformer", KIND_ARGS[name] + ["--share-all-embeddings"])
+    move_connections_off_init(model)
     model.train()
     batch = sample_batch(task, n=4, split="train")
     logits = model(**batch["net_input"])[0]
@@ -107,6 +121,9 @@ def test_finite_under_bf16_autocast(tiny_bin, name):
         ("transformer_rskip_base", "rskip_ln", 2),
         ("transformer_sas_base", "sas", None),
         ("transformer_highway_base", "highway", None),
+        ("transformer_deepnorm_base", "deepnorm", None),
+        ("transformer_rezero_base", "rezero", None),
+        ("transformer_admin_base", "admin", None),
     ],
 )
 def test_named_arch_defaults(tiny_bin, arch, kind, skip_lambda):
@@ -161,6 +178,12 @@ def test_fairseq_normalize_before_flags_select_pre_ln(tiny_bin):
         ("resnmt_transformer", ["--residual", "dense"], "argument --residual: invalid choice: 'dense'"),
         ("transformer_sas_base", ["--sas-gate-dim", "0"], "argument --sas-gate-dim: invalid value '0': must be an integer > 0"),
         ("transformer_sas_base", ["--cross-self-attention"], "--cross-self-attention is not supported by resnmt_transformer models"),
+        ("transformer_admin_base", ["--admin-output-change-scale", "O(n^2)"],
+         "argument --admin-output-change-scale: invalid choice: 'O(n^2)' (choose from 'O(logn)', 'O(n)', 'O(1)')"),
+        ("transformer_rskip_base", ["--skip-lambda-learned"],
+         "--skip-lambda-learned is invalid for --residual rskip_ln: it applies only to xskip, xskip_ln"),
+        ("transformer_deepnorm_base", ["--skip-lambda-learned"],
+         "--skip-lambda-learned is invalid for --residual deepnorm: it applies only to xskip, xskip_ln"),
     ],
 )
 def test_bad_flags_stop_at_parsing_with_one_clear_line(tiny_bin, capsys, arch, extra, message):
@@ -174,3 +197,50 @@ def test_bad_flags_stop_at_parsing_with_one_clear_line(tiny_bin, capsys, arch, e
 def test_every_kind_is_covered():
     assert set(CONNECTION_KINDS) <= {args[1] for args in KIND_ARGS.values() if args[0] == "--residual"}
     assert len(TINY) > 0
+
+
+def test_rezero_encoder_is_the_identity_at_init(tiny_bin):
+    """a = 0 in every sublayer: the encoder returns what fairseq feeds its first layer
+    (scaled embeddings + positions), with dropout off."""
+    model, task, _ = build(tiny_bin, "transformer_rezero_base", [])
+    model.eval()
+    assert model.encoder.layer_norm is None  # no LayerNorm anywhere, no final one either
+    fed = {}
+    handle = model.encoder.layers[0].register_forward_pre_hook(lambda m, args: fed.setdefault("x", args[0]))
+    net_input = sample_batch(task)["net_input"]
+    with torch.no_grad():
+        out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+    handle.remove()
+    torch.testing.assert_close(out["encoder_out"][0], fed["x"], rtol=0, atol=0)
+    assert float(fed["x"].abs().max()) > 0.1
+
+
+@pytest.mark.parametrize("layers", [(3, 2), (2, 5)])
+def test_deepnorm_constants_follow_the_layer_counts_and_init_is_beta_scaled(tiny_bin, layers):
+    """alpha/beta from --encoder-layers/--decoder-layers; Xavier-normal with gain beta for
+    fc1, fc2, v_proj, out_proj and gain 1 for q_proj, k_proj, in self- and cross-attention."""
+    n, m = layers
+    dims = ["--encoder-layers", str(n), "--decoder-layers", str(m), "--encoder-embed-dim", "64",
+            "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128"]
+    model, _, _ = build(tiny_bin, "transformer_deepnorm_base", dims)
+    expected = {
+        "encoder": (0.81 * (n ** 4 * m) ** (1 / 16), 0.87 * (n ** 4 * m) ** (-1 / 16)),
+        "decoder": ((3 * m) ** 0.25, (12 * m) ** -0.25),
+    }
+    for side in ("encoder", "decoder"):
+        alpha, beta = expected[side]
+        weights = {"q": [], "k": [], "v": [], "out": [], "fc": []}
+        for layer in getattr(model, side).layers:
+            for conn in (layer.self_attn_connection, layer.ffn_connection):
+                assert conn.alpha == pytest.approx(alpha) and conn.beta == pytest.approx(beta)
+            attentions = [layer.self_attn] + ([layer.encoder_attn] if side == "decoder" else [])
+            for attn in attentions:
+                for name in ("q", "k", "v", "out"):
+                    weights[name].append(getattr(attn, f"{name}_proj").weight)
+            weights["fc"] += [layer.fc1.weight, layer.fc2.weight]
+        for name, ws in weights.items():
+            gain = 1.0 if name in ("q", "k") else beta
+            # pool the standardised weights: std / (gain * sqrt(2 / (fan_in + fan_out))) ~ 1
+            z = torch.cat([(w.detach() / (gain * (2.0 / sum(w.shape)) ** 0.5)).flatten() for w in ws])
+            assert float(z.std()) == pytest.approx(1.0, rel=0.04), (side, name)
+            assert abs(float(z.mean())) < 0.03, (side, name)

@@ -35,3 +35,17 @@ def test_batch_mode_activation_estimates_are_restored():
     assert int(state["encoder.layers.0.ffn_activation.num_updates"]) == 3  # trained for 3 updates
     for key in stat_keys:
         torch.testing.assert_close(loaded[key], state[key], rtol=0, atol=0)
+
+
+def test_learned_connection_parameters_are_restored():
+    """ReZero's a, Admin's omega and the learned lambda come back as trained (3 updates
+    moved them off their initial 0, sqrt(3/ln 3 - 1) and 1.5)."""
+    for name, suffix in (("deepnorm_rezero", "residual_weight"), ("admin_xskip_ln_learned", "skip_scale")):
+        state = torch.load(FIXTURES / f"{name}.pt", weights_only=True)["model"]
+        loaded = load(FIXTURES / f"{name}.pt").state_dict()
+        keys = [k for k in state if k.endswith(suffix)]
+        assert len(keys) in (3, 5), keys
+        for key in keys:
+            torch.testing.assert_close(loaded[key], state[key], rtol=0, atol=0)
+        if suffix == "residual_weight":
+            assert all(0 < abs(float(state[k])) < 0.1 for k in keys)

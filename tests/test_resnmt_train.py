@@ -1,10 +1,13 @@
 """resnmt-train: fairseq-train with the model's flags in --help and an absolute --user-dir."""
+import re
+
 import torch
 
 from conftest import REPO_ROOT, run_cli
 from model_utils import TINY
+from resnmt.modules.connections import CONNECTION_FLAGS
 
-RESNMT_FLAGS = [
+RESNMT_FLAGS = [*(flag.option for flag in CONNECTION_FLAGS.values()),
     "--residual", "--encoder-residual", "--decoder-residual", "--skip-lambda", "--sas-gate", "--sas-gamma",
     "--sas-gate-dim", "--sas-alpha-bias-init", "--sas-beta-bias-init", "--sas-gamma-bias-init",
     "--highway-bias-init", "--normalized-activation", "--normalized-activation-stats",
@@ -16,8 +19,9 @@ def test_help_lists_every_resnmt_flag_with_its_text(tiny_bin):
     out = run_cli(["resnmt-train", tiny_bin, "--arch", "transformer_sas_base", "--help"]).stdout
     help_body = out[out.index("Model-specific configuration"):]
     for flag in RESNMT_FLAGS:
-        assert f"  {flag} " in help_body, flag
+        assert re.search(rf"^  {re.escape(flag)}(\s|$)", help_body, re.M), flag
     assert "SAS eq.3/4" in help_body and "--encoder-layers" in help_body
+    assert "--skip-lambda-learned" in help_body and "arXiv:2203.00555" in help_body  # flags and --residual help from the classes
 
 
 def test_trains_with_the_installed_package_as_user_dir(tiny_bin, tmp_path):

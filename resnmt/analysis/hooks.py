@@ -1,9 +1,11 @@
 """Forward hooks that measure connections and activations while a model runs.
 
 :class:`StatsCollector` registers hooks on the connection and activation modules of a
-``resnmt_transformer`` (nothing else: a model without gates, rSkip or normalized
-activations gets only the padding-mask hooks on its layers) and hands every measurement
-to a *sink*:
+``resnmt_transformer`` (nothing else: a model whose connections measure nothing and
+that has no normalized activations gets no hook at all) and hands every measurement
+to a *sink*. What a connection measures is its own class's ``measured_statistics()`` and
+``measure(x, fx)`` (``resnmt.modules.connections``); the hooks know no kind.
+Sinks:
 
 * :class:`Accumulator` (``resnmt-analyze``) sums values and counts over every real
   token seen, for token-weighted means over many batches;
@@ -24,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from resnmt.analysis import statistics as S
-from resnmt.modules.connections import HighwayConnection, RSkipLNConnection, SASConnection
+from resnmt.modules.connections import CONNECTION_CLASSES, Statistic, SublayerConnection
 from resnmt.modules.normalized_activation import NormalizedActivation
 
 SIDES = ("encoder", "decoder")
@@ -35,18 +37,26 @@ SUBLAYERS = {  # connection attribute of a layer -> sublayer name
 }
 SUBLAYER_LABELS = {"self": "self-attention", "cross": "enc-dec attention", "ffn": "FFN", "output": "block output"}
 
-# statistic name -> (short key used in training logs, description)
-STATISTICS = {
-    "sas_alpha": ("sas_alpha", "SAS alpha: weight of the skip x"),
-    "sas_beta": ("sas_beta", "SAS beta: weight of the residual F"),
-    "sas_gamma": ("sas_gamma", "SAS gamma: weight of LN(x+F)"),
-    "rskip_ratio": ("rskip_ratio", "rSkip effective skip:residual ratio"),
-    "highway_gate": ("hw_gate", "highway transform gate t (weight of F)"),
-    "act_rho": ("act_rho", "activation forward gain rho"),
-    "act_rho_prime": ("act_rhop", "activation backward gain rho'"),
-    "act_lambda": ("act_lambda", "activation normalization factor lambda"),
-    "grad_norm": ("grad_norm", "gradient norm of the block output"),
+
+def _connection_statistics() -> Dict[str, Statistic]:
+    """Every statistic a registered connection kind reports, in registry order."""
+    found: Dict[str, Statistic] = {}
+    for cls in CONNECTION_CLASSES.values():
+        for stat in cls.statistics:
+            found.setdefault(stat.name, stat)
+    return found
+
+
+# statistic name -> Statistic (log key, description, plot label): the connections' own,
+# then the FFN activations' gains and the block-output gradient norm
+STATISTICS: Dict[str, Statistic] = {
+    **_connection_statistics(),
+    "act_rho": Statistic("act_rho", "act_rho", "activation forward gain rho", "rho = Var[f(h)] / Var[h]"),
+    "act_rho_prime": Statistic("act_rho_prime", "act_rhop", "activation backward gain rho'", "rho' = P(h > 0)"),
+    "act_lambda": Statistic("act_lambda", "act_lambda", "activation normalization factor lambda", "lambda"),
+    "grad_norm": Statistic("grad_norm", "grad_norm", "gradient norm of the block output", "mean ||dL/dh_t|| per token"),
 }
+CONNECTION_STATISTICS = tuple(_connection_statistics())
 
 Site = Tuple[str, int, str]
 Sink = Callable[[Site, str, Tensor, Tensor], None]  # (site, statistic, sum, count)
@@ -115,15 +125,11 @@ class StatsCollector:
         measured = False
         for attr, sublayer in SUBLAYERS.items():
             conn = getattr(layer, attr, None)
-            site = (side, index, sublayer)
-            if isinstance(conn, SASConnection):
-                self._hook(conn, self._sas_hook(site, slot), ("sas_alpha", "sas_beta", "sas_gamma"), site)
-            elif isinstance(conn, RSkipLNConnection):
-                self._hook(conn, self._rskip_hook(site, slot), ("rskip_ratio",), site)
-            elif isinstance(conn, HighwayConnection):
-                self._hook(conn, self._highway_hook(site, slot), ("highway_gate",), site)
-            else:
+            if not isinstance(conn, SublayerConnection) or not conn.measured_statistics():
                 continue
+            site = (side, index, sublayer)
+            names = [stat.name for stat in conn.measured_statistics()]
+            self._hook(conn, self._connection_hook(site, slot), names, site)
             measured = True
         act = getattr(layer, "ffn_activation", None)
         if isinstance(act, NormalizedActivation):
@@ -150,30 +156,14 @@ class StatsCollector:
             self.sink(site, name, total, count)
 
     # ------------------------------------------------------------------ hooks
-    def _sas_hook(self, site: Site, slot: _MaskSlot):
+    def _connection_hook(self, site: Site, slot: _MaskSlot):
+        """What the connection's own ``measure(x, fx)`` returns, from its call's inputs."""
+
         def hook(module, inputs, output):
             if self._active(module):
                 with torch.no_grad():
-                    gates = S.sas_gates(module, *inputs)
-                self._emit(site, {f"sas_{k}": v for k, v in gates.items()}, slot.mask)
-
-        return hook
-
-    def _rskip_hook(self, site: Site, slot: _MaskSlot):
-        def hook(module, inputs, output):
-            if self._active(module):
-                with torch.no_grad():
-                    ratio = S.rskip_ratio(module, *inputs)
-                self._emit(site, {"rskip_ratio": ratio}, slot.mask)
-
-        return hook
-
-    def _highway_hook(self, site: Site, slot: _MaskSlot):
-        def hook(module, inputs, output):
-            if self._active(module):
-                with torch.no_grad():
-                    gate = S.highway_gate(module, inputs[0])
-                self._emit(site, {"highway_gate": gate}, slot.mask)
+                    values = module.measure(*inputs)
+                self._emit(site, values, slot.mask)
 
         return hook
 

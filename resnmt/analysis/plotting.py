@@ -20,19 +20,6 @@ STYLE = {  # sublayer -> line style
     "ffn": dict(color="tab:green", marker="^"),
     "output": dict(color="tab:purple", marker="D"),
 }
-Y_LABELS = {
-    "sas_alpha": "mean alpha (skip weight)",
-    "sas_beta": "mean beta (residual weight)",
-    "sas_gamma": "mean gamma (weight of LN(x+F))",
-    "rskip_ratio": "effective skip : residual ratio",
-    "highway_gate": "mean transform gate t",
-    "act_rho": "rho = Var[f(h)] / Var[h]",
-    "act_rho_prime": "rho' = P(h > 0)",
-    "act_lambda": "lambda",
-    "grad_norm": "mean ||dL/dh_t|| per token",
-}
-UNIT_INTERVAL = {"sas_alpha", "sas_beta", "sas_gamma", "highway_gate"}
-
 
 def _present(values: List[Optional[float]]) -> bool:
     return any(v is not None for v in values)
@@ -66,14 +53,14 @@ def plot_statistic(
         if drawn:
             ax.legend(fontsize=8, loc="best")
         else:
-            ax.text(0.5, 0.5, f"no {STATISTICS[name][1].split(':')[0]}\nin this side", ha="center", va="center",
+            ax.text(0.5, 0.5, f"no {STATISTICS[name].description.split(':')[0]}\nin this side", ha="center", va="center",
                     transform=ax.transAxes, color="gray")
         if log_scale:
             ax.set_yscale("log")
-    axes[0].set_ylabel(Y_LABELS.get(name, name))
-    if name in UNIT_INTERVAL:
+    axes[0].set_ylabel(STATISTICS[name].axis_label)
+    if STATISTICS[name].unit_interval:
         axes[0].set_ylim(-0.02, 1.02)
-    fig.suptitle(f"{title}: {STATISTICS[name][1]}", fontsize=11)
+    fig.suptitle(f"{title}: {STATISTICS[name].description}", fontsize=11)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -2,10 +2,13 @@
 training log (console, ``--log-format json``, ``--tensorboard-logdir``).
 
 Off by default; with the flag unset no hook is registered, so training costs nothing
-extra. With it, :class:`~resnmt.analysis.hooks.StatsCollector` hooks measure every
-training forward (never validation or generation) and log through
-``fairseq.logging.metrics.log_scalar``; fairseq averages the values of the updates
-between two log lines.
+extra. With it, the ``resnmt_translation`` task (``--task resnmt_translation``, which
+the flag requires) attaches :class:`~resnmt.analysis.hooks.StatsCollector` hooks when
+training begins (``begin_epoch``); they measure every training forward (never
+validation or generation) and log through ``fairseq.logging.metrics.log_scalar``;
+fairseq averages the values of the updates between two log lines. Building or loading
+a model never attaches them, so ``fairseq-generate`` and ``resnmt-analyze`` on a
+checkpoint trained with the flag run without hooks.
 
 Levels:
 
@@ -28,15 +31,20 @@ PRIORITY = 500  # after fairseq's own keys (loss ... wall) in the console line
 ROUND = 3
 
 
+TASK_REQUIRED = "resnmt_translation"
+
+
 def add_log_connection_stats_args(parser) -> None:
     """Declared without a default (fairseq parses model flags with argparse.SUPPRESS)."""
     parser.add_argument(
         "--log-connection-stats", nargs="?", const="side", choices=LEVELS, metavar="LEVEL",
-        help="log SAS alpha/beta/gamma, the rSkip effective skip:residual ratio, the highway "
-        "gate and NReLU/NSwish rho, rho', lambda at every --log-interval, averaged over real "
+        help="log what each connection learns (SAS alpha/beta/gamma, the rSkip effective skip:residual "
+        "ratio, the highway gate, the skip:residual norm ratio of xskip/deepnorm/admin, learned lambda, "
+        "Admin omega, ReZero a) and NReLU/NSwish rho, rho', lambda at every --log-interval, averaged over real "
         "(non-padding) tokens: 'side' (the flag alone) = one value per encoder/decoder side "
         "(keys like sas_alpha_enc), 'layer' = also per layer and sublayer (sas_alpha_enc0_self). "
-        "Costs one extra gate evaluation per sublayer in training (default: off)",
+        "Costs one extra gate evaluation per sublayer in training. Needs --task resnmt_translation, "
+        "which attaches the hooks in training only (default: off)",
     )
 
 
@@ -45,7 +53,7 @@ def log_key(statistic: str, site: Site, per_layer: bool) -> str:
 
     Activation keys drop the sublayer (it is always the FFN): ``act_rho_dec2``.
     """
-    short = STATISTICS[statistic][0]
+    short = STATISTICS[statistic].log_key
     side, layer, sublayer = site
     if not per_layer:
         return f"{short}_{side[:3]}"
@@ -70,13 +78,25 @@ class MetricsSink:
             metrics.log_scalar(log_key(name, site, True), value, weight=1, priority=PRIORITY + 1, round=ROUND)
 
 
-def attach_training_logger(model: nn.Module, args) -> Optional[StatsCollector]:
-    """Register the training-time hooks if ``--log-connection-stats`` is set; returns the
-    collector (``.remove()`` takes the hooks off) or None when the flag is off."""
-    level = getattr(args, "log_connection_stats", None)
+def attach_training_logger(model: nn.Module, level: Optional[str]) -> Optional[StatsCollector]:
+    """Register the training-time hooks on ``model`` for ``--log-connection-stats LEVEL``;
+    returns the collector (``.remove()`` takes the hooks off), or None when ``level`` is
+    unset. Called by the ``resnmt_translation`` task when training begins, never when a
+    model is built, so a checkpoint trained with the flag loads without hooks."""
     if not level:
         return None
-    collector = StatsCollector(model, MetricsSink(level), training_only=True)
-    # kept so that tools (resnmt-analyze) can take the hooks off a loaded model
-    model.__dict__["connection_stats_logger"] = collector
-    return collector
+    return StatsCollector(model, MetricsSink(level), training_only=True)
+
+
+def training_level(model: nn.Module) -> Optional[str]:
+    """The ``--log-connection-stats`` level a model was built with (None: off)."""
+    return getattr(getattr(model, "args", None), "log_connection_stats", None)
+
+
+def check_log_connection_stats_task(args) -> None:
+    """At argument parsing: the flag needs the task that attaches the hooks."""
+    if getattr(args, "log_connection_stats", None) and getattr(args, "task", TASK_REQUIRED) != TASK_REQUIRED:
+        raise ValueError(
+            f"--log-connection-stats needs --task {TASK_REQUIRED} (got --task {args.task}): "
+            "that task attaches the statistics hooks in training"
+        )

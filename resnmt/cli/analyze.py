@@ -8,10 +8,10 @@ The first ``--num-sentences`` sentences of ``--split`` are run teacher-forced on
 references in evaluation mode (no dropout), in batches of ``--batch-size`` sentences.
 For each layer and sublayer it reports, averaged over every real (non-padding) token:
 
-* SAS: alpha, beta, gamma (the connection's own ``gate_values``);
-* rSkip+LN: the effective skip:residual ratio ``1 + sum_i prod_{j<=i} sigma_j / w_j``
-  (per feature, then averaged over features and tokens);
-* highway: the transform gate t (averaged over features and tokens);
+* what each connection measures (its class's ``measure``): SAS alpha, beta, gamma;
+  rSkip+LN's effective skip:residual ratio ``1 + sum_i prod_{j<=i} sigma_j / w_j``;
+  the highway gate t; the skip:residual norm ratio ``||s*x|| / ||F||`` of xSkip(+LN),
+  DeepNorm and Admin; the learned lambda (mean), Admin's omega (mean), ReZero's a;
 * NReLU/NSwish: rho, rho', lambda;
 * every model: the gradient norm ``||dL/dh_t||`` of each layer's output, L the
   summed (label-smoothed) NLL of the batch.
@@ -27,11 +27,10 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from resnmt.analysis.hooks import STATISTICS
+from resnmt.analysis.hooks import CONNECTION_STATISTICS, STATISTICS
 from resnmt.cli.common import OneLineErrorParser
 
 PROG = "resnmt-analyze"
-GATE_STATISTICS = ("sas_alpha", "sas_beta", "sas_gamma", "highway_gate")
 
 
 class AnalyzeError(Exception):
@@ -41,8 +40,9 @@ class AnalyzeError(Exception):
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(
         prog=PROG,
-        description="Per-layer statistics of a resnmt_transformer checkpoint (SAS gates, rSkip "
-        "ratio, highway gate, NReLU/NSwish gains, gradient norm of each block output), "
+        description="Per-layer statistics of a resnmt_transformer checkpoint (what each connection "
+        "kind learns: SAS gates, rSkip ratio, highway gate, skip:residual ratios, ReZero a, Admin omega; "
+        "NReLU/NSwish gains, gradient norm of each block output), "
         "teacher-forced on a binarized split; writes OUT/analysis.json and one PNG per statistic.",
     )
     p.add_argument("checkpoint", type=Path, help="a fairseq checkpoint of a resnmt_transformer model")
@@ -97,9 +97,6 @@ def load(args):
     model = models[0]
     if not hasattr(model, "encoder") or not hasattr(model.encoder, "connection_spec"):
         raise AnalyzeError(f"{args.checkpoint} holds a {type(model).__name__}, not a resnmt_transformer model")
-    logger = model.__dict__.pop("connection_stats_logger", None)
-    if logger is not None:  # trained with --log-connection-stats: those hooks only log in training
-        logger.remove()
     return model, task, cfg
 
 
@@ -133,7 +130,7 @@ def nest(means: Dict[str, Dict[tuple, float]], num_layers: Dict[str, int]) -> di
     """``{stat: {(side, layer, sublayer): v}}`` -> ``{stat: {side: {sublayer: [v or None per layer]}}}``."""
     order = {name: i for i, name in enumerate(("encoder", "decoder", "self", "cross", "ffn", "output"))}
     out: dict = {}
-    for name in [n for n in STATISTICS if n in means]:  # a fixed order: gates, ratio, activation, gradient
+    for name in [n for n in STATISTICS if n in means]:  # a fixed order: connections, activation, gradient
         sides: dict = {}
         by_site = means[name]
         for side, layer, sublayer in sorted(by_site, key=lambda s: (order[s[0]], order[s[2]], s[1])):
@@ -210,12 +207,12 @@ def analyze(args) -> dict:
             "loss_per_token": loss_sum / max(ntokens["decoder"], 1),
             "nll_per_token": nll_sum / max(ntokens["decoder"], 1),
         },
-        "descriptions": {name: STATISTICS[name][1] for name in statistics},
+        "descriptions": {name: STATISTICS[name].description for name in statistics},
         "statistics": statistics,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    if not any(name in statistics for name in GATE_STATISTICS):
+    if not any(name in statistics for name in CONNECTION_STATISTICS):
         print(f"no gates in this model ({kinds_description(kinds)}): skipping gate plots")
     size = f"{num_layers['encoder']}+{num_layers['decoder']} layers, d={model.encoder.embed_tokens.embedding_dim}"
     title = f"{arch} ({size}; {args.split}, {n} sentences)"

@@ -14,6 +14,7 @@ from fairseq.tasks.translation import TranslationTask
 
 import resnmt  # noqa: F401
 from resnmt.models.architectures import ARCHS
+from resnmt.modules.connections import CONNECTION_CLASSES
 
 
 def dictionary(size: int) -> Dictionary:
@@ -46,9 +47,10 @@ def main(argv=None):
     rows = [(name, ()) for name in ARCHS] + [("transformer_sas_base", ("--sas-gate-dim", "64"))]
     for name, extra in rows:
         model = build(name, vocab, extra)
-        kind = model.encoder.connection_spec.kind
-        if model.encoder.connection_spec.kind in ("xskip_ln", "rskip_ln"):
-            kind += f" (lambda {model.encoder.connection_spec.skip_lambda:g})"
+        spec = model.encoder.connection_spec
+        kind = spec.kind + "".join(  # the values the arch chooses, e.g. "(lambda 2)"
+            f" ({dest.replace('skip_', '')} {getattr(spec, dest):g})" for dest in CONNECTION_CLASSES[spec.kind].arch_options
+        )
         label = name + (" " + " ".join(extra) if extra else "")
         print(f"| `{label}` | {kind} | {count(model) / 1e6:.1f}M | {count(model, True) / 1e6:.1f}M |")
 

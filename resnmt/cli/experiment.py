@@ -37,9 +37,10 @@ command resumes from SAVE_DIR/checkpoint_last.pt (fairseq's default restore file
 
 DATASET   iwslt15-en-vi (en->vi), wmt14-en-de (en->de), wmt14-en-fr (en->fr),
           multi30k (en->de); data from data-prep/prepare-DATASET.sh
-ARCH      a registered arch of model resnmt_transformer
-          (transformer_{{postln,preln,xskip,rskip,sas,highway}}_{{base,big}},
-          resnmt_transformer), or fairseq's 'transformer' for a baseline
+ARCH      a registered arch of model resnmt_transformer (resnmt_transformer, or
+          transformer_FAMILY_{{base,big}} for each connection kind's family, e.g.
+          transformer_sas_base; python -m resnmt.cli.arch_table lists them all), or
+          fairseq's 'transformer' for a baseline
 
 Options:
   --data DIR            binarized data (default: data/DATASET/bin)

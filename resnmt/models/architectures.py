@@ -12,20 +12,17 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_de_big as fairseq_big_sizes,
 )
 
+from resnmt.analysis.training_log import check_log_connection_stats_task
 from resnmt.models.options import check_model_args, connection_defaults
+from resnmt.modules.connections import CONNECTION_CLASSES
 from resnmt.models.resnmt_transformer import exit_on_bad_args
 from resnmt.modules.normalized_activation import normalized_activation_defaults
 
 MODEL = "resnmt_transformer"
 
-# arch family -> (connection kind, skip lambda or None)
+# arch family -> (connection kind, the flag values the arch chooses), read from the kinds
 FAMILIES = {
-    "postln": ("post_ln", None),
-    "preln": ("pre_ln", None),
-    "xskip": ("xskip_ln", 2.0),
-    "rskip": ("rskip_ln", 2),
-    "sas": ("sas", None),
-    "highway": ("highway", None),
+    cls.arch_family: (kind, dict(cls.arch_options)) for kind, cls in CONNECTION_CLASSES.items() if cls.arch_family
 }
 SIZES = {"base": fairseq_base_sizes, "big": fairseq_big_sizes}
 
@@ -35,6 +32,7 @@ def resnmt_defaults(args) -> None:
     connection_defaults(args)
     normalized_activation_defaults(args)
     exit_on_bad_args(check_model_args, args)
+    exit_on_bad_args(check_log_connection_stats_task, args)
 
 
 @register_model_architecture(MODEL, MODEL)
@@ -47,20 +45,21 @@ def resnmt_transformer(args):
 
 
 def make_arch(family: str, size: str):
-    kind, skip_lambda = FAMILIES[family]
+    kind, options = FAMILIES[family]
     sizes = SIZES[size]
 
     def arch(args):
         args.residual = getattr(args, "residual", None) or kind
-        if skip_lambda is not None and getattr(args, "skip_lambda", None) is None:
-            args.skip_lambda = skip_lambda
+        for dest, value in options.items():
+            if getattr(args, dest, None) is None:
+                setattr(args, dest, value)
         connection_defaults(args)
         sizes(args)
         resnmt_defaults(args)
 
     arch.__name__ = arch.__qualname__ = f"transformer_{family}_{size}"
-    arch.__doc__ = f"{size} sizes, every sublayer connection {kind}" + (
-        f" with lambda {skip_lambda:g}" if skip_lambda is not None else ""
+    arch.__doc__ = f"{size} sizes, every sublayer connection {kind}" + "".join(
+        f", {dest} {value}" for dest, value in options.items()
     )
     return register_model_architecture(MODEL, arch.__name__)(arch)
 

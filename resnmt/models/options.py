@@ -1,31 +1,25 @@
 """Command-line flags of resnmt's connections, their defaults and their checks.
 
-fairseq parses model flags with ``argparse.SUPPRESS`` as the default, so the flags are
-declared here without defaults and ``connection_defaults`` fills in what the command
-line left out (arch functions call it after setting their own choices).
+The flags themselves are declared by the connection classes
+(``resnmt.modules.connections``: each kind's ``flags``); this module puts them on
+fairseq's parser, fills in defaults and builds each side's ``ConnectionSpec``. fairseq
+parses model flags with ``argparse.SUPPRESS`` as the default, so the flags are declared
+without defaults and ``connection_defaults`` fills in what the command line left out
+(arch functions call it after setting their own choices).
 """
-import argparse
-from typing import Optional
-
-from resnmt.modules.connections import (
+from resnmt.modules.connections import (  # noqa: F401  (positive_*: argparse types other flags reuse)
+    CONNECTION_CLASSES,
+    CONNECTION_FLAGS,
     CONNECTION_KINDS,
-    SAS_GAMMA_FORMS,
-    SAS_GATE_FORMS,
     ConnectionConfigError,
     ConnectionSpec,
+    check_flags_used,
+    positive_float,
+    positive_int,
 )
 
-DEFAULTS = {
-    "residual": "post_ln",
-    "skip_lambda": 2.0,
-    "sas_gate": "two_layer",
-    "sas_gamma": "product",
-    "sas_gate_dim": None,
-    "sas_alpha_bias_init": 0.0,
-    "sas_beta_bias_init": 0.0,
-    "sas_gamma_bias_init": 0.0,
-    "highway_bias_init": -2.0,
-}
+# every connection flag's default, read from the registered kinds
+DEFAULTS = {"residual": "post_ln", **{dest: flag.default for dest, flag in CONNECTION_FLAGS.items()}}
 
 # fairseq options whose code paths the resnmt layers do not implement
 UNSUPPORTED_FAIRSEQ_FLAGS = {
@@ -37,73 +31,22 @@ UNSUPPORTED_FAIRSEQ_FLAGS = {
 }
 
 
-def positive(cast, allowed: str):
-    """An argparse ``type``: ``cast(text)`` if that is > 0, else one error naming the value."""
-
-    def parse(text: str):
-        try:
-            value = cast(text)
-        except ValueError:
-            value = None
-        if value is None or not value > 0:
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be {allowed}")
-        return value
-
-    return parse
-
-
-positive_float = positive(float, "a real number > 0")
-positive_int = positive(int, "an integer > 0")
+def residual_help() -> str:
+    """``--residual``'s help: each registered kind with its equation and source."""
+    kinds = "; ".join(f"{kind}: {cls.equation} [{cls.source}]" for kind, cls in CONNECTION_CLASSES.items())
+    return f"connection of every sublayer: {kinds} (default: the arch's, post_ln)"
 
 
 def add_connection_args(parser) -> None:
     """Add resnmt's connection flags to ``parser`` (fairseq passes its model-specific
-    argument group; no nested group, which argparse would leave out of --help)."""
-    kinds = ", ".join(CONNECTION_KINDS)
-    group = parser
-    group.add_argument(
-        "--residual", choices=CONNECTION_KINDS, metavar="KIND",
-        help=f"connection of every sublayer ({kinds}); post_ln: LN(x+F) [Vaswani 2017]; "
-        "pre_ln: x+F(LN(x)) and a final LN [He 2016]; xskip: lambda*x+F [rSkip eq.2]; "
-        "xskip_ln: LN(lambda*x+F) [rSkip eq.3]; rskip_ln: y1=LN1(x+F), yk=LNk(x+y_{k-1}) "
-        "[rSkip eq.4]; sas: alpha*x+beta*F+gamma*LN(x+F) [SAS eq.3/4]; highway: t*F+(1-t)*x, "
-        "t=sigmoid(x W_T+b_T) [Srivastava 2015] (default: the arch's, post_ln)",
-    )
-    group.add_argument("--encoder-residual", choices=CONNECTION_KINDS, metavar="KIND",
-                       help="connection of the encoder's sublayers (default: --residual)")
-    group.add_argument("--decoder-residual", choices=CONNECTION_KINDS, metavar="KIND",
-                       help="connection of the decoder's sublayers (default: --residual)")
-    group.add_argument(
-        "--skip-lambda", type=positive_float, metavar="LAMBDA",
-        help="skip scale: the real lambda > 0 of xskip/xskip_ln (lambda*x), or the integer "
-        "lambda >= 1 of rskip_ln (number of LNs; 1 is post_ln) (default: 2, the rSkip paper's best)",
-    )
-    group.add_argument(
-        "--sas-gate", choices=SAS_GATE_FORMS,
-        help="SAS gate S(x,F): two_layer = tanh([x;F] W_f + b_f) W_ff + b_ff (paper); "
-        "single_layer = [x;F] W + b (paper's ablation) (default: two_layer)",
-    )
-    group.add_argument(
-        "--sas-gamma", choices=SAS_GAMMA_FORMS,
-        help="SAS weight of LN(x+F): product = (1-alpha)(1-beta) (paper eq. 4, default) or "
-        "gate = a third gate sigmoid(S_gamma) (paper eq. 3)",
-    )
-    group.add_argument(
-        "--sas-gate-dim", type=positive_int, metavar="N",
-        help="hidden size of the two-layer SAS gates (default: the model dimension h, as in the paper; "
-        "e.g. 64 cuts the gates' cost ~8x at d=512)",
-    )
-    group.add_argument("--sas-alpha-bias-init", type=float, metavar="B",
-                       help="initial output bias b_ff of the alpha (skip) gate (default: 0; the paper's image models used +3)")
-    group.add_argument("--sas-beta-bias-init", type=float, metavar="B",
-                       help="initial output bias b_ff of the beta (residual) gate (default: 0; the paper's image models used -3)")
-    group.add_argument("--sas-gamma-bias-init", type=float, metavar="B",
-                       help="initial output bias of the gamma gate with --sas-gamma gate (default: 0)")
-    group.add_argument(
-        "--highway-bias-init", type=float, metavar="B",
-        help="initial bias b_T of the highway transform gate; negative favours the skip x at the "
-        "start (default: -2)",
-    )
+    argument group; no nested group, which argparse would leave out of --help): the
+    kind flags, then each registered kind's own flags."""
+    parser.add_argument("--residual", choices=CONNECTION_KINDS, metavar="KIND", help=residual_help())
+    for side in ("encoder", "decoder"):
+        parser.add_argument(f"--{side}-residual", choices=CONNECTION_KINDS, metavar="KIND",
+                            help=f"connection of the {side}'s sublayers (default: --residual)")
+    for flag in CONNECTION_FLAGS.values():
+        flag.add_to(parser)
 
 
 def connection_defaults(args) -> None:
@@ -121,36 +64,42 @@ def connection_defaults(args) -> None:
             asked_pre_ln = getattr(args, f"{side}_normalize_before", False)
             setattr(args, kind_key, "pre_ln" if asked_pre_ln else args.residual)
         # keep fairseq's own flag consistent: it decides the stack-final LayerNorm
-        setattr(args, f"{side}_normalize_before", getattr(args, kind_key) == "pre_ln")
+        setattr(args, f"{side}_normalize_before", CONNECTION_CLASSES[getattr(args, kind_key)].final_norm)
+
+
+def num_layers(cfg, side: str) -> int:
+    """``side``'s depth from a TransformerConfig (``cfg.encoder.layers``) or flat args."""
+    sub = getattr(cfg, side, None)
+    if sub is not None and getattr(sub, "layers", None) is not None:
+        return int(sub.layers)
+    return int(getattr(cfg, f"{side}_layers", None) or 6)
 
 
 def side_connection_spec(cfg, side: str) -> ConnectionSpec:
-    """The ConnectionSpec of ``side`` ("encoder"/"decoder") from flat model args or config."""
+    """The ConnectionSpec of ``side`` ("encoder"/"decoder") from flat model args or config
+    (a checkpoint from before a flag existed gets the flag's default)."""
 
-    def get(key: str, default=None):
+    def get(key: str):
         value = getattr(cfg, key, None)
-        return DEFAULTS.get(key, default) if value is None else value
+        return DEFAULTS.get(key) if value is None else value
 
-    gate_dim: Optional[int] = get("sas_gate_dim")
+    kind = get(f"{side}_residual") or get("residual")
+    own_flags = CONNECTION_CLASSES[kind].flags if kind in CONNECTION_CLASSES else ()
     return ConnectionSpec(
-        kind=get(f"{side}_residual") or get("residual"),
-        skip_lambda=float(get("skip_lambda")),
-        sas_gate=get("sas_gate"),
-        sas_gamma=get("sas_gamma"),
-        sas_gate_dim=None if gate_dim is None else int(gate_dim),
-        sas_alpha_bias_init=float(get("sas_alpha_bias_init")),
-        sas_beta_bias_init=float(get("sas_beta_bias_init")),
-        sas_gamma_bias_init=float(get("sas_gamma_bias_init")),
-        highway_bias_init=float(get("highway_bias_init")),
-        export=bool(get("export", False)),
+        kind,
+        side=side,
+        encoder_layers=num_layers(cfg, "encoder"),
+        decoder_layers=num_layers(cfg, "decoder"),
+        export=bool(get("export") or False),
+        **{flag.dest: get(flag.dest) for flag in own_flags},  # a side holds its own kind's flags
     )
 
 
 def check_model_args(args) -> None:
     """Raise ConnectionConfigError (a ValueError) for any connection option out of range,
     or a fairseq option the resnmt layers do not implement."""
-    for side in ("encoder", "decoder"):
-        side_connection_spec(args, side)  # validates in ConnectionSpec.__post_init__
+    specs = [side_connection_spec(args, side) for side in ("encoder", "decoder")]  # each validates itself
+    check_flags_used([spec.kind for spec in specs], {dest: getattr(args, dest, None) for dest in CONNECTION_FLAGS})
     for key, flag in UNSUPPORTED_FAIRSEQ_FLAGS.items():
         if getattr(args, key, False):
             raise ConnectionConfigError(f"{flag} is not supported by resnmt_transformer models")

@@ -5,7 +5,7 @@ import sys
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig, TransformerModel
 
-from resnmt.analysis.training_log import add_log_connection_stats_args, attach_training_logger
+from resnmt.analysis.training_log import add_log_connection_stats_args
 from resnmt.models.encoder_decoder import ResidualTransformerDecoder, ResidualTransformerEncoder
 from resnmt.models.options import add_connection_args, check_model_args
 from resnmt.modules.normalized_activation import add_normalized_activation_args
@@ -27,9 +27,7 @@ class ResidualTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         check_model_args(args)
-        model = super().build_model(args, task)
-        attach_training_logger(model, args)  # --log-connection-stats; no hooks when unset
-        return model
+        return super().build_model(args, task)  # no hooks: the task attaches them in training
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):

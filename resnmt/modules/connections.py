@@ -10,7 +10,12 @@ layers hold one connection per sublayer and never branch on the kind. Shapes: ``
 ``fx`` are ``(seq_len, batch, embed_dim)``; every gate is computed per position, so a
 step of incremental decoding sees exactly what the full forward sees.
 
-Equations (see ``docs`` and ``../shared/docs/methods.md``):
+**The registry is the one list of kinds.** Each connection class carries everything
+about its kind (see :class:`SublayerConnection`): its name, equation and source (the
+``--residual`` help), its own flags with defaults, help and checks, whether its stack
+ends with a LayerNorm, what ``resnmt-analyze`` and ``--log-connection-stats`` measure,
+its named architecture family, and how it initialises the sublayers it wraps. Adding a
+kind is one class decorated with :func:`register_connection` in this module.
 
 =========  ====================================================  ==========================
 kind       output y                                              source
@@ -22,10 +27,15 @@ xskip_ln   LN(lambda*x + F)                                      rSkip paper eq.
 rskip_ln   y1 = LN1(x + F), yk = LNk(x + y_{k-1}), k=2..lambda   rSkip paper eq. 4
 sas        alpha*x + beta*F + gamma*LN(x + F)                    SAS paper eq. 3/4
 highway    t*F + (1-t)*x, t = sigmoid(x W_T + b_T)               Srivastava et al. 2015
+deepnorm   LN(alpha*x + F), beta-scaled Xavier init              Wang et al. 2022
+rezero     x + a*F, a a learned scalar starting at 0             Bachlechner et al. 2020
+admin      LN(omega (.) x + F), omega a learned vector           Liu et al. 2020
 =========  ====================================================  ==========================
 """
+import argparse
+import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Tuple, Type
 
 import torch
 from fairseq.modules import LayerNorm
@@ -33,65 +43,237 @@ from torch import Tensor, nn
 
 from resnmt.modules.gates import ScalarGates
 
-CONNECTION_KINDS = ("post_ln", "pre_ln", "xskip", "xskip_ln", "rskip_ln", "sas", "highway")
-SAS_GATE_FORMS = ("two_layer", "single_layer")
-SAS_GAMMA_FORMS = ("product", "gate")
-
-
-@dataclass(frozen=True)
-class ConnectionSpec:
-    """Everything needed to build one side's connections; resolved from the model args."""
-
-    kind: str = "post_ln"
-    skip_lambda: float = 2.0
-    sas_gate: str = "two_layer"
-    sas_gamma: str = "product"
-    sas_gate_dim: Optional[int] = None  # None: the model dimension h, as in the paper
-    sas_alpha_bias_init: float = 0.0
-    sas_beta_bias_init: float = 0.0
-    sas_gamma_bias_init: float = 0.0
-    highway_bias_init: float = -2.0
-    export: bool = False  # fairseq's --export (use torch's LayerNorm)
-
-    def __post_init__(self):
-        check_connection_spec(self)
-
-    @property
-    def has_final_norm(self) -> bool:
-        """Pre-LN stacks end with a LayerNorm (fairseq's normalize_before)."""
-        return self.kind == "pre_ln"
-
 
 class ConnectionConfigError(ValueError):
     """A connection option with a value outside what is allowed."""
 
 
+# ---------------------------------------------------------------------------- flags
+
+
+def positive(cast, allowed: str):
+    """An argparse ``type``: ``cast(text)`` if that is > 0, else one error naming the value."""
+
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be {allowed}")
+        return value
+
+    parse.allowed = allowed
+    return parse
+
+
+positive_float = positive(float, "a real number > 0")
+positive_int = positive(int, "an integer > 0")
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line flag of a connection kind: ``--sas-gate-dim`` for ``dest`` sas_gate_dim.
+
+    Declared without an argparse default (fairseq parses model flags with
+    ``argparse.SUPPRESS``); ``default`` fills in what the command line and the arch left
+    unset. ``check`` is the argparse ``type`` for values (its ``allowed`` text is reused in
+    the error of a programmatic ConnectionSpec); ``choices`` limits the values; a ``switch``
+    is a store_true flag. ``owners_only``: setting it with a kind that does not list this
+    flag is an error (``hint`` says why).
+    """
+
+    dest: str
+    default: Any
+    help: str
+    check: Optional[Callable[[str], Any]] = None
+    choices: Optional[Tuple[str, ...]] = None
+    metavar: Optional[str] = None
+    switch: bool = False
+    owners_only: bool = False
+    hint: str = ""
+
+    @property
+    def option(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+    def add_to(self, parser) -> None:
+        if self.switch:
+            parser.add_argument(self.option, action="store_true", help=self.help)
+            return
+        kwargs = dict(help=self.help)
+        if self.check is not None:
+            kwargs["type"] = self.check
+        if self.choices is not None:
+            kwargs["choices"] = self.choices
+        if self.metavar is not None:
+            kwargs["metavar"] = self.metavar
+        parser.add_argument(self.option, **kwargs)
+
+    def validate(self, value: Any) -> None:
+        """The checks argparse makes, for a spec built in Python."""
+        if value is None:
+            return
+        if self.choices is not None and value not in self.choices:
+            raise ConnectionConfigError(f"{self.option} {value!r}: choose one of {', '.join(self.choices)}")
+        allowed = getattr(self.check, "allowed", None)
+        if allowed is not None and not value > 0:
+            raise ConnectionConfigError(f"{self.option} {_shown(value)} is invalid: it must be {allowed}")
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """What ``resnmt-analyze`` and ``--log-connection-stats`` report for a connection:
+    ``name`` (analysis.json, PNG file), ``log_key`` (training log), a one-line
+    ``description`` (``"what: meaning"``), the plot's ``axis_label``, and whether the
+    value lies in [0, 1] (plotted on that range)."""
+
+    name: str
+    log_key: str
+    description: str
+    axis_label: str
+    unit_interval: bool = False
+
+
+# ---------------------------------------------------------------------------- the spec
+
+
+class ConnectionSpec:
+    """Everything needed to build one side's connections; resolved from the model args,
+    immutable, and validated once, here.
+
+    Args:
+        kind: a registered connection kind (``CONNECTION_KINDS``).
+        side: "encoder" or "decoder" (DeepNorm's and Admin's constants depend on it).
+        encoder_layers, decoder_layers: the stacks' depths N and M.
+        export: fairseq's ``--export`` (use torch's LayerNorm).
+        **options: values of the kinds' flags by ``dest`` (``skip_lambda=2.0``,
+            ``sas_gate_dim=64``, ...); a flag left out takes its default.
+    """
+
+    __slots__ = ("kind", "side", "encoder_layers", "decoder_layers", "export", "options")
+
+    def __init__(self, kind: str = "post_ln", *, side: str = "encoder", encoder_layers: int = 6,
+                 decoder_layers: int = 6, export: bool = False, **options):
+        unknown = sorted(set(options) - set(CONNECTION_FLAGS))
+        if unknown:
+            raise TypeError(f"ConnectionSpec got unknown options {unknown}; flags are {sorted(CONNECTION_FLAGS)}")
+        values = {dest: flag.default for dest, flag in CONNECTION_FLAGS.items()}
+        values.update({k: v for k, v in options.items() if v is not None or CONNECTION_FLAGS[k].default is None})
+        for name, value in (("kind", kind), ("side", side), ("encoder_layers", int(encoder_layers)),
+                            ("decoder_layers", int(decoder_layers)), ("export", bool(export)),
+                            ("options", tuple(sorted(values.items())))):
+            object.__setattr__(self, name, value)
+        check_connection_spec(self)
+
+    def __getattr__(self, name: str):
+        if name in CONNECTION_FLAGS:
+            return dict(object.__getattribute__(self, "options"))[name]
+        raise AttributeError(f"ConnectionSpec has no attribute {name!r}")
+
+    def __setattr__(self, name, value):
+        raise AttributeError("ConnectionSpec is immutable")
+
+    def __reduce__(self):  # copy, deepcopy and pickle rebuild (and re-validate) through __init__
+        return (_rebuild_spec, (self.kind, self.side, self.encoder_layers, self.decoder_layers, self.export,
+                                dict(self.options)))
+
+    def _key(self):
+        return (self.kind, self.side, self.encoder_layers, self.decoder_layers, self.export, self.options)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ConnectionSpec) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        own = {flag.dest for flag in connection_class(self.kind).flags} if self.kind in CONNECTION_CLASSES else set()
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.options if k in own)
+        return (f"ConnectionSpec(kind={self.kind!r}, side={self.side!r}, layers={self.encoder_layers}+"
+                f"{self.decoder_layers}{', ' + shown if shown else ''})")
+
+    @property
+    def has_final_norm(self) -> bool:
+        """Whether the stack ends with a LayerNorm (pre-LN: fairseq's normalize_before)."""
+        return connection_class(self.kind).final_norm
+
+    @property
+    def num_sublayers(self) -> int:
+        """Residual sublayers in this side's stack: 2N (encoder) or 3M (decoder)."""
+        return 2 * self.encoder_layers if self.side == "encoder" else 3 * self.decoder_layers
+
+
+def _rebuild_spec(kind, side, encoder_layers, decoder_layers, export, options) -> ConnectionSpec:
+    return ConnectionSpec(kind, side=side, encoder_layers=encoder_layers, decoder_layers=decoder_layers,
+                          export=export, **options)
+
+
 def check_connection_spec(spec: ConnectionSpec) -> None:
     """Raise ConnectionConfigError naming the flag, the value and what is allowed."""
-    if spec.kind not in CONNECTION_KINDS:
+    if spec.kind not in CONNECTION_CLASSES:
         raise ConnectionConfigError(
             f"--residual {spec.kind!r} is not a connection kind; choose one of {', '.join(CONNECTION_KINDS)}"
         )
-    if spec.kind in ("xskip", "xskip_ln") and not spec.skip_lambda > 0:
-        raise ConnectionConfigError(
-            f"--skip-lambda {spec.skip_lambda:g} is invalid for --residual {spec.kind}: it must be a real number > 0"
-        )
-    if spec.kind == "rskip_ln" and (spec.skip_lambda < 1 or spec.skip_lambda != int(spec.skip_lambda)):
-        raise ConnectionConfigError(
-            f"--skip-lambda {spec.skip_lambda:g} is invalid for --residual rskip_ln: it must be an integer >= 1"
-        )
-    if spec.sas_gate not in SAS_GATE_FORMS:
-        raise ConnectionConfigError(f"--sas-gate {spec.sas_gate!r}: choose one of {', '.join(SAS_GATE_FORMS)}")
-    if spec.sas_gamma not in SAS_GAMMA_FORMS:
-        raise ConnectionConfigError(f"--sas-gamma {spec.sas_gamma!r}: choose one of {', '.join(SAS_GAMMA_FORMS)}")
-    if spec.sas_gate_dim is not None and spec.sas_gate_dim <= 0:
-        raise ConnectionConfigError(
-            f"--sas-gate-dim {spec.sas_gate_dim} is invalid: it must be an integer > 0 (default: the model dimension)"
-        )
+    if spec.side not in ("encoder", "decoder"):
+        raise ConnectionConfigError(f"connection side {spec.side!r}: choose encoder or decoder")
+    cls = connection_class(spec.kind)
+    cls.check_spec(spec)  # the kind's own rules first: their messages name the kind
+    for flag in cls.flags:
+        flag.validate(getattr(spec, flag.dest))
+    check_flags_used([spec.kind], {dest: getattr(spec, dest) for dest in CONNECTION_FLAGS})
+
+
+def check_flags_used(kinds, values: Mapping[str, Any]) -> None:
+    """Flags of other kinds are ignored, except ``owners_only`` ones: set to a
+    non-default value while none of ``kinds`` (the encoder's and decoder's) takes it,
+    they are an error."""
+    for flag in CONNECTION_FLAGS.values():
+        if not flag.owners_only or values.get(flag.dest, flag.default) in (None, flag.default):
+            continue
+        if not any(flag in CONNECTION_CLASSES[kind].flags for kind in kinds):
+            owners = ", ".join(k for k, c in CONNECTION_CLASSES.items() if flag in c.flags)
+            raise ConnectionConfigError(
+                f"{flag.option} is invalid for --residual {'/'.join(dict.fromkeys(kinds))}: "
+                f"it applies only to {owners}{flag.hint}"
+            )
+
+
+# ---------------------------------------------------------------------------- base class and registry
+
+# roles of the projections a layer hands to ``initialize_sublayer``
+QUERY, KEY, VALUE, OUTPUT, FFN_IN, FFN_OUT = "query", "key", "value", "output", "ffn_in", "ffn_out"
 
 
 class SublayerConnection(nn.Module):
-    """Base class. ``prenorm(x)`` is what the sublayer reads; ``forward(x, fx)`` is the output."""
+    """Base class. ``prenorm(x)`` is what the sublayer reads; ``forward(x, fx)`` is the output.
+
+    Class attributes a kind sets (read by the flags, the archs and the analysis):
+
+    * ``kind``, ``equation``, ``source``: its ``--residual`` name and help;
+    * ``flags``: its :class:`Flag` s (shared flags are the same object in several kinds);
+    * ``final_norm``: the stack ends with a LayerNorm (pre-LN);
+    * ``statistics``: the :class:`Statistic` s :meth:`measure` returns;
+    * ``arch_family``, ``arch_options``: named archs ``transformer_<family>_{base,big}``
+      and the flag values they choose (no family: no named arch).
+    """
+
+    kind: ClassVar[str]
+    equation: ClassVar[str]
+    source: ClassVar[str]
+    flags: ClassVar[Tuple[Flag, ...]] = ()
+    final_norm: ClassVar[bool] = False
+    statistics: ClassVar[Tuple[Statistic, ...]] = ()
+    arch_family: ClassVar[Optional[str]] = None
+    arch_options: ClassVar[Mapping[str, Any]] = {}
+
+    @classmethod
+    def check_spec(cls, spec: ConnectionSpec) -> None:
+        """Kind-specific checks beyond each flag's own (raise ConnectionConfigError)."""
 
     def prenorm(self, x: Tensor) -> Tensor:
         return x
@@ -99,9 +281,82 @@ class SublayerConnection(nn.Module):
     def forward(self, x: Tensor, fx: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def initialize_sublayer(self, projections: Mapping[str, nn.Module]) -> None:
+        """Called by the layer, once, for the sublayer this connection wraps, with its
+        linear projections by role (``query``, ``key``, ``value``, ``output`` for
+        attention; ``ffn_in``, ``ffn_out`` for the FFN). Default: keep fairseq's init."""
 
+    def measured_statistics(self) -> Tuple[Statistic, ...]:
+        """The statistics :meth:`measure` returns for this instance."""
+        return self.statistics
+
+    def measure(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
+        """``{statistic name: per-position values (seq_len, batch)}``; run under no_grad."""
+        return {}
+
+
+CONNECTION_CLASSES: Dict[str, Type[SublayerConnection]] = {}
+CONNECTION_FLAGS: Dict[str, Flag] = {}  # dest -> flag, over every registered kind
+
+
+def register_connection(cls: Type[SublayerConnection]) -> Type[SublayerConnection]:
+    """Class decorator: add ``cls`` to the registry under ``cls.kind``."""
+    if cls.kind in CONNECTION_CLASSES:
+        raise ValueError(f"connection kind {cls.kind!r} registered twice")
+    for flag in cls.flags:
+        known = CONNECTION_FLAGS.setdefault(flag.dest, flag)
+        if known is not flag:
+            raise ValueError(f"{flag.option} is declared twice with different definitions")
+    CONNECTION_CLASSES[cls.kind] = cls
+    return cls
+
+
+def connection_class(kind: str) -> Type[SublayerConnection]:
+    return CONNECTION_CLASSES[kind]
+
+
+# ---------------------------------------------------------------------------- shared flags and helpers
+
+SKIP_LAMBDA = Flag(
+    "skip_lambda", 2.0, check=positive_float, metavar="LAMBDA",
+    help="skip scale: the real lambda > 0 of xskip/xskip_ln (lambda*x), or the integer lambda >= 1 of "
+    "rskip_ln (number of LNs; 1 is post_ln) (default: 2, the rSkip paper's best)",
+)
+SKIP_LAMBDA_LEARNED = Flag(
+    "skip_lambda_learned", False, switch=True, owners_only=True,
+    hint=" (a real lambda; rskip_ln's lambda is an integer count of LayerNorms)",
+    help="xskip/xskip_ln: learn lambda as a per-dimension vector initialised to --skip-lambda "
+    "(the rSkip paper's learned-lambda variant, LN(w*x+F)) (default: a fixed scalar)",
+)
+
+SKIP_RATIO = Statistic(
+    "skip_ratio", "skip_ratio", "skip:residual norm ratio ||lambda*x|| / ||F||", "||lambda (.) x|| / ||F||"
+)
+
+
+def layer_norm_sigma(norm, z: Tensor) -> Tensor:
+    """What ``norm`` divides ``z - mean`` by: ``sqrt(Var[z] + eps)`` over features
+    (biased variance, the LayerNorm's own eps), shape ``z.shape[:-1]``."""
+    z = z.float()
+    return torch.sqrt(z.var(dim=-1, unbiased=False) + float(norm.eps))
+
+
+def per_position(value: Tensor, like: Tensor) -> Tensor:
+    """A per-sublayer number broadcast to every position of ``like`` ``(seq_len, batch, dim)``."""
+    return value.detach().float().expand(like.shape[:-1])
+
+
+# ---------------------------------------------------------------------------- the kinds
+
+
+@register_connection
 class PostLNConnection(SublayerConnection):
     """``LN(x + F)``: the original Transformer (fairseq's default)."""
+
+    kind = "post_ln"
+    equation = "LN(x+F)"
+    source = "Vaswani et al. 2017"
+    arch_family = "postln"
 
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__()
@@ -111,8 +366,15 @@ class PostLNConnection(SublayerConnection):
         return self.norm(x + fx)
 
 
+@register_connection
 class PreLNConnection(SublayerConnection):
     """``x + F(LN(x))``: the identity path stays free of normalization."""
+
+    kind = "pre_ln"
+    equation = "x+F(LN(x)) and a final LN"
+    source = "He et al. 2016"
+    final_norm = True
+    arch_family = "preln"
 
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__()
@@ -125,26 +387,88 @@ class PreLNConnection(SublayerConnection):
         return x + fx
 
 
+@register_connection
 class XSkipConnection(SublayerConnection):
-    """``lambda*x + F`` without normalization (the rSkip paper's ablation)."""
+    """``s*x + F`` without normalization: s = lambda (the rSkip paper's ablation).
+
+    The skip scale ``s`` is a constant (``skip_scale`` a float) or, when
+    :meth:`learned_scale` says so, a learned per-dimension vector (``skip_scale`` a
+    parameter) initialised to :meth:`initial_scale`. Subclasses change only those two
+    (and whether a LayerNorm follows).
+    """
+
+    kind = "xskip"
+    equation = "lambda*x+F"
+    source = "rSkip eq.2"
+    flags = (SKIP_LAMBDA, SKIP_LAMBDA_LEARNED)
+    statistics = (
+        SKIP_RATIO,
+        Statistic("skip_lambda", "skip_lambda", "learned lambda: skip scale, mean over features", "mean lambda"),
+    )
 
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__()
-        self.skip_lambda = float(spec.skip_lambda)
+        initial = float(self.initial_scale(spec))
+        if self.learned_scale(spec):
+            self.skip_scale = nn.Parameter(torch.full((dim,), initial))
+        else:
+            self.skip_scale = initial
+
+    @classmethod
+    def check_spec(cls, spec: ConnectionSpec) -> None:
+        if not spec.skip_lambda > 0:
+            raise ConnectionConfigError(
+                f"--skip-lambda {spec.skip_lambda:g} is invalid for --residual {spec.kind}: it must be a real number > 0"
+            )
+
+    @staticmethod
+    def initial_scale(spec: ConnectionSpec) -> float:
+        return spec.skip_lambda
+
+    @staticmethod
+    def learned_scale(spec: ConnectionSpec) -> bool:
+        return spec.skip_lambda_learned
+
+    @property
+    def learned(self) -> bool:
+        return isinstance(self.skip_scale, nn.Parameter)
 
     def forward(self, x: Tensor, fx: Tensor) -> Tensor:
         return self.scaled_sum(x, fx)
 
     def scaled_sum(self, x: Tensor, fx: Tensor) -> Tensor:
+        if self.learned:
+            return torch.addcmul(fx, x, self.skip_scale.to(x.dtype))
         # one fused pass (fx + lambda * x) instead of a scaled copy of x and then a sum
-        return torch.add(fx, x, alpha=self.skip_lambda)
+        return torch.add(fx, x, alpha=self.skip_scale)
+
+    def measured_statistics(self) -> Tuple[Statistic, ...]:
+        return self.statistics if self.learned else self.statistics[:1]
+
+    def measure(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
+        """The skip:residual ratio ``||s (.) x|| / ||F||`` per position (norms over
+        features), and with a learned scale its mean over features."""
+        scale = self.skip_scale.detach().float() if self.learned else self.skip_scale
+        skip = torch.linalg.vector_norm(x.float() * scale, dim=-1)
+        residual = torch.linalg.vector_norm(fx.float(), dim=-1).clamp(min=1e-12)
+        out = {SKIP_RATIO.name: skip / residual}
+        if self.learned:
+            out[self.statistics[1].name] = per_position(self.skip_scale.mean(), x)
+        return out
 
     def extra_repr(self) -> str:
-        return f"lambda={self.skip_lambda:g}"
+        return "learned, dim={}".format(self.skip_scale.numel()) if self.learned else f"lambda={self.skip_scale:g}"
 
 
+@register_connection
 class XSkipLNConnection(XSkipConnection):
-    """``LN(lambda*x + F)``: a scaled skip before the post-LN (rSkip paper eq. 3)."""
+    """``LN(s*x + F)``: a scaled skip before the post-LN (rSkip paper eq. 3)."""
+
+    kind = "xskip_ln"
+    equation = "LN(lambda*x+F)"
+    source = "rSkip eq.3"
+    arch_family = "xskip"
+    arch_options = {"skip_lambda": 2.0}
 
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__(dim, spec)
@@ -154,6 +478,7 @@ class XSkipLNConnection(XSkipConnection):
         return self.norm(self.scaled_sum(x, fx))
 
 
+@register_connection
 class RSkipLNConnection(SublayerConnection):
     """Recursive skip: ``y1 = LN1(x + F)``, ``yk = LNk(x + y_{k-1})``, output ``y_lambda``.
 
@@ -161,9 +486,26 @@ class RSkipLNConnection(SublayerConnection):
     lambda = 1 this is post-LN.
     """
 
+    kind = "rskip_ln"
+    equation = "y1=LN1(x+F), yk=LNk(x+y_{k-1})"
+    source = "rSkip eq.4"
+    flags = (SKIP_LAMBDA,)
+    statistics = (
+        Statistic("rskip_ratio", "rskip_ratio", "rSkip effective skip:residual ratio", "effective skip : residual ratio"),
+    )
+    arch_family = "rskip"
+    arch_options = {"skip_lambda": 2}
+
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__()
         self.norms = nn.ModuleList(LayerNorm(dim, export=spec.export) for _ in range(int(spec.skip_lambda)))
+
+    @classmethod
+    def check_spec(cls, spec: ConnectionSpec) -> None:
+        if spec.skip_lambda < 1 or spec.skip_lambda != int(spec.skip_lambda):
+            raise ConnectionConfigError(
+                f"--skip-lambda {spec.skip_lambda:g} is invalid for --residual rskip_ln: it must be an integer >= 1"
+            )
 
     def forward(self, x: Tensor, fx: Tensor) -> Tensor:
         y = fx
@@ -171,13 +513,70 @@ class RSkipLNConnection(SublayerConnection):
             y = norm(x + y)
         return y
 
+    def measure(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
+        """Effective skip : residual ratio (rSkip paper, appendix A), per position.
 
+        Writing ``LN_j(z) = w_j * (z - mean) / sigma_j + b_j`` and unrolling, the input of
+        the last LayerNorm holds ``x`` and ``F`` in the per-feature ratio::
+
+            x : F = 1 + sum_{i=1..lambda-1} prod_{j=1..i} sigma_j / w_j
+
+        with ``sigma_j`` the standard deviation over features of the input of ``LN_j``
+        at this position (``x + F`` for j = 1, ``x + y_{j-1}`` after), including the
+        LayerNorm's eps, and ``w_j`` its gain (per feature). Mean over features;
+        lambda = 1 (post-LN) gives 1.
+        """
+        x32, y = x.float(), fx.float()
+        ratio = torch.ones_like(x32)
+        product = torch.ones_like(x32)
+        norms = list(self.norms)
+        for j, norm in enumerate(norms):
+            z = x32 + y
+            if j < len(norms) - 1:  # the last LN's sigma does not enter the ratio
+                product = product * layer_norm_sigma(norm, z).unsqueeze(-1) / norm.weight.float()
+                ratio = ratio + product
+            y = norm(z.to(fx.dtype)).float()
+        return {"rskip_ratio": ratio.mean(dim=-1)}
+
+
+SAS_GATE_FORMS = ("two_layer", "single_layer")
+SAS_GAMMA_FORMS = ("product", "gate")
+
+
+@register_connection
 class SASConnection(SublayerConnection):
     """Self-adaptive scaling: ``alpha*x + beta*F + gamma*LN(x + F)`` (SAS paper eq. 3/4).
 
     alpha and beta are per-position scalars from two gates on ``[x; F]``; gamma is
     ``(1-alpha)(1-beta)`` (eq. 4, the paper's default) or a third gate (eq. 3).
     """
+
+    kind = "sas"
+    equation = "alpha*x+beta*F+gamma*LN(x+F)"
+    source = "SAS eq.3/4"
+    flags = (
+        Flag("sas_gate", "two_layer", choices=SAS_GATE_FORMS,
+             help="SAS gate S(x,F): two_layer = tanh([x;F] W_f + b_f) W_ff + b_ff (paper); "
+             "single_layer = [x;F] W + b (paper's ablation) (default: two_layer)"),
+        Flag("sas_gamma", "product", choices=SAS_GAMMA_FORMS,
+             help="SAS weight of LN(x+F): product = (1-alpha)(1-beta) (paper eq. 4, default) or "
+             "gate = a third gate sigmoid(S_gamma) (paper eq. 3)"),
+        Flag("sas_gate_dim", None, check=positive_int, metavar="N",
+             help="hidden size of the two-layer SAS gates (default: the model dimension h, as in the paper; "
+             "e.g. 64 cuts the gates' cost ~8x at d=512)"),
+        Flag("sas_alpha_bias_init", 0.0, check=float, metavar="B",
+             help="initial output bias b_ff of the alpha (skip) gate (default: 0; the paper's image models used +3)"),
+        Flag("sas_beta_bias_init", 0.0, check=float, metavar="B",
+             help="initial output bias b_ff of the beta (residual) gate (default: 0; the paper's image models used -3)"),
+        Flag("sas_gamma_bias_init", 0.0, check=float, metavar="B",
+             help="initial output bias of the gamma gate with --sas-gamma gate (default: 0)"),
+    )
+    statistics = (
+        Statistic("sas_alpha", "sas_alpha", "SAS alpha: weight of the skip x", "mean alpha (skip weight)", True),
+        Statistic("sas_beta", "sas_beta", "SAS beta: weight of the residual F", "mean beta (residual weight)", True),
+        Statistic("sas_gamma", "sas_gamma", "SAS gamma: weight of LN(x+F)", "mean gamma (weight of LN(x+F))", True),
+    )
+    arch_family = "sas"
 
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__()
@@ -205,13 +604,32 @@ class SASConnection(SublayerConnection):
     def forward(self, x: Tensor, fx: Tensor) -> Tensor:
         return self.combine(x, fx, **self.gate_values(x, fx))
 
+    def measure(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
+        """alpha, beta and gamma per position: whatever the connection multiplies x, F and
+        LN(x+F) by (gamma is (1-alpha)(1-beta), or the third gate with --sas-gamma gate)."""
+        return {f"sas_{name}": value.squeeze(-1).float() for name, value in self.gate_values(x, fx).items()}
 
+
+@register_connection
 class HighwayConnection(SublayerConnection):
     """``t*F + (1-t)*x`` with a per-dimension transform gate ``t = sigmoid(x W_T + b_T)``.
 
     ``b_T`` starts negative (``--highway-bias-init``) so that training begins close to
     the identity, as Srivastava et al. recommend.
     """
+
+    kind = "highway"
+    equation = "t*F+(1-t)*x, t=sigmoid(x W_T+b_T)"
+    source = "Srivastava 2015"
+    flags = (
+        Flag("highway_bias_init", -2.0, check=float, metavar="B",
+             help="initial bias b_T of the highway transform gate; negative favours the skip x at the "
+             "start (default: -2)"),
+    )
+    statistics = (
+        Statistic("highway_gate", "hw_gate", "highway transform gate t (weight of F)", "mean transform gate t", True),
+    )
+    arch_family = "highway"
 
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__()
@@ -226,17 +644,134 @@ class HighwayConnection(SublayerConnection):
         t = self.gate_values(x)
         return x + t * (fx - x)
 
+    def measure(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
+        """The transform gate t (weight of F; 1-t weighs the skip), mean over features."""
+        return {"highway_gate": self.gate_values(x).float().mean(dim=-1)}
 
-CONNECTION_CLASSES: Dict[str, Callable[[int, ConnectionSpec], SublayerConnection]] = {
-    "post_ln": PostLNConnection,
-    "pre_ln": PreLNConnection,
-    "xskip": XSkipConnection,
-    "xskip_ln": XSkipLNConnection,
-    "rskip_ln": RSkipLNConnection,
-    "sas": SASConnection,
-    "highway": HighwayConnection,
-}
-assert tuple(CONNECTION_CLASSES) == CONNECTION_KINDS
+
+def deepnorm_constants(side: str, encoder_layers: int, decoder_layers: int) -> Tuple[float, float]:
+    """(alpha, beta) of DeepNet (Wang et al. 2022, arXiv:2203.00555, Table 1) for an
+    encoder-decoder with N encoder and M decoder layers:
+    encoder alpha = 0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16);
+    decoder alpha = (3M)^(1/4), beta = (12M)^(-1/4)."""
+    n, m = encoder_layers, decoder_layers
+    if side == "encoder":
+        return 0.81 * (n ** 4 * m) ** (1 / 16), 0.87 * (n ** 4 * m) ** (-1 / 16)
+    return (3 * m) ** (1 / 4), (12 * m) ** (-1 / 4)
+
+
+@register_connection
+class DeepNormConnection(XSkipLNConnection):
+    """DeepNorm: ``LN(alpha*x + F)`` with the sublayer's value/output projections and FFN
+    initialised Xavier-normal with gain beta, query/key with gain 1 (DeepNet, Wang et al.
+    2022, Figure 2). alpha and beta follow the stack depths (:func:`deepnorm_constants`)."""
+
+    kind = "deepnorm"
+    equation = "LN(alpha*x+F), alpha,beta(N,M) and beta-scaled Xavier init"
+    source = "Wang et al. 2022, arXiv:2203.00555"
+    flags = ()
+    statistics = (SKIP_RATIO,)
+    arch_family = "deepnorm"
+    arch_options = {}
+    UNSCALED_ROLES = (QUERY, KEY)
+
+    def __init__(self, dim: int, spec: ConnectionSpec):
+        self.alpha, self.beta = deepnorm_constants(spec.side, spec.encoder_layers, spec.decoder_layers)
+        super().__init__(dim, spec)
+
+    @classmethod
+    def check_spec(cls, spec: ConnectionSpec) -> None:
+        pass
+
+    def initial_scale(self, spec: ConnectionSpec) -> float:
+        return self.alpha
+
+    @staticmethod
+    def learned_scale(spec: ConnectionSpec) -> bool:
+        return False
+
+    def initialize_sublayer(self, projections: Mapping[str, nn.Module]) -> None:
+        for role, linear in projections.items():
+            nn.init.xavier_normal_(linear.weight, gain=1.0 if role in self.UNSCALED_ROLES else self.beta)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha:.4g}, beta={self.beta:.4g}"
+
+
+@register_connection
+class ReZeroConnection(SublayerConnection):
+    """ReZero: ``x + a*F`` with one learned scalar ``a`` per sublayer, 0 at the start, and
+    no LayerNorm (Bachlechner et al. 2020, arXiv:2003.04887): every layer starts as the
+    identity."""
+
+    kind = "rezero"
+    equation = "x+a*F, a a learned scalar from 0, no LN"
+    source = "Bachlechner et al. 2020, arXiv:2003.04887"
+    statistics = (Statistic("rezero_a", "rezero_a", "ReZero a: weight of the residual F", "a (weight of F)"),)
+    arch_family = "rezero"
+
+    def __init__(self, dim: int, spec: ConnectionSpec):
+        super().__init__()
+        self.residual_weight = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: Tensor, fx: Tensor) -> Tensor:
+        return torch.addcmul(x, fx, self.residual_weight.to(fx.dtype))
+
+    def measure(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
+        return {"rezero_a": per_position(self.residual_weight[0], x)}
+
+
+ADMIN_OUTPUT_CHANGE_SCALES = ("O(logn)", "O(n)", "O(1)")
+
+
+def admin_omega(num_sublayers: int, output_change_scale: str = "O(logn)") -> float:
+    """Admin's initial omega without profiling, as admin-torch 0.1.0 computes it for a
+    stack of n residual sublayers: sqrt((n+1)/ln(n+1) - 1) for O(logn) (its default),
+    1 for O(n) (the plain residual), sqrt(n) for O(1)."""
+    n = num_sublayers
+    if output_change_scale == "O(logn)":
+        return math.sqrt((n + 1) / math.log(n + 1) - 1)
+    if output_change_scale == "O(n)":
+        return 1.0
+    return math.sqrt(n)
+
+
+@register_connection
+class AdminConnection(XSkipLNConnection):
+    """Admin: ``LN(omega (.) x + F)`` with omega a learned per-dimension vector (Liu et al.
+    2020, EMNLP, arXiv:2004.08249), initialised without the profiling pass as admin-torch
+    does (:func:`admin_omega`, n = the side's residual sublayers: 2N encoder, 3M decoder)."""
+
+    kind = "admin"
+    equation = "LN(omega*x+F), omega a learned vector from omega0(n)"
+    source = "Liu et al. 2020, EMNLP, arXiv:2004.08249"
+    flags = (
+        Flag("admin_output_change_scale", "O(logn)", choices=ADMIN_OUTPUT_CHANGE_SCALES, metavar="SCALE",
+             help="Admin's target output change at init, which sets omega0 for n residual sublayers "
+             "(2N encoder, 3M decoder): O(logn) = sqrt((n+1)/ln(n+1)-1) (admin-torch's default), "
+             "O(n) = 1 (post-LN), O(1) = sqrt(n) (default: O(logn))"),
+    )
+    statistics = (
+        SKIP_RATIO,
+        Statistic("admin_omega", "admin_omega", "Admin omega: skip scale, mean over features", "mean omega"),
+    )
+    arch_family = "admin"
+    arch_options = {}
+
+    @classmethod
+    def check_spec(cls, spec: ConnectionSpec) -> None:
+        pass
+
+    @staticmethod
+    def initial_scale(spec: ConnectionSpec) -> float:
+        return admin_omega(spec.num_sublayers, spec.admin_output_change_scale)
+
+    @staticmethod
+    def learned_scale(spec: ConnectionSpec) -> bool:
+        return True
+
+
+CONNECTION_KINDS = tuple(CONNECTION_CLASSES)
 
 
 def build_connection(dim: int, spec: ConnectionSpec) -> SublayerConnection:

@@ -21,7 +21,17 @@ from fairseq.modules.transformer_layer import (
 )
 from torch import Tensor, nn
 
-from resnmt.modules.connections import ConnectionSpec, SublayerConnection, build_connection
+from resnmt.modules.connections import (
+    FFN_IN,
+    FFN_OUT,
+    KEY,
+    OUTPUT,
+    QUERY,
+    VALUE,
+    ConnectionSpec,
+    SublayerConnection,
+    build_connection,
+)
 
 # fairseq's LayerNorm name -> our connection name, per sublayer
 FAIRSEQ_NORM_NAMES = {
@@ -49,7 +59,22 @@ class ConnectedSublayers:
             delattr(self, fairseq_name)
             setattr(self, FAIRSEQ_NORM_NAMES[fairseq_name], build_connection(self.embed_dim, spec))
         del self.activation_fn
-        self.normalize_before = spec.kind == "pre_ln"  # informational; forward never reads it
+        self.normalize_before = spec.has_final_norm  # informational; forward never reads it
+
+    def _initialize_sublayers(self) -> None:
+        """Let each connection initialise the sublayer it wraps (DeepNorm scales the
+        projections; the other kinds keep fairseq's init)."""
+        self.ffn_connection.initialize_sublayer({FFN_IN: self.fc1, FFN_OUT: self.fc2})
+        for attention, connection in self._attention_sublayers():
+            connection.initialize_sublayer(
+                {QUERY: attention.q_proj, KEY: attention.k_proj, VALUE: attention.v_proj, OUTPUT: attention.out_proj}
+            )
+
+    def _attention_sublayers(self):
+        """(attention module, its connection) of each attention sublayer of the layer."""
+        yield self.self_attn, self.self_attn_connection
+        if getattr(self, "encoder_attn", None) is not None:
+            yield self.encoder_attn, self.encoder_attn_connection
 
     def connect(self, connection: SublayerConnection, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         """``connection(x, dropout(sublayer(connection.prenorm(x))))``."""
@@ -86,6 +111,7 @@ class ResidualEncoderLayer(ConnectedSublayers, TransformerEncoderLayerBase):
         super().__init__(cfg, return_fc=return_fc)
         self._replace_parent_norms(connection, ["self_attn_layer_norm", "final_layer_norm"])
         self.ffn_activation = ffn_activation
+        self._initialize_sublayers()
 
     def upgrade_state_dict_named(self, state_dict, name):
         super().upgrade_state_dict_named(state_dict, name)  # fairseq's layer_norms.N renames
@@ -146,6 +172,7 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
             del self.encoder_attn_layer_norm
         self._replace_parent_norms(connection, norms)
         self.ffn_activation = ffn_activation
+        self._initialize_sublayers()
 
     def upgrade_state_dict_named(self, state_dict, name):
         self._upgrade_norm_names(state_dict, name)

@@ -33,6 +33,7 @@ from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithA
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from resnmt.analysis.training_log import attach_training_logger, training_level
 from resnmt.sequence_generator import LENPEN_FORMS, with_gnmt_penalty
 
 
@@ -56,6 +57,14 @@ class ResNMTTranslationTask(TranslationTask):
     """fairseq's TranslationTask whose generators use the ``--lenpen-form`` penalty."""
 
     cfg: ResNMTTranslationConfig
+    connection_stats = None  # the --log-connection-stats hooks, attached when training begins
+
+    def begin_epoch(self, epoch, model):
+        """Attach the ``--log-connection-stats`` hooks once, at the first training epoch
+        (only training calls this; models built for decoding or analysis get none)."""
+        super().begin_epoch(epoch, model)
+        if self.connection_stats is None:
+            self.connection_stats = attach_training_logger(model, training_level(model))
 
     def get_batch_iterator(self, dataset, *args, **kwargs):
         """fairseq's, but never dropping sentences of evaluation splits, and with training
