@@ -1,4 +1,4 @@
-"""data-prep/prepare-*.sh end to end through --mirror: real Multi30k and IWSLT'15
+"""data-prep/prepare-*.sh (data-prep/prepare.py) end to end through --mirror: real Multi30k and IWSLT'15
 test sets, miniature WMT'14 mirrors with the published archive names and layout.
 
 Checks the outputs against the inputs (line counts, checksums, references byte for
@@ -37,6 +37,14 @@ def sha256(path: Path) -> str:
 
 def lines(path: Path) -> list:
     return Path(path).read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def spm_decode(model: Path, path: Path) -> list:
+    """The sentencepiece pieces of `path` decoded back into text, line by line."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    return [sp.decode(x.split()) for x in lines(path)]
 
 
 def output_mtimes(out: Path) -> dict:
@@ -180,10 +188,8 @@ def test_multi30k_full_corpus(multi30k):
     check_binarized(out, "en", "de", {"train": 29000, "valid": 1014, "test": 1000})
 
     # sentencepiece segmentation is reversible: decoding gives back the raw reference
-    decoded = out / "decoded.de"
-    run_cli(["python", DATA_PREP / "textproc.py", "spm-decode", "--model", out / "spm" / "spm.model",
-             out / "text" / "test.de", decoded])
-    assert lines(decoded) == [" ".join(x.split()) for x in lines(out / "raw" / "test.de")]
+    decoded = spm_decode(out / "spm" / "spm.model", out / "text" / "test.de")
+    assert decoded == [" ".join(x.split()) for x in lines(out / "raw" / "test.de")]
     n_types = len(lines(out / "bin" / "dict.en.txt"))
     assert 7000 < n_types <= 8000  # joint 8k vocabulary
 
@@ -282,10 +288,8 @@ def test_iwslt15_sentencepiece_download_resume_after_a_failed_step(iwslt_http, t
     assert proc.stderr.count(": done, skipping") == 3  # fetch, copy, learn
     assert "step 6/6: fairseq-preprocess" in proc.stderr
     check_binarized(out, "en", "vi", {"train": n_train, "valid": 1553, "test": 1268})
-    decoded = out / "decoded.vi"
-    run_cli(["python", DATA_PREP / "textproc.py", "spm-decode", "--model", out / "spm" / "spm.model",
-             out / "text" / "test.vi", decoded])
-    assert decoded.read_bytes() == (out / "raw" / "test.vi").read_bytes()
+    decoded = spm_decode(out / "spm" / "spm.model", out / "text" / "test.vi")
+    assert "".join(x + "\n" for x in decoded).encode() == (out / "raw" / "test.vi").read_bytes()
 
 
 def test_iwslt15_failed_and_corrupt_downloads(iwslt_mirror, tmp_path):
@@ -317,10 +321,7 @@ def desegment(out: Path, path: Path) -> list:
     """The segmented text of `path` joined back into tokens (BPE) or text (sentencepiece)."""
     if (out / "bpe" / "bpe.codes").is_file():
         return [x.replace("@@ ", "") for x in lines(path)]
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(out / "spm" / "spm.model"))
-    return [sp.decode(x.split()) for x in lines(path)]
+    return spm_decode(out / "spm" / "spm.model", path)
 
 
 def check_wmt(out: Path, tgt: str, info: dict, n_train_max: int):
@@ -394,7 +395,7 @@ def test_wmt14_interrupted_run_leaves_no_partial_file(wmt_de_mirror, tmp_path):
                              "--bpe-size", "500", str(out)], cwd=REPO_ROOT, env=cli_env(),
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 60
-    while not list((out / "work").glob("train.tok.en.*.tmp")):  # tokenization is writing
+    while not list((out / "work").glob(".train.tok.en.*.tmp")):  # tokenization is writing (resnmt.atomic)
         assert proc.poll() is None and time.time() < deadline, "the run ended before tokenizing"
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGTERM)
