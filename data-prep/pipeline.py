@@ -205,6 +205,9 @@ class Preparation:
                 self.log(f"interrupted in step {where}; outputs of finished steps are kept, "
                          "re-run the same command to resume")
                 raise SystemExit(130 if isinstance(e, KeyboardInterrupt) else 143) from None
+            if _sigterm_received:  # Python ignored the exception (raised inside a fork hook or a finalizer)
+                self.log(f"interrupted in step {where}; re-run the same command to resume")
+                raise SystemExit(143)
             (self.stamps / f"{i:02d}-{step.id}.done").touch()
             self.log(f"step {i}/{n}: done in {format_seconds(time.time() - t0)}")
         if not self.args.keep_work:
@@ -444,7 +447,12 @@ class Preparation:
             *(f"  {p.name} {count_lines(p)}\n" for p in sorted((self.out / "text").iterdir()))]))
 
 
+_sigterm_received = False
+
+
 def _interrupted(signum, frame):
+    global _sigterm_received
+    _sigterm_received = True
     raise Interrupted()
 
 

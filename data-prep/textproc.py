@@ -6,6 +6,7 @@ leaves a half-written file that a later step would trust. Lines are split on "\\
 only (a stray carriage return inside a line does not desynchronize a parallel corpus).
 """
 import collections
+import contextlib
 import gzip
 import itertools
 import multiprocessing
@@ -158,8 +159,10 @@ def moses_tokenize(inputs, output, lang: str, workers: int, max_lines: int = 0) 
     Invalid UTF-8 bytes (Common Crawl has some) become U+FFFD."""
     lines = read_lines(inputs, max_lines=max_lines, errors="replace")
     chunks = iter(lambda: list(itertools.islice(lines, CHUNK_LINES)), [])
-    with atomic_open(output) as out, progress(f"tokenize {os.path.basename(output)}") as bar:
-        for done in _ordered_map(_moses_chunk, chunks, workers, _init_moses, (lang,)):
+    # the pool forks before any output exists (a signal during a fork can be lost: see pipeline.run)
+    with _worker_pool(workers, _init_moses, (lang,)) as pool, atomic_open(output) as out, \
+            progress(f"tokenize {os.path.basename(output)}") as bar:
+        for done in _ordered_map(pool, _moses_chunk, chunks, workers):
             out.write("".join(line + "\n" for line in done))
             bar.update(len(done))
         return bar.n
@@ -170,19 +173,27 @@ def _init_worker(initializer, initargs):
     initializer(*initargs)
 
 
-def _ordered_map(fn, chunks, workers, initializer, initargs):
+def _worker_pool(workers, initializer, initargs):
+    """A pool of `workers` processes set up by initializer(*initargs); for one worker,
+    no pool (None) and the initializer runs here."""
     if workers <= 1:
         initializer(*initargs)
+        return contextlib.nullcontext()
+    return multiprocessing.get_context("fork").Pool(workers, _init_worker, (initializer, initargs))
+
+
+def _ordered_map(pool, fn, chunks, workers):
+    """fn(chunk) for every chunk, in order, at most 4 chunks per worker in flight."""
+    if pool is None:
         yield from map(fn, chunks)
         return
-    with multiprocessing.get_context("fork").Pool(workers, _init_worker, (initializer, initargs)) as pool:
-        pending = collections.deque()
-        for chunk in chunks:
-            pending.append(pool.apply_async(fn, (chunk,)))
-            if len(pending) >= 4 * workers:
-                yield pending.popleft().get()
-        while pending:
+    pending = collections.deque()
+    for chunk in chunks:
+        pending.append(pool.apply_async(fn, (chunk,)))
+        if len(pending) >= 4 * workers:
             yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
 
 
 # --------------------------------------------------------------------- subwords

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -359,6 +360,16 @@ def test_wmt14_en_de(wmt_de_mirror, tmp_path):
     assert sorted(lines(out / "orig" / "SHA256SUMS")) == sorted(lines(sums))
     check_wmt(out, "de", info, len(info["train_pairs"]))
     assert (out / "bpe" / "bpe.codes").is_file() and not (out / "work").exists()
+    # raw/test.* are byte for byte sacreBLEU's own conversion of the SGM files (wmt14/full)
+    from sacrebleu.dataset import DATASETS
+
+    with tarfile.open(mirror / "test-full.tgz") as tar:
+        tar.extractall(tmp_path / "sgm", filter="data")
+    for lang, role in (("en", "src.en"), ("de", "ref.de")):
+        converted = tmp_path / f"sacrebleu.{lang}"
+        DATASETS["wmt14/full"]._convert_format(str(tmp_path / "sgm" / "test-full" / f"newstest2014-deen-{role}.sgm"),
+                                                str(converted))
+        assert (out / "raw" / f"test.{lang}").read_bytes() == converted.read_bytes()
     check_no_work_on_rerun("prepare-wmt14-en-de.sh", args, out)
 
 
