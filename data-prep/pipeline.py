@@ -25,9 +25,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from resnmt.atomic import atomic_write_text
-from textproc import (DataPrepError, apply_subword, clean_pairs, copy_bytes, count_lines, learn_subword, moses_tokenize,
-                      normalize_space, read_lines, same_line_count, sgm_segments, write_lines)
+from textproc import (DataPrepError, apply_subword, atomic_write_text, clean_pairs, copy_bytes, count_lines,
+                      learn_subword, moses_tokenize, normalize_space, read_lines, same_line_count, sgm_segments,
+                      write_lines)
 from tqdm import tqdm
 
 SPLITS = ("train", "valid", "test")
@@ -132,13 +132,16 @@ class Preparation:
 
     def steps(self) -> list:
         ds, langs = self.ds, self.ds.langs
-        pairs = lambda d, splits: tuple(f"{d}/{s}.{l}" for s in splits for l in langs)  # noqa: E731
+
+        def pairs(directory, splits):
+            return tuple(f"{directory}/{s}.{l}" for s in splits for l in langs)
+
         method, size = self.args.bpe, self.args.bpe_size
         steps = [Step("fetch", f"fetch and verify the {len(ds.files)} published files", self.fetch,
                       tuple(f"orig/{f.name}" for f in ds.files))]
         if ds.archives:
             steps += [Step("extract", "extract the corpora, check line counts", self.extract),
-                      Step("raw", f"raw valid/test text ({ds.test[0].name.split('-')[0]} from SGM, as sacreBLEU)",
+                      Step("raw", "raw valid/test text (the test set from SGM, as sacreBLEU)",
                            self.raw_from_archives, pairs("raw", ("valid", "test")), reads_work=True)]
         else:
             steps.append(Step("unpack", "unpack, check line counts, keep raw valid/test text", self.unpack,
