@@ -78,15 +78,17 @@ class Preparation:
         """Create OUTDIR, hold its lock, check the option stamp, remove a killed run's
         temporaries; a temporary directory for this run, removed at the end."""
         try:
-            for d in (self.orig, self.work, self.stamps):
-                d.mkdir(parents=True, exist_ok=True)
+            self.out.mkdir(parents=True, exist_ok=True)
+            lock = open(self.out / ".lock", "w")
         except OSError as e:
             raise DataPrepError(f"cannot create OUTDIR {self.out}: {e.strerror}") from None
-        with open(self.out / ".lock", "w") as lock:
+        with lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise DataPrepError(f"another prepare run is using {self.out} (lock {self.out / '.lock'})") from None
+            for d in (self.orig, self.work, self.stamps):
+                d.mkdir(exist_ok=True)
             for leftover in self.out.glob(".tmp.*"):
                 shutil.rmtree(leftover, ignore_errors=True)
             for leftover in [*self.out.glob("*/*.tmp"), *self.out.glob("*/*/*.tmp")]:

@@ -203,6 +203,20 @@ def test_multi30k_second_run_does_nothing(multi30k):
     assert "prepared with other options" in proc.stderr and "--bpe-size=8000" in proc.stderr
 
 
+def test_second_run_on_the_same_outdir_is_refused(tmp_path):
+    """While one run holds OUTDIR's lock, another is refused before touching anything."""
+    import fcntl
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(out / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        proc = prepare("prepare-multi30k.sh", "--mirror", shared_data_dir("multi30k"), out, check=False)
+    assert proc.returncode == 1
+    assert f"another prepare run is using {out}" in proc.stderr
+    assert [p.name for p in out.iterdir()] == [".lock"]
+
+
 def test_multi30k_checksum_mismatch(tmp_path):
     """A mirror file that is not the published one is refused, naming it; no bin/."""
     mirror = tmp_path / "mirror"
