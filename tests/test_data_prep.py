@@ -1,4 +1,4 @@
-"""data-prep/prepare-*.sh end to end through --mirror: real Multi30k and IWSLT'15
+"""data-prep/prepare-*.sh (data-prep/prepare.py) end to end through --mirror: real Multi30k and IWSLT'15
 test sets, miniature WMT'14 mirrors with the published archive names and layout.
 
 Checks the outputs against the inputs (line counts, checksums, references byte for
@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -37,6 +38,14 @@ def sha256(path: Path) -> str:
 
 def lines(path: Path) -> list:
     return Path(path).read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def spm_decode(model: Path, path: Path) -> list:
+    """The sentencepiece pieces of `path` decoded back into text, line by line."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    return [sp.decode(x.split()) for x in lines(path)]
 
 
 def output_mtimes(out: Path) -> dict:
@@ -180,10 +189,8 @@ def test_multi30k_full_corpus(multi30k):
     check_binarized(out, "en", "de", {"train": 29000, "valid": 1014, "test": 1000})
 
     # sentencepiece segmentation is reversible: decoding gives back the raw reference
-    decoded = out / "decoded.de"
-    run_cli(["python", DATA_PREP / "textproc.py", "spm-decode", "--model", out / "spm" / "spm.model",
-             out / "text" / "test.de", decoded])
-    assert lines(decoded) == [" ".join(x.split()) for x in lines(out / "raw" / "test.de")]
+    decoded = spm_decode(out / "spm" / "spm.model", out / "text" / "test.de")
+    assert decoded == [" ".join(x.split()) for x in lines(out / "raw" / "test.de")]
     n_types = len(lines(out / "bin" / "dict.en.txt"))
     assert 7000 < n_types <= 8000  # joint 8k vocabulary
 
@@ -194,6 +201,20 @@ def test_multi30k_second_run_does_nothing(multi30k):
     proc = prepare("prepare-multi30k.sh", "--mirror", mirror, "--bpe-size", "4000", out, check=False)
     assert proc.returncode == 1
     assert "prepared with other options" in proc.stderr and "--bpe-size=8000" in proc.stderr
+
+
+def test_second_run_on_the_same_outdir_is_refused(tmp_path):
+    """While one run holds OUTDIR's lock, another is refused before touching anything."""
+    import fcntl
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(out / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        proc = prepare("prepare-multi30k.sh", "--mirror", shared_data_dir("multi30k"), out, check=False)
+    assert proc.returncode == 1
+    assert f"another prepare run is using {out}" in proc.stderr
+    assert [p.name for p in out.iterdir()] == [".lock"]
 
 
 def test_multi30k_checksum_mismatch(tmp_path):
@@ -282,10 +303,8 @@ def test_iwslt15_sentencepiece_download_resume_after_a_failed_step(iwslt_http, t
     assert proc.stderr.count(": done, skipping") == 3  # fetch, copy, learn
     assert "step 6/6: fairseq-preprocess" in proc.stderr
     check_binarized(out, "en", "vi", {"train": n_train, "valid": 1553, "test": 1268})
-    decoded = out / "decoded.vi"
-    run_cli(["python", DATA_PREP / "textproc.py", "spm-decode", "--model", out / "spm" / "spm.model",
-             out / "text" / "test.vi", decoded])
-    assert decoded.read_bytes() == (out / "raw" / "test.vi").read_bytes()
+    decoded = spm_decode(out / "spm" / "spm.model", out / "text" / "test.vi")
+    assert "".join(x + "\n" for x in decoded).encode() == (out / "raw" / "test.vi").read_bytes()
 
 
 def test_iwslt15_failed_and_corrupt_downloads(iwslt_mirror, tmp_path):
@@ -317,10 +336,7 @@ def desegment(out: Path, path: Path) -> list:
     """The segmented text of `path` joined back into tokens (BPE) or text (sentencepiece)."""
     if (out / "bpe" / "bpe.codes").is_file():
         return [x.replace("@@ ", "") for x in lines(path)]
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(out / "spm" / "spm.model"))
-    return [sp.decode(x.split()) for x in lines(path)]
+    return spm_decode(out / "spm" / "spm.model", path)
 
 
 def check_wmt(out: Path, tgt: str, info: dict, n_train_max: int):
@@ -358,6 +374,16 @@ def test_wmt14_en_de(wmt_de_mirror, tmp_path):
     assert sorted(lines(out / "orig" / "SHA256SUMS")) == sorted(lines(sums))
     check_wmt(out, "de", info, len(info["train_pairs"]))
     assert (out / "bpe" / "bpe.codes").is_file() and not (out / "work").exists()
+    # raw/test.* are byte for byte sacreBLEU's own conversion of the SGM files (wmt14/full)
+    from sacrebleu.dataset import DATASETS
+
+    with tarfile.open(mirror / "test-full.tgz") as tar:
+        tar.extractall(tmp_path / "sgm", filter="data")
+    for lang, role in (("en", "src.en"), ("de", "ref.de")):
+        converted = tmp_path / f"sacrebleu.{lang}"
+        DATASETS["wmt14/full"]._convert_format(str(tmp_path / "sgm" / "test-full" / f"newstest2014-deen-{role}.sgm"),
+                                                str(converted))
+        assert (out / "raw" / f"test.{lang}").read_bytes() == converted.read_bytes()
     check_no_work_on_rerun("prepare-wmt14-en-de.sh", args, out)
 
 
@@ -394,7 +420,7 @@ def test_wmt14_interrupted_run_leaves_no_partial_file(wmt_de_mirror, tmp_path):
                              "--bpe-size", "500", str(out)], cwd=REPO_ROOT, env=cli_env(),
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 60
-    while not list((out / "work").glob("train.tok.en.*.tmp")):  # tokenization is writing
+    while not list((out / "work").glob(".train.tok.en.*.tmp")):  # tokenization is writing (resnmt.atomic)
         assert proc.poll() is None and time.time() < deadline, "the run ended before tokenizing"
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGTERM)
