@@ -12,9 +12,8 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_de_big as fairseq_big_sizes,
 )
 
-from resnmt.models.options import check_model_args, connection_defaults
+from resnmt.models.options import activation_defaults, check_model_args, connection_defaults
 from resnmt.models.resnmt_transformer import exit_on_bad_args
-from resnmt.modules.normalized_activation import normalized_activation_defaults
 
 MODEL = "resnmt_transformer"
 
@@ -33,7 +32,7 @@ SIZES = {"base": fairseq_base_sizes, "big": fairseq_big_sizes}
 def resnmt_defaults(args) -> None:
     """Fill in resnmt's flags, then stop with one clear line on a bad value."""
     connection_defaults(args)
-    normalized_activation_defaults(args)
+    activation_defaults(args)
     exit_on_bad_args(check_model_args, args)
 
 

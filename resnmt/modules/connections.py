@@ -31,6 +31,7 @@ import torch
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
+from resnmt.modules.fused import fused_sas_output, require_compile
 from resnmt.modules.gates import ScalarGates
 
 CONNECTION_KINDS = ("post_ln", "pre_ln", "xskip", "xskip_ln", "rskip_ln", "sas", "highway")
@@ -52,6 +53,7 @@ class ConnectionSpec:
     sas_gamma_bias_init: float = 0.0
     highway_bias_init: float = -2.0
     export: bool = False  # fairseq's --export (use torch's LayerNorm)
+    fused: bool = False  # --fused-connections: SAS's combination compiled (resnmt.modules.fused)
 
     def __post_init__(self):
         check_connection_spec(self)
@@ -191,6 +193,10 @@ class SASConnection(SublayerConnection):
             bias_init=bias_init,
         )
         self.norm = LayerNorm(dim, export=spec.export)
+        self.fused = spec.fused
+        if spec.fused:
+            require_compile()
+            self.forward = self.fused_forward
 
     def gate_values(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
         """alpha, beta, gamma, each ``(seq_len, batch, 1)``."""
@@ -204,6 +210,12 @@ class SASConnection(SublayerConnection):
 
     def forward(self, x: Tensor, fx: Tensor) -> Tensor:
         return self.combine(x, fx, **self.gate_values(x, fx))
+
+    def fused_forward(self, x: Tensor, fx: Tensor) -> Tensor:
+        """``forward`` with the sigmoids, gamma, LN and the weighted sum compiled as one
+        function (``--fused-connections``); the gates' matmuls stay as they are."""
+        norm = self.norm
+        return fused_sas_output(x, fx, self.gates.logits(x, fx), norm.weight, norm.bias, norm.eps, self.gamma_from_gate)
 
 
 class HighwayConnection(SublayerConnection):
