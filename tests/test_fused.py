@@ -125,7 +125,9 @@ def test_fused_model_matches_eager_model_in_training_and_incremental_decoding(ti
 def test_unavailable_compiler_stops_the_build_with_one_line(tiny_bin, monkeypatch, capsys):
     monkeypatch.setattr(fused.shutil, "which", lambda name: None)
     with pytest.raises(fused.CompileUnavailableError, match="--fused-connections needs torch.compile.*no C\\+\\+ compiler"):
-        ActivationSpec(kind="nrelu", fused=True) and NormalizedActivation(ActivationSpec(kind="nrelu", fused=True))
+        NormalizedActivation(ActivationSpec(kind="nrelu", fused=True))
+    with pytest.raises(fused.CompileUnavailableError, match="no C\\+\\+ compiler"):
+        build_connection(DIM, ConnectionSpec(kind="sas", fused=True))
     with pytest.raises(SystemExit):
         parse_train_args(tiny_bin, "resnmt_transformer", ["--residual", "sas", "--fused-connections"])
     err = capsys.readouterr().err.strip()
