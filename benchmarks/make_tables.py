@@ -53,12 +53,18 @@ def speed_tables(records):
         groups.setdefault(key, []).append(r)
     parts = []
     for (device, size_name), recs in groups.items():
-        latest = max(r["run_id"] for r in recs)
-        rows = [r for r in recs if r["run_id"] == latest]
+        # each row from the latest run that measured it (a run may measure some rows only)
+        latest_per_row = OrderedDict()
+        for r in sorted(recs, key=lambda r: r["run_id"]):
+            latest_per_row.pop(r["row"], None)
+            latest_per_row[r["row"]] = r
+        rows = sorted(latest_per_row.values(), key=lambda r: r["run_id"])
+        runs = list(OrderedDict.fromkeys(r["run_id"] for r in rows))
+        latest = ", ".join(runs)
         s, z, m = rows[0]["settings"], rows[0]["size"], rows[0]["machine"]
         parts.append(
             f"**{device}, {z['layers']}+{z['layers']} layers d={z['dim']} FFN {z['ffn']} {z['heads']} heads** — "
-            f"run {latest}, {rows[0]['rounds']} interleaved rounds, {s['threads']} torch thread(s) per measurement, "
+            f"run{'s' if len(runs) > 1 else ''} {latest} (each row: the latest run that measured it; ratios within a run; rounds per row in the table), {s['threads']} torch thread(s) per measurement, "
             f"{s['warmup']} warm-up + {s['updates']} timed updates of ≤{s['max_tokens']} tokens, "
             f"beam 4 on {s['decode_sentences']} sentences ({s['decode_batch']} per batch, {s['decode_len']} tokens each); "
             f"machine: {m.get('gpu') or str(m.get('cpus')) + ' CPUs'}, torch {m.get('torch', '?')}\n"

@@ -63,6 +63,11 @@ CONFIGS = {
                                           "--decoder-unnormalized-top-layers", "{L}"]),
     "nswish": ("transformer_postln_base", ["--normalized-activation", "nswish"]),
     "nrelu": ("transformer_postln_base", ["--normalized-activation", "nrelu"]),
+    # --fused-connections: SAS's combination and NReLU/NSwish compiled (resnmt/modules/fused.py)
+    "sas_fused": ("transformer_sas_base", ["--fused-connections"]),
+    "sas_gate64_fused": ("transformer_sas_base", ["--sas-gate-dim", "64", "--fused-connections"]),
+    "nswish_fused": ("transformer_postln_base", ["--normalized-activation", "nswish", "--fused-connections"]),
+    "nrelu_fused": ("transformer_postln_base", ["--normalized-activation", "nrelu", "--fused-connections"]),
 }
 
 # row -> (config, reference config, target train ratio, target decode ratio, memory target)
@@ -82,6 +87,12 @@ ROWS = {
     "rezero": ("rezero", "transformer", 0.98, 0.98, 1.05),
     "nswish vs swish": ("nswish", "swish", 0.93, 0.93, 1.05),
     "nrelu vs relu": ("nrelu", "post_ln", 0.93, 0.93, 1.05),
+    # issue #15's targets for --fused-connections (SAS with the paper's gate: >= 1.0 of
+    # its MAC prediction, reported as sas_overhead.measured_over_predicted)
+    "sas (gate h) fused": ("sas_fused", "transformer", None, None, None),
+    "sas (gate 64) fused": ("sas_gate64_fused", "transformer", 0.86, None, None),
+    "nswish vs swish (fused)": ("nswish_fused", "swish", 0.97, 0.95, 1.05),
+    "nrelu vs relu (fused)": ("nrelu_fused", "post_ln", 0.97, 0.95, 1.05),
 }
 
 
@@ -175,9 +186,16 @@ def measure(spec):
         if cuda:
             torch.cuda.synchronize()
 
+    def graphs():  # torch.compile graphs so far (--fused-connections); 0 for eager configs
+        from torch._dynamo.utils import counters
+
+        return counters["stats"]["unique_graphs"]
+
+    t0 = time.perf_counter()
     for batch in batches[: spec["warmup"]]:
         train_step(model, optimizer, batch, task.target_dictionary.pad())
     sync()
+    warmup_train_s, graphs_after_warmup = time.perf_counter() - t0, graphs()
     t0, c0 = time.perf_counter(), time.process_time()
     for batch in batches[spec["warmup"]:]:
         train_step(model, optimizer, batch, task.target_dictionary.pad())
@@ -197,8 +215,10 @@ def measure(spec):
         # length is arbitrary, and the cost of a step must be compared, not luck
         max_len_a=0, max_len_b=spec["decode_len"], min_len=spec["decode_len"],
     )
+    t0 = time.perf_counter()
     generator.generate([model], dec_batches[0])  # warm-up
     sync()
+    warmup_decode_s, graphs_after_decode_warmup = time.perf_counter() - t0, graphs()
     t0, c0 = time.perf_counter(), time.process_time()
     n_sent = 0
     for batch in dec_batches:
@@ -222,6 +242,13 @@ def measure(spec):
         "train_padded_src_tokens": src_tokens,
         "train_padded_tgt_tokens": tgt_padded,
         "decode_sentences": n_sent,
+        # first batches (compilation with --fused-connections): wall seconds, and graphs
+        # compiled: none may appear after the warm-ups (one graph serves every batch shape)
+        "warmup_train_s": warmup_train_s,
+        "warmup_decode_s": warmup_decode_s,
+        "graphs_after_train_warmup": graphs_after_warmup,
+        "graphs_after_decode_warmup": graphs_after_decode_warmup,
+        "graphs_at_end": graphs(),
     }
 
 
@@ -430,12 +457,13 @@ def main(argv=None):
             "absolute": {
                 c: {k: statistics.median(r[c][k] for r in runs)
                     for k in ("train_tokens_per_s", "decode_sentences_per_s", "train_tokens_per_cpu_s",
-                              "decode_sentences_per_cpu_s", "peak_memory_bytes", "params")}
+                              "decode_sentences_per_cpu_s", "peak_memory_bytes", "params",
+                              "warmup_train_s", "warmup_decode_s", "graphs_at_end") if k in runs[0][c]}
                 for c in (config, ref)
             },
         }
         if config.startswith("sas"):
-            gate_dim = 64 if config == "sas_gate64" else None
+            gate_dim = 64 if config.startswith("sas_gate64") else None
             src = sum(r[config]["train_padded_src_tokens"] for r in runs)
             tgt = sum(r[config]["train_padded_tgt_tokens"] for r in runs)
             rec["sas_overhead"] = sas_overhead(size, vocab, gate_dim, src / tgt)

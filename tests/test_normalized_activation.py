@@ -12,14 +12,8 @@ from fairseq.models.transformer import TransformerConfig
 
 from model_utils import assert_incremental_equals_full, build, parse_train_args, sample_batch
 
-from resnmt.modules.normalized_activation import (
-    NormalizedActivation,
-    add_normalized_activation_args,
-    normalized_activation_defaults,
-    UnnormalizedActivation,
-    normalized_activation_from_cfg,
-    validate_normalized_activation_args,
-)
+from resnmt.models.options import activation_defaults, activation_spec, add_activation_args
+from resnmt.modules.normalized_activation import ActivationSpec, NormalizedActivation, UnnormalizedActivation
 
 KINDS = ["nrelu", "nswish"]
 MODES = ["instance", "batch"]
@@ -389,11 +383,20 @@ def test_fp16_input_with_large_values(mode):
 def parse(argv):
     """The flags as fairseq parses model flags: absent ones stay absent (SUPPRESS)."""
     parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
-    add_normalized_activation_args(parser)
+    add_activation_args(parser)
     args = parser.parse_args(argv)
     args.encoder_layers = args.decoder_layers = 6
-    normalized_activation_defaults(args)
+    activation_defaults(args)
     return args
+
+
+def normalized_activation_from_cfg(cfg, side, layer_index, num_layers):
+    """What the model builds for one FFN: the spec of ``cfg`` (validated once), then its module."""
+    return activation_spec(cfg).build(side, layer_index, num_layers)
+
+
+def validate_normalized_activation_args(args):
+    activation_spec(args)
 
 
 def test_flag_defaults():
@@ -421,7 +424,7 @@ def test_flags_override_arch_defaults():
 
 def test_help_cites_the_paper():
     parser = argparse.ArgumentParser()
-    add_normalized_activation_args(parser)
+    add_activation_args(parser)
     assert "ANAct: Adaptive Normalization for Activation Functions" in " ".join(parser.format_help().split())
 
 
@@ -567,3 +570,31 @@ def test_bad_flag_stops_fairseq_parsing(tiny_bin, capsys):
             "--normalized-activation", "nrelu", "--decoder-unnormalized-top-layers", "3",
         ])
     assert "--decoder-unnormalized-top-layers must be an integer in [0, 2]" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- ActivationSpec
+
+
+def test_spec_from_unset_flags_is_the_default_spec_and_is_frozen():
+    spec = activation_spec(parse([]))
+    assert spec == ActivationSpec(encoder_layers=6, decoder_layers=6)
+    assert spec.kind is None and spec.build("encoder", 0, 6) is None
+    with pytest.raises(AttributeError):
+        spec.kind = "nrelu"
+
+
+def test_spec_builds_modules_with_its_values():
+    spec = activation_spec(parse(["--normalized-activation", "nswish", "--normalized-activation-stats", "batch",
+                                  "--normalized-activation-momentum", "0.25"]))
+    module = spec.build("encoder", 0, 6)
+    assert (module.kind, module.stats, module.momentum, module.eps) == ("nswish", "batch", 0.25, spec.eps)
+
+
+def test_spec_error_is_one_line_naming_every_bad_flag():
+    with pytest.raises(ValueError) as err:
+        ActivationSpec(kind="nrelu", stats="layer", clamp_min=0.0, encoder_unnormalized_top_layers=3, encoder_layers=2)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "--normalized-activation-stats must be one of instance, batch, got 'layer'" in message
+    assert "--normalized-activation-clamp-min must be > 0, got 0.0" in message
+    assert "--encoder-unnormalized-top-layers must be an integer in [0, 2] (--encoder-layers), got 3" in message

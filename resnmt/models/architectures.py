@@ -13,10 +13,9 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from resnmt.analysis.training_log import check_log_connection_stats_task
-from resnmt.models.options import check_model_args, connection_defaults
+from resnmt.models.options import activation_defaults, check_model_args, connection_defaults
 from resnmt.modules.connections import CONNECTION_CLASSES
 from resnmt.models.resnmt_transformer import exit_on_bad_args
-from resnmt.modules.normalized_activation import normalized_activation_defaults
 
 MODEL = "resnmt_transformer"
 
@@ -30,7 +29,7 @@ SIZES = {"base": fairseq_base_sizes, "big": fairseq_big_sizes}
 def resnmt_defaults(args) -> None:
     """Fill in resnmt's flags, then stop with one clear line on a bad value."""
     connection_defaults(args)
-    normalized_activation_defaults(args)
+    activation_defaults(args)
     exit_on_bad_args(check_model_args, args)
     exit_on_bad_args(check_log_connection_stats_task, args)
 

@@ -8,7 +8,7 @@ from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
-from resnmt.models.options import side_connection_spec
+from resnmt.models.options import activation_spec, side_connection_spec
 from resnmt.modules.ffn_activation import build_ffn_activation
 from resnmt.modules.layers import ResidualDecoderLayer, ResidualEncoderLayer
 
@@ -26,12 +26,15 @@ class ResidualTransformerEncoder(TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         # read by build_encoder_layer, which the parent's __init__ calls
         self.connection_spec = side_connection_spec(cfg, "encoder")
+        self.activation_spec = activation_spec(cfg)
         self._layers_built = 0
         cfg.encoder.normalize_before = self.connection_spec.has_final_norm
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
 
     def build_encoder_layer(self, cfg):
-        activation = build_ffn_activation(cfg, "encoder", self._layers_built, cfg.encoder.layers)
+        activation = build_ffn_activation(
+            self.activation_spec, cfg.activation_fn, "encoder", self._layers_built, cfg.encoder.layers
+        )
         self._layers_built += 1
         layer = ResidualEncoderLayer(cfg, self.connection_spec, activation, return_fc=self.return_fc)
         return wrap_layer(layer, cfg)
@@ -40,6 +43,7 @@ class ResidualTransformerEncoder(TransformerEncoderBase):
 class ResidualTransformerDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         self.connection_spec = side_connection_spec(cfg, "decoder")
+        self.activation_spec = activation_spec(cfg)
         self._layers_built = 0
         cfg.decoder.normalize_before = self.connection_spec.has_final_norm
         super().__init__(
@@ -47,7 +51,9 @@ class ResidualTransformerDecoder(TransformerDecoderBase):
         )
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        activation = build_ffn_activation(cfg, "decoder", self._layers_built, cfg.decoder.layers)
+        activation = build_ffn_activation(
+            self.activation_spec, cfg.activation_fn, "decoder", self._layers_built, cfg.decoder.layers
+        )
         self._layers_built += 1
         layer = ResidualDecoderLayer(cfg, self.connection_spec, activation, no_encoder_attn=no_encoder_attn)
         return wrap_layer(layer, cfg)

@@ -1,4 +1,4 @@
-"""Command-line flags of resnmt's connections, their defaults and their checks.
+"""Command-line flags of resnmt's connections and FFN activations, their defaults and their checks.
 
 The flags themselves are declared by the connection classes
 (``resnmt.modules.connections``: each kind's ``flags``); this module puts them on
@@ -7,6 +7,8 @@ parses model flags with ``argparse.SUPPRESS`` as the default, so the flags are d
 without defaults and ``connection_defaults`` fills in what the command line left out
 (arch functions call it after setting their own choices).
 """
+import dataclasses
+
 from resnmt.modules.connections import (  # noqa: F401  (positive_*: argparse types other flags reuse)
     CONNECTION_CLASSES,
     CONNECTION_FLAGS,
@@ -17,6 +19,8 @@ from resnmt.modules.connections import (  # noqa: F401  (positive_*: argparse ty
     positive_float,
     positive_int,
 )
+from resnmt.modules.fused import require_compile
+from resnmt.modules.normalized_activation import KINDS, PAPER, SIDES, STATS_MODES, ActivationSpec
 
 # every connection flag's default, read from the registered kinds
 DEFAULTS = {"residual": "post_ln", **{dest: flag.default for dest, flag in CONNECTION_FLAGS.items()}}
@@ -91,6 +95,7 @@ def side_connection_spec(cfg, side: str) -> ConnectionSpec:
         encoder_layers=num_layers(cfg, "encoder"),
         decoder_layers=num_layers(cfg, "decoder"),
         export=bool(get("export") or False),
+        fused=bool(getattr(cfg, "fused_connections", None) or False),
         **{flag.dest: get(flag.dest) for flag in own_flags},  # a side holds its own kind's flags
     )
 
@@ -103,6 +108,111 @@ def check_model_args(args) -> None:
     for key, flag in UNSUPPORTED_FAIRSEQ_FLAGS.items():
         if getattr(args, key, False):
             raise ConnectionConfigError(f"{flag} is not supported by resnmt_transformer models")
-    from resnmt.modules.normalized_activation import validate_normalized_activation_args
+    spec = activation_spec(args)  # validates in ActivationSpec.__post_init__
+    if spec.fused:
+        require_compile()
 
-    validate_normalized_activation_args(args)
+
+# --------------------------------------------------------------------------- FFN activation
+
+# flag (as an args attribute) -> ActivationSpec field; the defaults are the spec's
+ACTIVATION_FLAGS = {
+    "normalized_activation": "kind",
+    "normalized_activation_stats": "stats",
+    "normalized_activation_momentum": "momentum",
+    "normalized_activation_clamp_min": "clamp_min",
+    "normalized_activation_clamp_max": "clamp_max",
+    "encoder_unnormalized_top_layers": "encoder_unnormalized_top_layers",
+    "decoder_unnormalized_top_layers": "decoder_unnormalized_top_layers",
+}
+ACTIVATION_DEFAULTS = {
+    flag: field.default for field in dataclasses.fields(ActivationSpec)
+    for flag, name in ACTIVATION_FLAGS.items() if name == field.name
+}
+
+
+def add_activation_args(parser) -> None:
+    """Add the ``--normalized-activation*`` and ``--*-unnormalized-top-layers`` flags.
+
+    No defaults here (fairseq parses model flags with ``argparse.SUPPRESS``): the arch
+    functions call :func:`activation_defaults`, which takes them from ActivationSpec.
+    """
+    d = ACTIVATION_DEFAULTS
+    parser.add_argument(
+        "--normalized-activation", choices=KINDS, metavar="{nrelu,nswish}",
+        help=f"FFN activation normalized as in {PAPER}: 2*sigmoid(omega)*lambda*(f(h)-E[f(h)]) "
+        "with f = ReLU (nrelu) or Swish (nswish), lambda**2 = (1/rho + 1/rho')/2, "
+        "rho = Var[f(h)]/Var[h], rho' = fraction of positive h. Replaces --activation-fn "
+        "in every FFN (see --encoder/decoder-unnormalized-top-layers). "
+        "Unset: the plain --activation-fn",
+    )
+    parser.add_argument(
+        "--normalized-activation-stats", choices=STATS_MODES, metavar="{instance,batch}",
+        help="where mu, rho, rho' come from: 'instance' = per token over the FFN hidden "
+        "features, no running state (the paper's Transformer setting); "
+        "'batch' = over all real (non-padding) tokens of the mini-batch, kept as "
+        f"momentum estimates used at evaluation (default: {d['normalized_activation_stats']})",
+    )
+    parser.add_argument(
+        "--normalized-activation-momentum", type=float, metavar="M",
+        help=f"batch stats only: r <- m_n*r + (1-m_n)*r_batch with m_n = min(M, 1-1/n) at "
+        f"the n-th update ({PAPER}, eq. 16-18); in [0, 1); default "
+        f"{d['normalized_activation_momentum']}. Note: M weights the history (PyTorch "
+        "BatchNorm's momentum is 1-M)",
+    )
+    parser.add_argument(
+        "--normalized-activation-clamp-min", type=float, metavar="LO",
+        help=f"lower bound for rho and rho' (the paper's bounds against abnormal values): "
+        f"bounds lambda <= 1/sqrt(LO); > 0; default {d['normalized_activation_clamp_min']}",
+    )
+    parser.add_argument(
+        "--normalized-activation-clamp-max", type=float, metavar="HI",
+        help="upper bound for rho and rho' (rho' <= 1; rho <= 1 for ReLU, <= 1.21 for "
+        f"Swish, so the default {d['normalized_activation_clamp_max']} only catches numerical "
+        "garbage); > LO",
+    )
+    for side in SIDES:
+        parser.add_argument(
+            f"--{side}-unnormalized-top-layers", type=int, metavar="K",
+            help=f"the top K {side} FFNs keep the unnormalized activation (ReLU for nrelu, "
+            f"Swish for nswish): the paper's 'NSwish+kSwish' (NSwish in every FFN "
+            f"collapsed at FFN size 2048); 0 <= K <= layers; default "
+            f"{d[f'{side}_unnormalized_top_layers']}",
+        )
+
+
+def add_fused_args(parser) -> None:
+    """Add ``--fused-connections`` (resnmt.modules.fused)."""
+    parser.add_argument(
+        "--fused-connections", action="store_true",
+        help="compile SAS's combination (gate sigmoids, LN(x+F), alpha*x+beta*F+gamma*LN(x+F)) and "
+        "NReLU/NSwish (statistics, normalization, output) with torch.compile (dynamic shapes: "
+        "no recompilation per batch shape); same results as the eager path within float "
+        "tolerance; the first batches pay the compilation (see docs/benchmarks.md). Needs "
+        "torch.compile (a C++ compiler on CPU, Triton on GPU): where it is missing, the model "
+        "build stops with one line saying why (no silent fallback). Off by default",
+    )
+
+
+def activation_defaults(args) -> None:
+    """Fill in the activation flags the command line and the arch left unset."""
+    for key, value in ACTIVATION_DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
+def activation_spec(cfg) -> ActivationSpec:
+    """The (validated) ActivationSpec of flat model args or a TransformerConfig; flags
+    missing from ``cfg`` (checkpoints older than a flag) read as the spec's defaults."""
+    values = {
+        name: getattr(cfg, flag) for flag, name in ACTIVATION_FLAGS.items() if getattr(cfg, flag, None) is not None
+    }
+    for side in SIDES:
+        layers = getattr(cfg, f"{side}_layers", None)
+        if layers is not None:
+            values[f"{side}_layers"] = int(layers)
+    return ActivationSpec(
+        **values,
+        checkpoint_activations=bool(getattr(cfg, "checkpoint_activations", False)),
+        fused=bool(getattr(cfg, "fused_connections", False)),
+    )

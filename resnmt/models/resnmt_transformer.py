@@ -7,8 +7,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerModel
 
 from resnmt.analysis.training_log import add_log_connection_stats_args
 from resnmt.models.encoder_decoder import ResidualTransformerDecoder, ResidualTransformerEncoder
-from resnmt.models.options import add_connection_args, check_model_args
-from resnmt.modules.normalized_activation import add_normalized_activation_args
+from resnmt.models.options import add_activation_args, add_connection_args, add_fused_args, check_model_args
 
 
 @register_model("resnmt_transformer")
@@ -21,7 +20,8 @@ class ResidualTransformerModel(TransformerModel):
     def add_args(parser):
         TransformerModel.add_args(parser)
         add_connection_args(parser)
-        add_normalized_activation_args(parser)
+        add_activation_args(parser)
+        add_fused_args(parser)
         add_log_connection_stats_args(parser)
 
     @classmethod

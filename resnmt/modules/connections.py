@@ -41,6 +41,7 @@ import torch
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
+from resnmt.modules.fused import fused_sas_output, require_compile
 from resnmt.modules.gates import ScalarGates
 
 
@@ -151,14 +152,15 @@ class ConnectionSpec:
         side: "encoder" or "decoder" (DeepNorm's and Admin's constants depend on it).
         encoder_layers, decoder_layers: the stacks' depths N and M.
         export: fairseq's ``--export`` (use torch's LayerNorm).
+        fused: ``--fused-connections`` (SAS's combination compiled, :mod:`resnmt.modules.fused`).
         **options: values of the kinds' flags by ``dest`` (``skip_lambda=2.0``,
             ``sas_gate_dim=64``, ...); a flag left out takes its default.
     """
 
-    __slots__ = ("kind", "side", "encoder_layers", "decoder_layers", "export", "options")
+    __slots__ = ("kind", "side", "encoder_layers", "decoder_layers", "export", "fused", "options")
 
     def __init__(self, kind: str = "post_ln", *, side: str = "encoder", encoder_layers: int = 6,
-                 decoder_layers: int = 6, export: bool = False, **options):
+                 decoder_layers: int = 6, export: bool = False, fused: bool = False, **options):
         unknown = sorted(set(options) - set(CONNECTION_FLAGS))
         if unknown:
             raise TypeError(f"ConnectionSpec got unknown options {unknown}; flags are {sorted(CONNECTION_FLAGS)}")
@@ -166,7 +168,7 @@ class ConnectionSpec:
         values.update({k: v for k, v in options.items() if v is not None or CONNECTION_FLAGS[k].default is None})
         for name, value in (("kind", kind), ("side", side), ("encoder_layers", int(encoder_layers)),
                             ("decoder_layers", int(decoder_layers)), ("export", bool(export)),
-                            ("options", tuple(sorted(values.items())))):
+                            ("fused", bool(fused)), ("options", tuple(sorted(values.items())))):
             object.__setattr__(self, name, value)
         check_connection_spec(self)
 
@@ -180,10 +182,11 @@ class ConnectionSpec:
 
     def __reduce__(self):  # copy, deepcopy and pickle rebuild (and re-validate) through __init__
         return (_rebuild_spec, (self.kind, self.side, self.encoder_layers, self.decoder_layers, self.export,
-                                dict(self.options)))
+                                self.fused, dict(self.options)))
 
     def _key(self):
-        return (self.kind, self.side, self.encoder_layers, self.decoder_layers, self.export, self.options)
+        return (self.kind, self.side, self.encoder_layers, self.decoder_layers, self.export, self.fused,
+                self.options)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, ConnectionSpec) and self._key() == other._key()
@@ -208,9 +211,9 @@ class ConnectionSpec:
         return 2 * self.encoder_layers if self.side == "encoder" else 3 * self.decoder_layers
 
 
-def _rebuild_spec(kind, side, encoder_layers, decoder_layers, export, options) -> ConnectionSpec:
+def _rebuild_spec(kind, side, encoder_layers, decoder_layers, export, fused, options) -> ConnectionSpec:
     return ConnectionSpec(kind, side=side, encoder_layers=encoder_layers, decoder_layers=decoder_layers,
-                          export=export, **options)
+                          export=export, fused=fused, **options)
 
 
 def check_connection_spec(spec: ConnectionSpec) -> None:
@@ -590,6 +593,10 @@ class SASConnection(SublayerConnection):
             bias_init=bias_init,
         )
         self.norm = LayerNorm(dim, export=spec.export)
+        self.fused = spec.fused
+        if spec.fused:
+            require_compile()
+            self.forward = self.fused_forward
 
     def gate_values(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
         """alpha, beta, gamma, each ``(seq_len, batch, 1)``."""
@@ -608,6 +615,13 @@ class SASConnection(SublayerConnection):
         """alpha, beta and gamma per position: whatever the connection multiplies x, F and
         LN(x+F) by (gamma is (1-alpha)(1-beta), or the third gate with --sas-gamma gate)."""
         return {f"sas_{name}": value.squeeze(-1).float() for name, value in self.gate_values(x, fx).items()}
+
+    def fused_forward(self, x: Tensor, fx: Tensor) -> Tensor:
+        """``forward`` with the sigmoids, gamma, LN and the weighted sum compiled as one
+        function (``--fused-connections``); the gates' matmuls stay as they are."""
+        norm = self.norm
+        return fused_sas_output(x, fx, self.gates.logits(x, fx), norm.weight, norm.bias, norm.eps, self.gamma_from_gate)
+
 
 
 @register_connection

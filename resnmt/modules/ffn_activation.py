@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from fairseq import utils
 from torch import Tensor, nn
 
+from resnmt.modules.normalized_activation import ActivationSpec
+
 # fairseq's get_activation_fn("swish") returns the torch.nn.SiLU *class*, not a function
 FUNCTIONS_FAIRSEQ_GETS_WRONG = {"swish": F.silu}
 
@@ -35,15 +37,16 @@ class PlainActivation(nn.Module):
         return self.name
 
 
-def build_ffn_activation(cfg, side: str, layer_index: int, num_layers: int) -> nn.Module:
+def build_ffn_activation(
+    spec: ActivationSpec, activation_fn: str, side: str, layer_index: int, num_layers: int
+) -> nn.Module:
     """The activation of FFN ``layer_index`` (0-based) of ``side`` ("encoder"/"decoder").
 
-    ``--normalized-activation`` selects NReLU/NSwish for every FFN except the top
-    ``--{side}-unnormalized-top-layers`` ones, which keep ``--activation-fn``.
+    ``--normalized-activation`` (``spec.kind``) selects NReLU/NSwish for every FFN except
+    the top ``--{side}-unnormalized-top-layers`` ones, which keep plain ReLU/Swish;
+    without it every FFN gets fairseq's ``--activation-fn``.
     """
-    from resnmt.modules.normalized_activation import normalized_activation_from_cfg
-
-    normalized = normalized_activation_from_cfg(cfg, side, layer_index, num_layers)
+    normalized = spec.build(side, layer_index, num_layers)
     if normalized is not None:
         return normalized
-    return PlainActivation(cfg.activation_fn)
+    return PlainActivation(activation_fn)

@@ -32,12 +32,15 @@ Statistics are computed in float32 whatever the input dtype; the output has the 
 dtype. The top ``--{encoder,decoder}-unnormalized-top-layers`` FFNs get
 :class:`UnnormalizedActivation` (plain ReLU / Swish), the paper's "NSwish+kSwish".
 """
-from typing import Optional, Tuple
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
+
+from resnmt.modules import fused
 
 PAPER = 'Yuan et al. 2022, "ANAct: Adaptive Normalization for Activation Functions"'
 
@@ -45,17 +48,98 @@ KINDS = ("nrelu", "nswish")
 STATS_MODES = ("instance", "batch")
 SIDES = ("encoder", "decoder")
 
-DEFAULT_STATS = "instance"
-DEFAULT_MOMENTUM = 0.9
-DEFAULT_CLAMP_MIN = 0.01
-DEFAULT_CLAMP_MAX = 2.0
-DEFAULT_EPS = 1e-6
+
+class ActivationConfigError(ValueError):
+    """A normalized-activation option with a value outside what is allowed."""
+
+
+@dataclass(frozen=True)
+class ActivationSpec:
+    """Everything needed to build the FFN activations of a model, validated once.
+
+    Built from the model args by ``resnmt.models.options.activation_spec`` (which also
+    declares the flags); the defaults below are the only statement of the flags'
+    defaults. ``kind=None`` means "no normalized activation: fairseq's --activation-fn".
+    The layer counts are only known once the arch has filled in the sizes; when given,
+    the ``*_unnormalized_top_layers`` are checked against them.
+    """
+
+    kind: Optional[str] = None  # --normalized-activation
+    stats: str = "instance"  # --normalized-activation-stats
+    momentum: float = 0.9  # --normalized-activation-momentum
+    clamp_min: float = 0.01  # --normalized-activation-clamp-min
+    clamp_max: float = 2.0  # --normalized-activation-clamp-max
+    eps: float = 1e-6  # guard on Var[h]; not a flag
+    encoder_unnormalized_top_layers: int = 0  # --encoder-unnormalized-top-layers
+    decoder_unnormalized_top_layers: int = 0  # --decoder-unnormalized-top-layers
+    encoder_layers: Optional[int] = None
+    decoder_layers: Optional[int] = None
+    checkpoint_activations: bool = False  # fairseq's --checkpoint-activations
+    fused: bool = False  # --fused-connections: torch.compile'd statistics and output
+
+    def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise ActivationConfigError("; ".join(problems))
+
+    def problems(self) -> list:
+        """Every option out of range, each naming the flag, its value and what is allowed."""
+        problems = []
+        if self.kind is not None:
+            problems += _check_values(self.kind, self.stats, self.momentum, self.clamp_min, self.clamp_max)
+            if self.stats == "batch" and self.checkpoint_activations:
+                problems.append(
+                    "--normalized-activation-stats batch cannot be used with --checkpoint-activations: "
+                    "the recomputed forward would update the running estimates twice per step; "
+                    "use --normalized-activation-stats instance"
+                )
+        for side in SIDES:
+            k = self.top_layers(side)
+            num_layers = getattr(self, f"{side}_layers")
+            problem = _check_top_layers(side, k, num_layers)
+            if problem:
+                problems.append(problem)
+            elif k and self.kind is None:
+                problems.append(
+                    f"--{side}-unnormalized-top-layers {k} has no effect without "
+                    "--normalized-activation {nrelu,nswish}"
+                )
+        return problems
+
+    def top_layers(self, side: str) -> int:
+        """K of ``--{side}-unnormalized-top-layers``."""
+        return getattr(self, f"{side}_unnormalized_top_layers")
+
+    def build(self, side: str, layer_index: int, num_layers: int) -> Optional[nn.Module]:
+        """The activation of FFN ``layer_index`` (0-based) of ``side``, or None when no
+        normalized activation is asked for ("use --activation-fn").
+
+        The top ``--{side}-unnormalized-top-layers`` FFNs (``layer_index >= num_layers - K``)
+        get :class:`UnnormalizedActivation` (ReLU for nrelu, Swish for nswish), not
+        --activation-fn: fairseq's --activation-fn cannot be swish, and the paper's
+        "NSwish+kSwish" keeps Swish.
+        """
+        if side not in SIDES:
+            raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+        if not 0 <= layer_index < num_layers:
+            raise ValueError(f"layer_index must be in [0, {num_layers}), got {layer_index}")
+        if self.kind is None:
+            return None
+        problem = _check_top_layers(side, self.top_layers(side), num_layers)
+        if problem:
+            raise ActivationConfigError(problem)
+        if layer_index >= num_layers - self.top_layers(side):
+            return UnnormalizedActivation(self.kind)
+        return NormalizedActivation(self)
 
 
 class NormalizedActivation(nn.Module):
     """NReLU / NSwish: ``2*sigmoid(omega) * lambda * (f(h) - mu)``, statistics detached.
 
-    Args:
+    Built from an :class:`ActivationSpec` (``NormalizedActivation(spec)``), or from its
+    fields (``NormalizedActivation("nswish", "batch", momentum=0.5)``); the spec validates.
+
+    Args (the spec's fields):
         kind: "nrelu" or "nswish".
         stats: "instance" (per token over features) or "batch" (over the mini-batch's
             real tokens, with momentum estimates kept in buffers).
@@ -68,27 +152,26 @@ class NormalizedActivation(nn.Module):
     tensor shaped and typed like ``h``.
     """
 
-    def __init__(
-        self,
-        kind: str,
-        stats: str = DEFAULT_STATS,
-        momentum: float = DEFAULT_MOMENTUM,
-        clamp_min: float = DEFAULT_CLAMP_MIN,
-        clamp_max: float = DEFAULT_CLAMP_MAX,
-        eps: float = DEFAULT_EPS,
-    ):
+    def __init__(self, kind: Union[str, ActivationSpec], stats: Optional[str] = None, **options):
         super().__init__()
-        problems = _check_values(kind, stats, momentum, clamp_min, clamp_max)
-        if problems:
-            raise ValueError("; ".join(problems))
-        self.kind = kind
-        self.stats = stats
-        self.swish = kind == "nswish"
-        self.batch_stats = stats == "batch"
-        self.momentum = float(momentum)
-        self.clamp_min = float(clamp_min)
-        self.clamp_max = float(clamp_max)
-        self.eps = float(eps)
+        if isinstance(kind, ActivationSpec):
+            spec = kind
+        else:  # validated (once) by the spec
+            spec = ActivationSpec(kind=kind, **({} if stats is None else {"stats": stats}), **options)
+        if spec.kind is None:
+            raise ActivationConfigError(f"--normalized-activation must be one of {', '.join(KINDS)}, got None")
+        self.kind = spec.kind
+        self.stats = spec.stats
+        self.swish = spec.kind == "nswish"
+        self.batch_stats = spec.stats == "batch"
+        self.momentum = float(spec.momentum)
+        self.clamp_min = float(spec.clamp_min)
+        self.clamp_max = float(spec.clamp_max)
+        self.eps = float(spec.eps)
+        self.fused = spec.fused
+        if spec.fused:
+            fused.require_compile()
+        self._output = self._fused_output if spec.fused else self._eager_output
         self.omega = nn.Parameter(torch.zeros(()))
         if self.batch_stats:
             # Before the first update the estimates make the output f(h) itself.
@@ -99,11 +182,25 @@ class NormalizedActivation(nn.Module):
 
     def forward(self, h: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
         with torch.autocast(device_type=h.device.type, enabled=False):
-            if torch.is_grad_enabled() and (h.requires_grad or self.omega.requires_grad):
-                return _NormalizedActivationFn.apply(h, self.omega, self, padding_mask)
-            # inference (decoding, validation): the same values without the autograd
-            # function's bookkeeping, which costs as much as the arithmetic at decode size
-            return _normalized_output(h, self.omega, self, padding_mask)[0]
+            return self._output(h, padding_mask)
+
+    def _eager_output(self, h: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
+        if torch.is_grad_enabled() and (h.requires_grad or self.omega.requires_grad):
+            return _NormalizedActivationFn.apply(h, self.omega, self, padding_mask)
+        # inference (decoding, validation): the same values without the autograd
+        # function's bookkeeping, which costs as much as the arithmetic at decode size
+        return _normalized_output(h, self.omega, self, padding_mask)[0]
+
+    def _fused_output(self, h: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
+        """The same values through ``torch.compile``d functions (``--fused-connections``)."""
+        if not self.batch_stats:
+            return fused.fused_instance_activation(h, self.omega, self.swish, self.clamp_min, self.clamp_max, self.eps)
+        if self.training:
+            weights = torch.ones(h.shape[:2], device=h.device) if padding_mask is None else _token_weights(padding_mask, h)
+            mu, rho, rho_prime = self._update_estimates(*fused.fused_batch_statistics(h, weights, self.swish, self.eps))
+        else:
+            mu, rho, rho_prime = self.running_mu.float(), self.running_rho.float(), self.running_rho_prime.float()
+        return fused.fused_scaled_activation(h, self.omega, mu, rho, rho_prime, self.swish)
 
     def activate(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """``(f(x), positive)`` for float32 ``x``: the plain activation and the per-token
@@ -163,7 +260,10 @@ class NormalizedActivation(nn.Module):
                 self.running_rho.float(),
                 self.running_rho_prime.float(),
             )
-        mu_b, rho_b, p_b = self._batch_stats(x, a, positive, padding_mask)
+        return self._update_estimates(*self._batch_stats(x, a, positive, padding_mask))
+
+    def _update_estimates(self, mu_b: Tensor, rho_b: Tensor, p_b: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """Fold one batch's (mu, rho, p) into the running estimates; the new estimates."""
         self.num_updates.add_(1)
         n = self.num_updates.float()
         # m_n = min(m, 1 - 1/n): the first update takes the batch value as it is
@@ -204,6 +304,8 @@ class NormalizedActivation(nn.Module):
         s = f"{self.kind}, stats={self.stats}, clamp=[{self.clamp_min}, {self.clamp_max}]"
         if self.batch_stats:
             s += f", momentum={self.momentum}"
+        if self.fused:
+            s += ", fused"
         return s
 
 
@@ -300,75 +402,7 @@ def _token_weights(padding_mask: Tensor, x: Tensor) -> Tensor:
     return (~padding_mask.t()).to(x.dtype)
 
 
-# --------------------------------------------------------------------------- flags
-
-
-def add_normalized_activation_args(parser) -> None:
-    """Add the ``--normalized-activation*`` and ``--*-unnormalized-top-layers`` flags.
-
-    No defaults here (fairseq parses model flags with ``argparse.SUPPRESS``): the arch
-    functions call :func:`normalized_activation_defaults`.
-    """
-    parser.add_argument(
-        "--normalized-activation", choices=KINDS, metavar="{nrelu,nswish}",
-        help=f"FFN activation normalized as in {PAPER}: 2*sigmoid(omega)*lambda*(f(h)-E[f(h)]) "
-        "with f = ReLU (nrelu) or Swish (nswish), lambda**2 = (1/rho + 1/rho')/2, "
-        "rho = Var[f(h)]/Var[h], rho' = fraction of positive h. Replaces --activation-fn "
-        "in every FFN (see --encoder/decoder-unnormalized-top-layers). "
-        "Unset: the plain --activation-fn",
-    )
-    parser.add_argument(
-        "--normalized-activation-stats", choices=STATS_MODES, metavar="{instance,batch}",
-        help="where mu, rho, rho' come from: 'instance' = per token over the FFN hidden "
-        "features, no running state (the paper's Transformer setting; default); "
-        "'batch' = over all real (non-padding) tokens of the mini-batch, kept as "
-        "momentum estimates used at evaluation",
-    )
-    parser.add_argument(
-        "--normalized-activation-momentum", type=float, metavar="M",
-        help=f"batch stats only: r <- m_n*r + (1-m_n)*r_batch with m_n = min(M, 1-1/n) at "
-        f"the n-th update ({PAPER}, eq. 16-18); in [0, 1); default {DEFAULT_MOMENTUM}. "
-        "Note: M weights the history (PyTorch BatchNorm's momentum is 1-M)",
-    )
-    parser.add_argument(
-        "--normalized-activation-clamp-min", type=float, metavar="LO",
-        help=f"lower bound for rho and rho' (the paper's bounds against abnormal values): "
-        f"bounds lambda <= 1/sqrt(LO); > 0; default {DEFAULT_CLAMP_MIN}",
-    )
-    parser.add_argument(
-        "--normalized-activation-clamp-max", type=float, metavar="HI",
-        help="upper bound for rho and rho' (rho' <= 1; rho <= 1 for ReLU, <= 1.21 for "
-        f"Swish, so the default {DEFAULT_CLAMP_MAX} only catches numerical garbage); > LO",
-    )
-    for side in SIDES:
-        parser.add_argument(
-            f"--{side}-unnormalized-top-layers", type=int, metavar="K",
-            help=f"the top K {side} FFNs keep the unnormalized activation (ReLU for nrelu, "
-            f"Swish for nswish): the paper's 'NSwish+kSwish' (NSwish in every FFN "
-            "collapsed at FFN size 2048); 0 <= K <= layers; default 0",
-        )
-
-
-def normalized_activation_defaults(args) -> None:
-    """Fill in unset flags (call from every arch function; getattr chains only)."""
-    args.normalized_activation = getattr(args, "normalized_activation", None)
-    args.normalized_activation_stats = getattr(args, "normalized_activation_stats", DEFAULT_STATS)
-    args.normalized_activation_momentum = getattr(
-        args, "normalized_activation_momentum", DEFAULT_MOMENTUM
-    )
-    args.normalized_activation_clamp_min = getattr(
-        args, "normalized_activation_clamp_min", DEFAULT_CLAMP_MIN
-    )
-    args.normalized_activation_clamp_max = getattr(
-        args, "normalized_activation_clamp_max", DEFAULT_CLAMP_MAX
-    )
-    args.encoder_unnormalized_top_layers = getattr(args, "encoder_unnormalized_top_layers", 0)
-    args.decoder_unnormalized_top_layers = getattr(args, "decoder_unnormalized_top_layers", 0)
-
-
-def _get(cfg, name: str, default):
-    value = getattr(cfg, name, None)
-    return default if value is None else value
+# --------------------------------------------------------------------------- checks
 
 
 def _check_values(kind, stats, momentum, clamp_min, clamp_max) -> list:
@@ -391,78 +425,8 @@ def _check_values(kind, stats, momentum, clamp_min, clamp_max) -> list:
     return problems
 
 
-def _check_top_layers(side: str, k, num_layers) -> Optional[str]:
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= num_layers:
-        return (
-            f"--{side}-unnormalized-top-layers must be an integer in [0, {num_layers}] "
-            f"(--{side}-layers), got {k!r}"
-        )
+def _check_top_layers(side: str, k, num_layers: Optional[int]) -> Optional[str]:
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= (num_layers if num_layers is not None else k):
+        bound = f"[0, {num_layers}] (--{side}-layers)" if num_layers is not None else ">= 0"
+        return f"--{side}-unnormalized-top-layers must be an integer in {bound}, got {k!r}"
     return None
-
-
-def validate_normalized_activation_args(args) -> None:
-    """Raise ValueError naming every bad flag, its value and the allowed range."""
-    kind = getattr(args, "normalized_activation", None)
-    problems = []
-    if kind is not None:
-        problems += _check_values(
-            kind,
-            _get(args, "normalized_activation_stats", DEFAULT_STATS),
-            _get(args, "normalized_activation_momentum", DEFAULT_MOMENTUM),
-            _get(args, "normalized_activation_clamp_min", DEFAULT_CLAMP_MIN),
-            _get(args, "normalized_activation_clamp_max", DEFAULT_CLAMP_MAX),
-        )
-        if _get(args, "normalized_activation_stats", DEFAULT_STATS) == "batch" and getattr(
-            args, "checkpoint_activations", False
-        ):
-            problems.append(
-                "--normalized-activation-stats batch cannot be used with --checkpoint-activations: "
-                "the recomputed forward would update the running estimates twice per step; "
-                "use --normalized-activation-stats instance"
-            )
-    for side in SIDES:
-        k = _get(args, f"{side}_unnormalized_top_layers", 0)
-        num_layers = getattr(args, f"{side}_layers", None)
-        if num_layers is not None:
-            problem = _check_top_layers(side, k, num_layers)
-            if problem:
-                problems.append(problem)
-        if k and kind is None:
-            problems.append(
-                f"--{side}-unnormalized-top-layers {k} has no effect without "
-                "--normalized-activation {nrelu,nswish}"
-            )
-    if problems:
-        raise ValueError("; ".join(problems))
-
-
-def normalized_activation_from_cfg(cfg, side: str, layer_index: int, num_layers: int) -> Optional[nn.Module]:
-    """The activation of FFN ``layer_index`` (0-based) of ``side`` under
-    ``--normalized-activation``, or None when that flag is unset ("use --activation-fn").
-
-    The top ``--{side}-unnormalized-top-layers`` FFNs (``layer_index >= num_layers - K``)
-    get the unnormalized counterpart, :class:`UnnormalizedActivation` (ReLU for nrelu,
-    Swish for nswish), not --activation-fn: fairseq's --activation-fn cannot be swish, and
-    the paper's "NSwish+kSwish" keeps Swish. ``cfg`` is a TransformerConfig or Namespace
-    with the flat attributes above; missing ones (old checkpoints) read as defaults.
-    """
-    if side not in SIDES:
-        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
-    if not 0 <= layer_index < num_layers:
-        raise ValueError(f"layer_index must be in [0, {num_layers}), got {layer_index}")
-    kind = getattr(cfg, "normalized_activation", None)
-    if kind is None:
-        return None
-    k = _get(cfg, f"{side}_unnormalized_top_layers", 0)
-    problem = _check_top_layers(side, k, num_layers)
-    if problem:
-        raise ValueError(problem)
-    if layer_index >= num_layers - k:
-        return UnnormalizedActivation(kind)
-    return NormalizedActivation(
-        kind,
-        stats=_get(cfg, "normalized_activation_stats", DEFAULT_STATS),
-        momentum=_get(cfg, "normalized_activation_momentum", DEFAULT_MOMENTUM),
-        clamp_min=_get(cfg, "normalized_activation_clamp_min", DEFAULT_CLAMP_MIN),
-        clamp_max=_get(cfg, "normalized_activation_clamp_max", DEFAULT_CLAMP_MAX),
-    )
