@@ -380,7 +380,7 @@ def main(argv=None):
         p.error(f"unknown rows {unknown}; choose from: {', '.join(ROWS)}")
     if not (Path(a.data) / "dict.en.txt").exists() and not list(Path(a.data).glob("dict.*.txt")):
         p.error(f"--data {a.data}: no fairseq dictionary there; run "
-                "bash data-prep/prepare-multi30k.sh --mirror ../shared/data/multi30k data/multi30k")
+                "bash data-prep/prepare-multi30k.sh data/multi30k (--mirror DIR for a local copy)")
 
     base_spec = {
         "data": str(Path(a.data).resolve()), "device": a.device, "size": list(size), "threads": a.threads,

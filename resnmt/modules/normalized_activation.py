@@ -1,9 +1,9 @@
 """Normalized activations NReLU and NSwish for the FFN sublayers.
 
 After Peiwen Yuan et al. (2022), "ANAct: Adaptive Normalization for Activation
-Functions" (``papers/anact-normalized-activations-2022.txt``, section 2.2 and
-appendix A.1). The extracted paper lost its equations; this module implements the
-reading in ``docs/normalized-activations.md`` (and ``../shared/docs/methods.md``).
+Functions" (arXiv:2208.13315, section 2.2 and appendix A.1). The text of the paper we
+worked from lost its equations; this module implements the reading in
+``docs/normalized-activations.md``.
 
 For the fc1 output ``h`` and ``a = f(h)`` (f = ReLU, or Swish ``h * sigmoid(h)``)::
 
