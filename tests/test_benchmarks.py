@@ -87,7 +87,7 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
     argv = [
         sys.executable, BENCH / "curves.py", "--data", tiny_bin.parent, "--ref", tiny_bin.parent / "text" / "test.de",
         "--remove-bpe", "none", "--tiny", "--milestones", "2,4", "--save-every", "1", "--average", "2",
-        "--warmup", "1", "--max-tokens", "300", "--analyze-sentences", "8", "--only", "small:post_ln:1",
+        "--warmup", "1", "--max-tokens", "300", "--analyze-sentences", "8", "--only", "small:post_ln:1", "--threads", "1",
         "--workdir", tmp_path / "work", "--out", out,
     ]
     run_cli(argv, timeout=300)
@@ -96,7 +96,7 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
     for r in records:
         assert math.isfinite(r["bleu"]) and r["n_sentences"] == 60 and r["device"] == "cpu"
         assert r["size"]["layers"] == 1 and r["settings"]["dropout"] == 0.3
-        assert "threads" not in r["settings"] and r["torch_threads"] == 2  # execution, not a setting
+        assert "threads" not in r["settings"] and r["torch_threads"] == 1  # execution, not a setting
         assert len(r["analysis"]["statistics"]["grad_norm"]["encoder"]["output"]) == 1
         assert len(r["averaged"]) == 2
     assert records[1]["train_seconds"] >= records[0]["train_seconds"] > 0
