@@ -90,41 +90,68 @@ def plot_valid(runs, out: Path) -> None:
     save(fig, "Validation loss during training (one line per seed)", out)
 
 
-def plot_diagnostics(runs, out: Path, size: str = "small", device: str = "cpu") -> None:
-    """rSkip ratio and gradient norm per layer against updates, seed 1 of post_ln and rskip_ln."""
-    rows = runs.get((device, size), {})
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.2), constrained_layout=True)
-    rskip = rows.get("rskip_ln (λ=2)", {}).get(1, {})
-    for side, ax in zip(("encoder", "decoder"), axes[:2]):
-        xs = sorted(rskip)
-        if xs:
-            stats = rskip[xs[-1]]["analysis"]["statistics"]["rskip_ratio"][side]
-            for sublayer, values in stats.items():
-                for layer in range(len(values)):
-                    ax.plot(xs, [rskip[u]["analysis"]["statistics"]["rskip_ratio"][side][sublayer][layer] for u in xs],
-                            marker="o", label=f"layer {layer} {sublayer}")
-        ax.axhline(1.0, color="gray", linestyle=":", label="post-LN (1)")
-        ax.set_title(f"rSkip+LN λ=2, {side}: effective skip : residual ratio")
-        ax.set_xlabel("updates")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    ax = axes[2]
-    for style, row in (("-", "post_ln"), ("--", "rskip_ln (λ=2)")):
-        recs = rows.get(row, {}).get(1, {})
-        xs = sorted(recs)
-        if not xs:
-            continue
-        for side in ("encoder", "decoder"):
-            n = len(recs[xs[-1]]["analysis"]["statistics"]["grad_norm"][side]["output"])
-            for layer in range(n):
-                ax.plot(xs, [recs[u]["analysis"]["statistics"]["grad_norm"][side]["output"][layer] for u in xs],
-                        linestyle=style, marker=".", label=f"{row} {side[:3]} {layer}")
-    ax.set_title("gradient norm of each block output (valid, 500 sent.)")
+RSKIP = "rskip_ln (λ=2)"
+SUBLAYER_STYLES = {"self": "-", "cross": ":", "ffn": "--"}
+
+
+def _ratio_panel(ax, rskip: dict, side: str, title: str) -> None:
+    """rSkip's effective skip:residual ratio per layer and sublayer against updates."""
+    xs = sorted(rskip)
+    if xs:
+        stats = rskip[xs[-1]]["analysis"]["statistics"]["rskip_ratio"][side]
+        n = max(len(v) for v in stats.values())
+        for sublayer, values in stats.items():
+            for layer in range(len(values)):
+                ax.plot(xs, [rskip[u]["analysis"]["statistics"]["rskip_ratio"][side][sublayer][layer] for u in xs],
+                        linestyle=SUBLAYER_STYLES.get(sublayer, "-"), marker=".",
+                        color=plt.cm.viridis(layer / max(n - 1, 1)), label=f"layer {layer} {sublayer}")
+    ax.axhline(1.0, color="gray", linestyle=":", label="post-LN (1)")
+    ax.set_title(title, fontsize=10)
     ax.set_xlabel("updates")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=6, ncol=2 if xs and n > 2 else 1)
+
+
+def _gradient_profile_panel(ax, recs: dict, title: str) -> None:
+    """Gradient norm of each block output against the block's depth (encoder 1..N, then
+    decoder 1..M): the papers' Figure-3 profile, one line per milestone (darker = later)."""
+    xs = sorted(recs)
+    for i, u in enumerate(xs):
+        grads = recs[u]["analysis"]["statistics"]["grad_norm"]
+        enc, dec = grads["encoder"]["output"], grads["decoder"]["output"]
+        ax.plot(range(1, len(enc) + len(dec) + 1), enc + dec, marker=".",
+                color=plt.cm.magma_r(0.15 + 0.8 * i / max(len(xs) - 1, 1)), label=f"{u} updates")
+        ax.axvline(len(enc) + 0.5, color="gray", linestyle=":", linewidth=0.8)
+    if xs:
+        n_enc = len(recs[xs[0]]["analysis"]["statistics"]["grad_norm"]["encoder"]["output"])
+        ax.text(0.02, 0.97, "encoder | decoder", transform=ax.transAxes, fontsize=7, va="top")
+        ax.set_xticks(range(1, 2 * n_enc + 1) if n_enc * 2 <= 12 else ax.get_xticks())
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("block (encoder 1..N, decoder 1..M)")
     ax.set_yscale("log")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
-    save(fig, f"Diagnostics during training ({SIZE_TITLES.get(size, size)}, seed 1, resnmt-analyze at each milestone)",
+    if xs:
+        ax.legend(fontsize=6)
+    else:
+        ax.text(0.5, 0.5, "not run yet", transform=ax.transAxes, ha="center", color="gray")
+
+
+def plot_diagnostics(runs, out: Path) -> None:
+    """For each depth with seed 1 of post_ln or rskip_ln: rSkip's ratio per layer against
+    updates (encoder, decoder), and the gradient-norm profile over blocks at each milestone
+    for post_ln and rskip_ln (shared y-axis, so the two are comparable)."""
+    keys = [k for k in ordered_keys(runs) if any(runs[k].get(r, {}).get(1) for r in ("post_ln", RSKIP))]
+    fig, axes = plt.subplots(max(len(keys), 1), 4, figsize=(22, 4.4 * max(len(keys), 1)), squeeze=False,
+                             constrained_layout=True)
+    for (device, size), row_axes in zip(keys, axes):
+        rows, where = runs[(device, size)], f"{SIZE_TITLES.get(size, size)} ({device})"
+        rskip = rows.get(RSKIP, {}).get(1, {})
+        for side, ax in zip(("encoder", "decoder"), row_axes[:2]):
+            _ratio_panel(ax, rskip, side, f"{where}: rSkip+LN λ=2 {side}, skip : residual")
+        row_axes[3].sharey(row_axes[2])
+        for row, ax in (("post_ln", row_axes[2]), (RSKIP, row_axes[3])):
+            _gradient_profile_panel(ax, rows.get(row, {}).get(1, {}), f"{where}: {row}, block-output gradient norm")
+    save(fig, "Diagnostics during training (seed 1; resnmt-analyze on 500 validation sentences at each milestone)",
          out)
 
 

@@ -596,7 +596,7 @@ class SASConnection(SublayerConnection):
         self.fused = spec.fused
         if spec.fused:
             require_compile()
-            self.forward = self.fused_forward
+        self._output = self._fused_output if spec.fused else self._eager_output
 
     def gate_values(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
         """alpha, beta, gamma, each ``(seq_len, batch, 1)``."""
@@ -609,6 +609,9 @@ class SASConnection(SublayerConnection):
         return alpha * x + beta * fx + gamma * self.norm(x + fx)
 
     def forward(self, x: Tensor, fx: Tensor) -> Tensor:
+        return self._output(x, fx)
+
+    def _eager_output(self, x: Tensor, fx: Tensor) -> Tensor:
         return self.combine(x, fx, **self.gate_values(x, fx))
 
     def measure(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
@@ -616,8 +619,8 @@ class SASConnection(SublayerConnection):
         LN(x+F) by (gamma is (1-alpha)(1-beta), or the third gate with --sas-gamma gate)."""
         return {f"sas_{name}": value.squeeze(-1).float() for name, value in self.gate_values(x, fx).items()}
 
-    def fused_forward(self, x: Tensor, fx: Tensor) -> Tensor:
-        """``forward`` with the sigmoids, gamma, LN and the weighted sum compiled as one
+    def _fused_output(self, x: Tensor, fx: Tensor) -> Tensor:
+        """The same values with the sigmoids, gamma, LN and the weighted sum compiled as one
         function (``--fused-connections``); the gates' matmuls stay as they are."""
         norm = self.norm
         return fused_sas_output(x, fx, self.gates.logits(x, fx), norm.weight, norm.bias, norm.eps, self.gamma_from_gate)
