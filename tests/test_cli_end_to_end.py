@@ -11,6 +11,9 @@ from conftest import REPO_ROOT, run_cli
 from model_utils import TINY
 
 FAMILIES = ["postln", "preln", "xskip", "rskip", "sas", "highway", "deepnorm", "rezero", "admin"]
+# fairseq-generate for every family is in the slow suite; the default suite decodes these
+# through the CLI, and every kind's decoding in-process (test_model, test_old_checkpoints)
+DEFAULT_SUITE_FAMILIES = ("postln", "rskip", "sas")
 USER_DIR = str(REPO_ROOT / "resnmt")
 
 
@@ -26,19 +29,25 @@ def train_args(data, arch, save_dir, *extra):
 
 @pytest.fixture(scope="module")
 def trained(tiny_bin, tmp_path_factory):
-    """One short training run per arch family: {family: save_dir}."""
+    """``trained(family)``: the save dir of a short training run of that arch family,
+    trained on first use (so that the default suite trains only the families it decodes)."""
     runs = {}
-    for family in FAMILIES:
-        save_dir = tmp_path_factory.mktemp(f"ckpt_{family}")
-        run_cli(train_args(tiny_bin, f"transformer_{family}_base", save_dir, "--max-update", "3"))
-        runs[family] = save_dir
-    return runs
+
+    def save_dir_of(family):
+        if family not in runs:
+            save_dir = tmp_path_factory.mktemp(f"ckpt_{family}")
+            run_cli(train_args(tiny_bin, f"transformer_{family}_base", save_dir, "--max-update", "3"))
+            runs[family] = save_dir
+        return runs[family]
+
+    return save_dir_of
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [f if f in DEFAULT_SUITE_FAMILIES else pytest.param(f, marks=pytest.mark.slow)
+                                    for f in FAMILIES])
 def test_generate_from_checkpoint(tiny_bin, trained, family):
     out = run_cli([
-        "fairseq-generate", tiny_bin, "--user-dir", USER_DIR, "--path", trained[family] / "checkpoint_last.pt",
+        "fairseq-generate", tiny_bin, "--user-dir", USER_DIR, "--path", trained(family) / "checkpoint_last.pt",
         "--gen-subset", "valid", "--beam", "4", "--batch-size", "32",
         # fairseq main drops a last batch smaller than this multiple (default 8): keep every sentence
         "--required-batch-size-multiple", "1",
@@ -52,7 +61,7 @@ def test_generate_from_checkpoint(tiny_bin, trained, family):
 def test_interactive_from_checkpoint(tiny_bin, trained, family):
     proc = subprocess.run(
         ["fairseq-interactive", str(tiny_bin), "--user-dir", USER_DIR, "--path",
-         str(trained[family] / "checkpoint_last.pt"), "--beam", "4", "--source-lang", "en", "--target-lang", "de"],
+         str(trained(family) / "checkpoint_last.pt"), "--beam", "4", "--source-lang", "en", "--target-lang", "de"],
         input="a man is walking .\ntwo dogs play in the grass .\n", capture_output=True, text=True,
         env=__import__("conftest").cli_env(), timeout=300,
     )
@@ -65,7 +74,7 @@ def test_hub_interface_from_another_directory(tiny_bin, trained, tmp_path):
 import resnmt
 from resnmt.models import ResidualTransformerModel
 hub = ResidualTransformerModel.from_pretrained(
-    {str(trained['sas'])!r}, checkpoint_file="checkpoint_last.pt", data_name_or_path={str(tiny_bin)!r},
+    {str(trained('sas'))!r}, checkpoint_file="checkpoint_last.pt", data_name_or_path={str(tiny_bin)!r},
     user_dir={USER_DIR!r})
 print("ARCH", hub.models[0].encoder.layers[0].self_attn_connection.__class__.__name__)
 print("OUT", hub.translate("a man is walking .", beam=4))
@@ -77,13 +86,13 @@ print("OUT", hub.translate("a man is walking .", beam=4))
 
 def test_checkpoints_need_the_allow_list_and_load_with_it(trained):
     """torch.load(weights_only=True) refuses a fairseq checkpoint until resnmt is imported."""
-    ckpt = trained["postln"] / "checkpoint_last.pt"
+    ckpt = trained("postln") / "checkpoint_last.pt"
     bare = run_cli([sys.executable, "-c", f"import torch; torch.load({str(ckpt)!r}, weights_only=True)"], check=False)
     assert bare.returncode != 0 and "argparse.Namespace" in bare.stderr
     run_cli([sys.executable, "-c", f"import resnmt, torch; torch.load({str(ckpt)!r}, weights_only=True)"])
 
 
-@pytest.mark.parametrize("family", ["sas", "rskip"])
+@pytest.mark.parametrize("family", ["sas", pytest.param("rskip", marks=pytest.mark.slow)])
 def test_training_resumes_from_checkpoint_last(tiny_bin, tmp_path, family):
     save_dir = tmp_path / "ckpt"
     run_cli(train_args(tiny_bin, f"transformer_{family}_base", save_dir, "--max-epoch", "1"))

@@ -244,6 +244,7 @@ def iwslt_mirror(tmp_path_factory):
     return build_iwslt_mirror(tmp_path_factory.mktemp("iwslt_mirror"))
 
 
+@pytest.mark.slow  # subword-nmt is tested by test_wmt14_en_de, IWSLT's files by the sentencepiece test
 def test_iwslt15_bpe(iwslt_mirror, tmp_path):
     out = tmp_path / "out"
     args = ["--mirror", iwslt_mirror, "--bpe-size", "500"]

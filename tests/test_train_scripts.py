@@ -12,14 +12,43 @@ import torch
 from conftest import REPO_ROOT, run_cli
 from model_utils import TINY
 
+from resnmt.cli import experiment as cli
+
 TRAIN = ["bash", str(REPO_ROOT / "scripts" / "train.sh")]
 EXPERIMENT = ["bash", str(REPO_ROOT / "scripts" / "run_experiment.sh")]
 
 
-def dry_run(*args, **env):
+@pytest.fixture
+def train_sh(capsys, monkeypatch, tmp_path):
+    """train.sh's Python side (``resnmt.cli.experiment train``) called in-process, which is
+    what the one-line wrapper execs (test_help runs the wrapper itself): ``(exit status,
+    stdout, stderr)``, run in ``tmp_path`` with no GPU visible. In-process because each
+    bad option is a one-line check: a subprocess would spend its time importing torch."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli.ex, "count_gpus", lambda: 0)
+
+    def call(*args):
+        capsys.readouterr()
+        try:
+            code = cli.train_main([str(a) for a in args])
+        except SystemExit as stop:
+            code = stop.code
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return call
+
+
+@pytest.fixture
+def dry_run(train_sh):
     """(the fairseq command as a list, stderr) of train.sh --dry-run."""
-    proc = run_cli([*TRAIN, "--dry-run", *args], **env)
-    return shlex.split(proc.stdout.strip()), proc.stderr
+
+    def call(*args):
+        code, out, err = train_sh("--dry-run", *args)
+        assert code == 0, err
+        return shlex.split(out.strip()), err
+
+    return call
 
 
 def flag(cmd, name):
@@ -50,23 +79,22 @@ def test_help(script, words):
     (["multi30k"], 2, "expected DATASET and ARCH, got 1 argument(s): multi30k"),
     (["--data", "NOWHERE", "multi30k", "transformer"], 1, "data directory NOWHERE not found"),
 ])
-def test_bad_input_stops_before_any_work(tmp_path, args, code, message):
+def test_bad_input_stops_before_any_work(train_sh, tmp_path, args, code, message):
     save_dir = tmp_path / "run"
-    proc = run_cli([*TRAIN, "--save-dir", save_dir, *args], check=False, cwd=tmp_path)
-    assert proc.returncode == code, proc.stderr
-    assert message in proc.stderr
-    assert "Traceback" not in proc.stderr
+    status, _, err = train_sh("--save-dir", save_dir, *args)
+    assert status == code, err
+    assert message in err and "[train] error: " in err and "Traceback" not in err
     assert not save_dir.exists() and not (tmp_path / "runs").exists()
 
 
-def test_data_of_another_language_pair_is_refused(tiny_bin, tmp_path):
-    proc = run_cli([*TRAIN, "--data", tiny_bin, "--save-dir", tmp_path / "r", "iwslt15-en-vi", "transformer"],
-                   check=False)
-    assert proc.returncode == 1
-    assert f"{tiny_bin}/dict.vi.txt not found: {tiny_bin} is not iwslt15-en-vi data binarized for en->vi" in proc.stderr
+def test_data_of_another_language_pair_is_refused(train_sh, tiny_bin, tmp_path):
+    status, _, err = train_sh("--data", tiny_bin, "--save-dir", tmp_path / "r", "iwslt15-en-vi", "transformer")
+    assert status == 1
+    assert f"{tiny_bin}/dict.vi.txt not found: {tiny_bin} is not iwslt15-en-vi data binarized for en->vi" in err
+    assert not (tmp_path / "r").exists()
 
 
-def test_paper_presets_batch_arithmetic_and_multi_gpu_commands():
+def test_paper_presets_batch_arithmetic_and_multi_gpu_commands(dry_run):
     # WMT'14 big on 8 GPUs: fairseq spawns 8 processes, 8 x 3584 tokens, update-freq 1, fp16
     cmd, err = dry_run("--gpus", "8", "wmt14-en-de", "transformer_sas_big")
     assert cmd[0] == "fairseq-train" and cmd[1] == "data/wmt14-en-de/bin"
@@ -179,11 +207,20 @@ def test_experiment_end_to_end_then_nothing_to_redo(tiny_bin, tmp_path):
     assert (save_dir / "checkpoint_last.pt.broken").stat().st_size == len(data) // 2
 
 
-def test_experiment_bad_options_stop_before_any_work(tmp_path):
-    proc = run_cli([*EXPERIMENT, "--results", tmp_path / "r.jsonl", "multi30k", "transformer_nope_base"],
-                   check=False, cwd=tmp_path)
-    assert proc.returncode == 1 and "ARCH 'transformer_nope_base' is not" in proc.stderr
-    assert "train.sh refused the training options" in proc.stderr
-    proc = run_cli([*EXPERIMENT, "--average", "0", "multi30k", "transformer"], check=False, cwd=tmp_path)
-    assert proc.returncode == 2 and "--average '0': must be an integer >= 1" in proc.stderr
+def test_experiment_bad_options_stop_before_any_work(tmp_path, monkeypatch, capsys):
+    """run_experiment.sh's Python side, in-process (test_help runs the wrapper)."""
+    monkeypatch.chdir(tmp_path)
+
+    def run_experiment(*args):
+        try:
+            code = cli.main([str(a) for a in args], "scripts/run_experiment.sh")
+        except SystemExit as stop:
+            code = stop.code
+        return code, capsys.readouterr().err
+
+    code, err = run_experiment("--results", tmp_path / "r.jsonl", "multi30k", "transformer_nope_base")
+    assert code == 1 and "ARCH 'transformer_nope_base' is not" in err
+    assert "train.sh refused the training options" in err
+    code, err = run_experiment("--average", "0", "multi30k", "transformer")
+    assert code == 2 and "--average '0': must be an integer >= 1" in err
     assert os.listdir(tmp_path) == []
