@@ -20,6 +20,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from make_tables import replace_between  # noqa: E402
+
 from resnmt.experiment import read_jsonl  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -178,10 +180,48 @@ def table(runs) -> str:
     return "\n".join(lines)
 
 
+def _mean_std(values) -> str:
+    if len(values) == 1:
+        return f"{values[0]:+.2f} (1)"
+    return f"{statistics.mean(values):+.2f} ± {statistics.stdev(values):.2f} ({len(values)})"
+
+
+def difference_table(runs, baseline: str = "post_ln") -> str:
+    """Each row's sacreBLEU minus the baseline's, per milestone, paired by seed (only
+    seeds that both have at that milestone): mean ± std over seeds (n)."""
+    lines = []
+    for device, size in ordered_keys(runs):
+        rows = runs[(device, size)]
+        base = rows.get(baseline)
+        others = [r for r in sorted(rows) if r != baseline]
+        if not base or not others:
+            continue
+        milestones = sorted({u for recs in base.values() for u in recs})
+        lines += [f"**{SIZE_TITLES.get(size, size)} ({device})**: sacreBLEU minus {baseline}'s, paired by seed, "
+                  "mean ± std (n seeds)", "",
+                  "| row | " + " | ".join(str(u) for u in milestones) + " |",
+                  "|---|" + "---:|" * len(milestones)]
+        for row in others:
+            cells = []
+            for u in milestones:
+                diffs = [recs[u]["bleu"] - base[seed][u]["bleu"] for seed, recs in rows[row].items()
+                         if u in recs and u in base.get(seed, {})]
+                cells.append(_mean_std(diffs) if diffs else "")
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+MARKERS = ("<!-- curves-table:begin -->", "<!-- curves-table:end -->")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default=str(REPO_ROOT / "benchmarks" / "results" / "curves.jsonl"))
     p.add_argument("--figures", default=str(REPO_ROOT / "docs" / "figures"), help="output directory of the PNGs")
+    p.add_argument("--write", metavar="MD", action="append", default=[],
+                   help="replace the tables between <!-- curves-table:begin --> and <!-- curves-table:end --> "
+                   "in this file (repeatable)")
     a = p.parse_args(argv)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
     runs = load(Path(a.results))
@@ -192,7 +232,12 @@ def main(argv=None):
     plot_bleu(runs, figures / "curves-bleu.png")
     plot_valid(runs, figures / "curves-valid-loss.png")
     plot_diagnostics(runs, figures / "curves-diagnostics.png")
-    print(table(runs))
+    tables = table(runs) + "\n" + difference_table(runs)
+    for path in a.write:
+        path = Path(path)
+        path.write_text(replace_between(path.read_text(encoding="utf-8"), *MARKERS, tables.strip() + "\n"),
+                        encoding="utf-8")
+    print(tables)
     return 0
 
 
