@@ -38,6 +38,10 @@ PAPERS = {
     "sas": "better: 32.0 vs 30.9 (SAS paper)",
     "highway": "worse: CIFAR-10 92.15 vs 93.66 (SAS paper Table 6, 'Transform Gate'); no NMT number",
     "rskip_ln (λ=2) + nswish": "no paper number for this combination",
+    "xskip_ln (learned λ from 2)": "worse than fixed λ (rSkip paper, learned-λ ablation)",
+    "deepnorm": "no EN-VI number; DeepNet's claim is stable training of very deep models, where post-LN diverges",
+    "rezero": "no NMT number; ReZero's claim is faster convergence than post-LN (language modelling)",
+    "admin": "no EN-VI number; Admin's claim is post-LN's quality without its instability in deep models",
 }
 
 MARKERS = {
