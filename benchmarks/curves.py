@@ -17,15 +17,16 @@ scored again, so the study can be continued over several sessions.
 
 Checkpoints live in the (ignored) ``--workdir``, so a run continues across sessions only on
 a machine that keeps it; on a fresh checkout a run restarts at update 0 and skips the
-milestones already recorded. Hence the defaults: one run at a time with 2 threads, which
-finishes a run in about half the wall time of two 1-thread runs side by side, so that a run
-fits in one working session (2+2 to 9600 updates: about 1.5 h; 6+6 to 4800: about 1.5-2 h
-on 2 idle cores). The thread count is how a run was executed, not what it computes: it is
-recorded per line (``torch_threads``) and left out of the settings key.
+milestones already recorded. So each run must reach its last milestone within one working
+session: on this 2-core CPU a 2+2 run to 9600 updates takes about 1.5 h with 2 threads, and
+two 6+6 runs side by side (``--workers 2 --threads 1``, about 17-22 updates/min each) reach
+2400 updates in about 2 h. The thread count is how a run was executed, not what it
+computes: it is recorded per line (``torch_threads``) and left out of the settings key.
 
     python benchmarks/curves.py                        # the whole study, one run at a time
     python benchmarks/curves.py --list                 # what is done and what is missing
     python benchmarks/curves.py --only small:post_ln:1 # one run
+    python benchmarks/curves.py --workers 2 --threads 1 --only deep:pre_ln:1,deep:sas:1   # a pair side by side
 """
 import argparse
 import datetime
