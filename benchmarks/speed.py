@@ -80,8 +80,8 @@ ROWS = {
     "sas (gate h)": ("sas", "transformer", None, None, None),
     "sas (gate 64)": ("sas_gate64", "transformer", 0.90, 0.90, None),
     "highway": ("highway", "transformer", None, None, 1.05),
-    # targets by analogy, not yet measured: deepnorm and admin cost what xskip_ln costs (plus a
-    # per-dimension multiply for admin); rezero is post-LN's work without the LayerNorm
+    # targets by analogy (set before measuring): deepnorm and admin cost what xskip_ln costs
+    # (plus a per-dimension multiply for admin); rezero is post-LN's work without the LayerNorm
     "deepnorm": ("deepnorm", "transformer", 0.97, 0.97, 1.05),
     "admin": ("admin", "transformer", 0.97, 0.97, 1.05),
     "rezero": ("rezero", "transformer", 0.98, 0.98, 1.05),
