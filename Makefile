@@ -4,7 +4,7 @@
 #   make test                 # the test suite (the CI command)
 #   make demo                 # prepare Multi30k, train two small models, decode, score, plot
 #   make venv                 # only set up the environment
-#   make test-slow            # the slow tests (end-to-end demo with a small budget)
+#   make test-slow            # the slow tests (the demo end to end, per-family twins)
 #   make TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128' venv
 #                             # a CUDA build of torch on a GPU machine
 
@@ -12,6 +12,9 @@ VENV   ?= .venv
 PYTHON ?= python3
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
+# test files run in parallel, one worker per core (pytest-xdist; a file stays on one worker,
+# so its module fixtures are built once); PYTEST_WORKERS=0 runs them in this process
+PYTEST_WORKERS ?= auto
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.resnmt-installed
@@ -31,10 +34,10 @@ $(STAMP): requirements.txt requirements-fairseq.txt requirements-dev.txt setup.p
 	touch $@
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
+	$(BIN)/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS) tests
+	$(BIN)/python -m pytest -q -m slow -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests
 
 demo: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo.sh

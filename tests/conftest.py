@@ -12,6 +12,15 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 BIN_DIR = Path(sys.executable).parent  # the venv's bin: fairseq-train & co. live here
 
 
+def pytest_configure(config):
+    """Parallel workers (make test: pytest-xdist, one per core) share the cores: one torch
+    thread each, as the command-line tools the tests start already get (cli_env)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def shared_data_dir(name: str) -> Path:
     """A dataset under ../shared/data; a missing one is an error, never a skip."""
     path = SHARED_DATA / name
