@@ -12,8 +12,9 @@ VENV   ?= .venv
 PYTHON ?= python3
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
-# test files run in parallel, one worker per core (pytest-xdist; a file stays on one worker,
-# so its module fixtures are built once); PYTEST_WORKERS=0 runs them in this process
+# tests run in parallel, one worker per core (pytest-xdist; worksteal hands each worker a
+# contiguous half of the suite, so a file's module fixtures are mostly built once, and an
+# idle worker takes tests from the other's end); PYTEST_WORKERS=0 runs them in this process
 PYTEST_WORKERS ?= auto
 
 BIN := $(VENV)/bin
@@ -34,10 +35,10 @@ $(STAMP): requirements.txt requirements-fairseq.txt requirements-dev.txt setup.p
 	touch $@
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests
+	$(BIN)/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS) tests
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests
+	$(BIN)/python -m pytest -q -m slow -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS) tests
 
 demo: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo.sh
