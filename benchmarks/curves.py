@@ -19,8 +19,8 @@ Checkpoints live in the (ignored) ``--workdir``, so a run continues across sessi
 a machine that keeps it; on a fresh checkout a run restarts at update 0 and skips the
 milestones already recorded. So each run must reach its last milestone within one working
 session: on this 2-core CPU a 2+2 run to 9600 updates takes about 1.5 h with 2 threads, and
-two 6+6 runs side by side (``--workers 2 --threads 1``, about 17-22 updates/min each) reach
-2400 updates in about 2 h. The thread count is how a run was executed, not what it
+two 6+6 runs side by side (``--workers 2 --threads 1``, 15-24 updates/min each, depending on
+what else runs) reach 2400 updates in about 2.5 h. The thread count is how a run was executed, not what it
 computes: it is recorded per line (``torch_threads``) and left out of the settings key.
 
     python benchmarks/curves.py                        # the whole study, one run at a time

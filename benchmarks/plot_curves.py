@@ -120,14 +120,15 @@ def _gradient_profile_panel(ax, recs: dict, title: str) -> None:
     xs = sorted(recs)
     for i, u in enumerate(xs):
         grads = recs[u]["analysis"]["statistics"]["grad_norm"]
-        enc, dec = grads["encoder"]["output"], grads["decoder"]["output"]
-        ax.plot(range(1, len(enc) + len(dec) + 1), enc + dec, marker=".",
+        blocks = grads["encoder"]["output"] + grads["decoder"]["output"]
+        ax.plot(range(1, len(blocks) + 1), blocks, marker=".",
                 color=plt.cm.magma_r(0.15 + 0.8 * i / max(len(xs) - 1, 1)), label=f"{u} updates")
-        ax.axvline(len(enc) + 0.5, color="gray", linestyle=":", linewidth=0.8)
     if xs:
-        n_enc = len(recs[xs[0]]["analysis"]["statistics"]["grad_norm"]["encoder"]["output"])
+        grads = recs[xs[0]]["analysis"]["statistics"]["grad_norm"]
+        n_enc, n_dec = len(grads["encoder"]["output"]), len(grads["decoder"]["output"])
+        ax.axvline(n_enc + 0.5, color="gray", linestyle=":", linewidth=0.8)
         ax.text(0.02, 0.97, "encoder | decoder", transform=ax.transAxes, fontsize=7, va="top")
-        ax.set_xticks(range(1, 2 * n_enc + 1) if n_enc * 2 <= 12 else ax.get_xticks())
+        ax.set_xticks(range(1, n_enc + n_dec + 1))
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("block (encoder 1..N, decoder 1..M)")
     ax.set_yscale("log")
