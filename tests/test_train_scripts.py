@@ -18,6 +18,17 @@ TRAIN = ["bash", str(REPO_ROOT / "scripts" / "train.sh")]
 EXPERIMENT = ["bash", str(REPO_ROOT / "scripts" / "run_experiment.sh")]
 
 
+def call_main(main, args, capsys):
+    """``(exit status, stdout, stderr)`` of a command line's ``main(argv)`` called in-process."""
+    capsys.readouterr()
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as stop:
+        code = stop.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 @pytest.fixture
 def train_sh(capsys, monkeypatch, tmp_path):
     """train.sh's Python side (``resnmt.cli.experiment train``) called in-process, which is
@@ -27,16 +38,7 @@ def train_sh(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(cli.ex, "count_gpus", lambda: 0)
 
-    def call(*args):
-        capsys.readouterr()
-        try:
-            code = cli.train_main([str(a) for a in args])
-        except SystemExit as stop:
-            code = stop.code
-        out = capsys.readouterr()
-        return code, out.out, out.err
-
-    return call
+    return lambda *args: call_main(cli.train_main, args, capsys)
 
 
 @pytest.fixture
@@ -212,11 +214,8 @@ def test_experiment_bad_options_stop_before_any_work(tmp_path, monkeypatch, caps
     monkeypatch.chdir(tmp_path)
 
     def run_experiment(*args):
-        try:
-            code = cli.main([str(a) for a in args], "scripts/run_experiment.sh")
-        except SystemExit as stop:
-            code = stop.code
-        return code, capsys.readouterr().err
+        code, _, err = call_main(lambda argv: cli.main(argv, "scripts/run_experiment.sh"), args, capsys)
+        return code, err
 
     code, err = run_experiment("--results", tmp_path / "r.jsonl", "multi30k", "transformer_nope_base")
     assert code == 1 and "ARCH 'transformer_nope_base' is not" in err
