@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -54,11 +54,42 @@ def quiet(_message: str) -> None:
 
 
 def check_int(flag: str, value, minimum: int) -> int:
-    """``value`` as an int >= ``minimum``, else a UsageError naming ``flag``."""
+    """``value`` (an int, or its digits as text) as an int >= ``minimum``, else a
+    UsageError naming ``flag``."""
     text = str(value)
-    if not text.isdigit() or int(text) < minimum:
+    if isinstance(value, bool) or not text.isdigit() or int(text) < minimum:
         raise UsageError(f"{flag} '{text}': must be an integer >= {minimum}")
     return int(text)
+
+
+def check_number(flag: str, value, minimum: float) -> float:
+    """``value`` (a number, or its text) as a float >= ``minimum``, else a UsageError naming ``flag``."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = None
+    if isinstance(value, bool) or number is None or not minimum <= number < float("inf"):
+        raise UsageError(f"{flag} '{value}': must be a number >= {minimum:g}")
+    return number
+
+
+def flag_name(field_name: str) -> str:
+    """The command-line flag of a request field: max_update -> --max-update."""
+    return "--" + field_name.replace("_", "-")
+
+
+def check_fields(request, minima: Dict[str, int], numbers: Optional[Dict[str, float]] = None) -> None:
+    """Replaces each field of ``request`` named in ``minima`` (integers) or ``numbers``
+    (reals) by its checked value (None stays None): a command line's text becomes a number
+    here, once, and a bad value is a UsageError naming the flag."""
+    for name, minimum in minima.items():
+        value = getattr(request, name)
+        if value is not None:
+            setattr(request, name, check_int(flag_name(name), value, minimum))
+    for name, minimum in (numbers or {}).items():
+        value = getattr(request, name)
+        if value is not None:
+            setattr(request, name, check_number(flag_name(name), value, minimum))
 
 
 def check_choice(flag: str, value: str, allowed: Sequence[str]) -> str:
@@ -269,26 +300,49 @@ def prepare(dataset: Dataset, data_root: Path, mirror: Optional[Path] = None, op
 
 @dataclass
 class TrainRequest:
-    """The options of ``scripts/train.sh`` (its --help documents each); None: the preset's."""
+    """The options of ``scripts/train.sh`` (its --help documents each); None: the preset's.
+
+    Checked on construction (UsageError naming the flag): integers may be given as their
+    digits (a command line's text) and are stored as ints; paths are stored as Paths."""
 
     dataset: str
     arch: str
-    data: Optional[str] = None
-    save_dir: Optional[str] = None
+    data: Optional[Path] = None
+    save_dir: Optional[Path] = None
     tag: Optional[str] = None
     preset: Optional[str] = None
-    gpus: Optional[str] = None
-    nodes: str = "1"
+    gpus: Optional[int] = None
+    nodes: int = 1
     launcher: str = "none"
-    node_rank: str = "0"
+    node_rank: int = 0
     master_addr: str = "127.0.0.1"
-    master_port: str = "29500"
-    seed: str = "1"
-    max_update: Optional[str] = None
-    max_epoch: Optional[str] = None
-    max_tokens: Optional[str] = None
-    tokens_per_update: Optional[str] = None
+    master_port: int = 29500
+    seed: int = 1
+    max_update: Optional[int] = None
+    max_epoch: Optional[int] = None
+    max_tokens: Optional[int] = None
+    tokens_per_update: Optional[int] = None
     extra: Sequence[str] = ()
+
+    PRESETS = ("paper", "small", "cpu")
+    LAUNCHERS = ("none", "torchrun", "slurm")
+    MINIMA = {"gpus": 0, "nodes": 1, "node_rank": 0, "master_port": 1, "seed": 0, "max_update": 1, "max_epoch": 1,
+              "max_tokens": 1, "tokens_per_update": 1}
+
+    def __post_init__(self):
+        if self.preset is not None:
+            check_choice("--preset", self.preset, self.PRESETS)
+        check_choice("--launcher", self.launcher, self.LAUNCHERS)
+        check_fields(self, self.MINIMA)
+        self.data = None if self.data is None else Path(self.data)
+        self.save_dir = None if self.save_dir is None else Path(self.save_dir)
+        self.extra = list(self.extra)
+        if self.node_rank >= self.nodes:
+            raise UsageError(f"--node-rank {self.node_rank} must be < --nodes {self.nodes}")
+        if self.nodes > 1 and self.launcher == "none":
+            raise UsageError(f"--nodes {self.nodes} needs --launcher torchrun or --launcher slurm")
+        if self.preset == "cpu" and self.gpus not in (None, 0):
+            raise UsageError(f"--preset cpu runs on the CPU; it cannot take --gpus {self.gpus}")
 
 
 @dataclass
@@ -325,26 +379,11 @@ def check_arch(arch: str) -> None:
 
 
 def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False) -> TrainPlan:
-    """The ``fairseq-train`` command of the papers' presets for ``req``; every option is
-    checked here, before any work (UsageError), and, unless ``dry_run``, the data too."""
+    """The ``fairseq-train`` command of the papers' presets for ``req``. ``req`` checked its
+    values when it was built; here, before any work (UsageError), the dataset, the arch,
+    the GPUs asked for against those visible and, unless ``dry_run``, the data."""
     dataset = dataset_of(req.dataset)
-    if req.preset is not None:
-        check_choice("--preset", req.preset, ("paper", "small", "cpu"))
-    check_choice("--launcher", req.launcher, ("none", "torchrun", "slurm"))
-    nodes = check_int("--nodes", req.nodes, 1)
-    node_rank = check_int("--node-rank", req.node_rank, 0)
-    master_port = check_int("--master-port", req.master_port, 1)
-    seed = check_int("--seed", req.seed, 0)
-    gpus = None if req.gpus is None else check_int("--gpus", req.gpus, 0)
-    max_update = None if req.max_update is None else check_int("--max-update", req.max_update, 1)
-    max_epoch = None if req.max_epoch is None else check_int("--max-epoch", req.max_epoch, 1)
-    max_tokens = None if req.max_tokens is None else check_int("--max-tokens", req.max_tokens, 1)
-    tokens_per_update = None if req.tokens_per_update is None else check_int(
-        "--tokens-per-update", req.tokens_per_update, 1)
-    if node_rank >= nodes:
-        raise UsageError(f"--node-rank {node_rank} must be < --nodes {nodes}")
-    if nodes > 1 and req.launcher == "none":
-        raise UsageError(f"--nodes {nodes} needs --launcher torchrun or --launcher slurm")
+    nodes, gpus = req.nodes, req.gpus
     trainer = shlex.split(os.environ.get("RESNMT_FAIRSEQ_TRAIN", "fairseq-train"))
     if not trainer:
         raise UsageError("RESNMT_FAIRSEQ_TRAIN is set but empty")
@@ -354,8 +393,6 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
     # hardware
     preset = req.preset
     if preset == "cpu":
-        if gpus not in (None, 0):
-            raise UsageError(f"--preset cpu runs on the CPU; it cannot take --gpus {gpus}")
         gpus = 0
     detected = count_gpus()
     if gpus is None:
@@ -378,7 +415,7 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
              "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-09", "--clip-norm", "0.0",
              "--weight-decay", "0.0", "--lr-scheduler", "inverse_sqrt", "--warmup-init-lr", "1e-07",
              "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-             "--keep-last-epochs", "10", "--seed", str(seed)]
+             "--keep-last-epochs", "10", "--seed", str(req.seed)]
     if preset == "paper":
         lr, cap = ("5e-4", 3584) if size == "big" else ("7e-4", 4096)
         target, preset_max_update = dataset.tokens_per_update, dataset.max_update[size]
@@ -392,8 +429,8 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
         cap, target, preset_max_update = 4096, 4096, 2000
         flags += [*SIZES["small"].fairseq_flags(), "--dropout", "0.1",
                   "--lr", "1e-3", "--warmup-updates", "500", "--log-interval", "50"]
-    target = tokens_per_update or target
-    cap = max_tokens or cap
+    target = req.tokens_per_update or target
+    cap = req.max_tokens or cap
     # update-freq = max(1, round(target / (world * cap))); when one step over all GPUs
     # already holds more than 4/3 of the target, shrink the per-GPU batch instead:
     # max-tokens = ceil(target / world).
@@ -401,16 +438,16 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
     if update_freq == 1 and 3 * world * cap > 4 * target:
         cap = -(-target // world)
     flags += ["--max-tokens", str(cap), "--update-freq", str(update_freq)]
-    if max_update is not None:
-        flags += ["--max-update", str(max_update)]
-    elif max_epoch is None:
+    if req.max_update is not None:
+        flags += ["--max-update", str(req.max_update)]
+    elif req.max_epoch is None:
         flags += ["--max-update", str(preset_max_update)]
-    flags += ["--max-epoch", str(max_epoch)] if max_epoch is not None else []
+    flags += ["--max-epoch", str(req.max_epoch)] if req.max_epoch is not None else []
     flags += ["--cpu"] if gpus == 0 else (["--fp16"] if preset == "paper" else [])
 
     # paths
-    data = Path(req.data or f"data/{dataset.name}/bin")
-    save_dir = Path(req.save_dir) if req.save_dir else default_save_dir(dataset.name, req.arch, req.tag)
+    data = req.data or Path(f"data/{dataset.name}/bin")
+    save_dir = req.save_dir or default_save_dir(dataset.name, req.arch, req.tag)
     if not dry_run:
         if not data.is_dir():
             raise ExperimentError(f"data directory {data} not found (prepare it: data-prep/prepare-{dataset.name}.sh "
@@ -430,15 +467,15 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
             # torchrun sets MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK/LOCAL_RANK; fairseq reads
             # them (infer_init_method) when no --distributed-init-method is given.
             require_commands("torchrun")
-            launch = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(gpus), "--node-rank", str(node_rank),
-                      "--master-addr", req.master_addr, "--master-port", str(master_port)]
+            launch = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(gpus), "--node-rank", str(req.node_rank),
+                      "--master-addr", req.master_addr, "--master-port", str(req.master_port)]
             trainer = [which(trainer[0]), *trainer[1:]]
         elif req.launcher == "slurm":
             # One task per node; fairseq reads SLURM_* (scontrol for the first host) and
             # spawns one process per GPU, ranks node_id*gpus + local.
             require_commands("srun")
             launch = ["srun", "--nodes", str(nodes), "--ntasks-per-node", "1"]
-            dist += ["--distributed-port", str(master_port)]
+            dist += ["--distributed-port", str(req.master_port)]
     cmd = [*launch, *trainer, str(data), "--user-dir", str(USER_DIR), *flags, *dist,
            "--save-dir", str(save_dir), "--log-format", "simple", *req.extra]
     log(f"{dataset.name} {dataset.src}->{dataset.tgt}, {req.arch} ({size}), preset {preset}, {world} process(es) "
@@ -671,18 +708,29 @@ class FairseqLog:
 
 @dataclass
 class ExperimentRequest:
-    """The options of ``resnmt-experiment`` (its --help documents each)."""
+    """The options of ``resnmt-experiment`` (its --help documents each); checked and
+    converted (numbers, paths) on construction, like ``TrainRequest``."""
 
     train: TrainRequest
-    data_root: Optional[str] = None
-    mirror: Optional[str] = None
+    data_root: Optional[Path] = None
+    mirror: Optional[Path] = None
     prep_args: str = ""
-    average: str = "10"
-    beam: str = "4"
-    lenpen: str = "0.6"
-    batch_size: str = "128"
+    average: int = 10
+    beam: int = 4
+    lenpen: float = 0.6
+    batch_size: int = 128
     gen_args: str = ""
-    results: str = "runs/results.jsonl"
+    results: Path = Path("runs/results.jsonl")
+
+    MINIMA = {"average": 1, "beam": 1, "batch_size": 1}
+
+    def __post_init__(self):
+        check_fields(self, self.MINIMA, {"lenpen": 0.0})
+        self.data_root = None if self.data_root is None else Path(self.data_root)
+        self.mirror = None if self.mirror is None else Path(self.mirror)
+        self.results = Path(self.results)
+        if self.mirror is not None and not self.mirror.is_dir():
+            raise UsageError(f"--mirror {self.mirror}: no such directory")
 
 
 # The Multi30k files on this project's machines (a sibling checkout's shared/data); the
@@ -699,22 +747,13 @@ class Experiment:
     def __init__(self, req: ExperimentRequest, log: Log, train_log: Log):
         self.req, self.log, self.train_log = req, log, train_log
         self.dataset = dataset_of(req.train.dataset)
-        self.average_n = check_int("--average", req.average, 1)
-        self.beam = check_int("--beam", req.beam, 1)
-        self.batch_size = check_int("--batch-size", req.batch_size, 1)
-        if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", req.lenpen):
-            raise UsageError(f"--lenpen '{req.lenpen}': must be a number >= 0")
-        if req.mirror and not Path(req.mirror).is_dir():
-            raise UsageError(f"--mirror {req.mirror}: no such directory")
         require_commands("fairseq-generate")
-        self.data_root = Path(req.data_root or f"data/{self.dataset.name}")
-        self.save_dir = Path(req.train.save_dir) if req.train.save_dir else \
-            default_save_dir(self.dataset.name, req.train.arch, req.train.tag)
+        self.data_root = req.data_root or Path(f"data/{self.dataset.name}")
+        self.save_dir = req.train.save_dir or default_save_dir(self.dataset.name, req.train.arch, req.train.tag)
         self.mirror = req.mirror
         if not self.mirror and self.dataset.name == "multi30k" and _SIBLING_MULTI30K_MIRROR.is_dir():
-            self.mirror = str(_SIBLING_MULTI30K_MIRROR)
-        self.train_request = TrainRequest(**{**req.train.__dict__, "data": str(self.data_root / "bin"),
-                                             "save_dir": str(self.save_dir)})
+            self.mirror = _SIBLING_MULTI30K_MIRROR
+        self.train_request = replace(req.train, data=self.data_root / "bin", save_dir=self.save_dir)
         try:  # every option of the training step is checked now, before any heavy work
             plan_training(self.train_request, dry_run=True)
         except ExperimentError as e:
@@ -729,7 +768,7 @@ class Experiment:
         self.prepare()
         self.train()
         checkpoint, n, kind, label = self.average()
-        key = f"{label}.beam{self.beam}.lenpen{self.req.lenpen}"
+        key = f"{label}.beam{self.req.beam}.lenpen{self.req.lenpen:g}"
         if self.req.gen_args:
             key += f".gen{posix_cksum(self.req.gen_args.encode())}"
         gen = self.decode(checkpoint, key)
@@ -768,15 +807,15 @@ class Experiment:
             # training stopped (--max-update) before the end of epoch 1 and saved no numbered checkpoint
             self.step(3, f"average: no epoch or update checkpoints in {self.save_dir}, decoding checkpoint_last.pt alone")
             return last, 1, "last", "last"
-        n = min(len(found), self.average_n)
+        n = min(len(found), self.req.average)
         output = self.save_dir / f"checkpoint.avg{n}.pt"
         if output.exists():
             self.step(3, f"average: {output} exists, skipped")
         else:
             self.step(3, f"average the last {n} {kind} checkpoints -> {output}")
-            if n < self.average_n:
+            if n < self.req.average:
                 self.log(f"note: {len(found)} {kind} checkpoint(s) in {self.save_dir}, fewer than --average "
-                         f"{self.average_n}: averaging {n}")
+                         f"{self.req.average}: averaging {n}")
             average([p for _, p in found[-n:]], output)
         return output, n, kind, f"avg{n}"
 
@@ -785,11 +824,11 @@ class Experiment:
         if gen.exists():
             self.step(4, f"decode: {gen} exists, skipped")
             return gen
-        self.step(4, f"decode test with beam {self.beam}, GNMT length penalty {self.req.lenpen} -> {gen}")
+        self.step(4, f"decode test with beam {self.req.beam}, GNMT length penalty {self.req.lenpen:g} -> {gen}")
         post = "sentencepiece" if (self.data_root / "spm" / "spm.model").exists() else "subword_nmt"
         t0 = time.time()
-        decode(self.data_root / "bin", checkpoint, gen, None, tool_env(), beam=self.beam, lenpen=self.req.lenpen,
-               batch_size=self.batch_size,
+        decode(self.data_root / "bin", checkpoint, gen, None, tool_env(), beam=self.req.beam, lenpen=self.req.lenpen,
+               batch_size=self.req.batch_size,
                extra=["--source-lang", self.dataset.src, "--target-lang", self.dataset.tgt, "--post-process", post,
                       *shlex.split(self.req.gen_args)])
         sentences = sum(line.startswith("D-") for line in gen.read_text(encoding="utf-8").splitlines())
@@ -816,11 +855,11 @@ class Experiment:
                 "train_seconds": fairseq_log.train_seconds,
                 "train_wall_seconds": json.loads((self.save_dir / "train.done").read_text()).get("wall_seconds"),
                 "checkpoint": os.path.abspath(checkpoint), "averaged": n, "averaged_kind": kind,
-                "beam": self.beam, "lenpen": float(self.req.lenpen), "lenpen_form": "gnmt",
+                "beam": self.req.beam, "lenpen": self.req.lenpen, "lenpen_form": "gnmt",
                 **dict(sorted(result.items())),
             }
             atomic_write_text(result_path, json.dumps(record) + "\n")
-            results = Path(self.req.results)
+            results = self.req.results
             results.parent.mkdir(parents=True, exist_ok=True)
             with open(results, "a", encoding="utf-8") as f:  # one write: concurrent runs append whole lines
                 f.write(json.dumps(record) + "\n")

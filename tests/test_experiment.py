@@ -62,8 +62,34 @@ def test_update_freq_from_the_gpu_count(gpus, nodes, tokens, expected):
     assert (cmd[cmd.index("--max-tokens") + 1], cmd[cmd.index("--update-freq") + 1]) == expected
 
 
-def test_bad_values_name_the_flag():
-    with pytest.raises(ex.UsageError, match=r"^--tokens-per-update '0': must be an integer >= 1$"):
-        ex.plan_training(ex.TrainRequest("multi30k", "transformer", tokens_per_update="0"), dry_run=True)
+def test_requests_convert_command_line_text_once_on_construction(tmp_path):
+    req = ex.TrainRequest("multi30k", "transformer", seed="2", gpus="0", max_update="300", save_dir=str(tmp_path))
+    assert (req.seed, req.gpus, req.max_update, req.nodes, req.save_dir) == (2, 0, 300, 1, tmp_path)
+    exp = ex.ExperimentRequest(train=req, average="5", beam=2, lenpen="1.0", results=str(tmp_path / "r.jsonl"))
+    assert (exp.average, exp.beam, exp.lenpen, exp.results) == (5, 2, 1.0, tmp_path / "r.jsonl")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: ex.TrainRequest("multi30k", "transformer", tokens_per_update="0"),
+     r"^--tokens-per-update '0': must be an integer >= 1$"),
+    (lambda: ex.TrainRequest("multi30k", "transformer", seed=-1), r"^--seed '-1': must be an integer >= 0$"),
+    (lambda: ex.TrainRequest("multi30k", "transformer", max_epoch=2.5), r"^--max-epoch '2.5': must be an integer >= 1$"),
+    (lambda: ex.TrainRequest("multi30k", "transformer", gpus=True), r"^--gpus 'True': must be an integer >= 0$"),
+    (lambda: ex.TrainRequest("multi30k", "transformer", nodes=2, node_rank=2, launcher="torchrun"),
+     r"^--node-rank 2 must be < --nodes 2$"),
+    (lambda: ex.TrainRequest("multi30k", "transformer", preset="cpu", gpus=1),
+     r"^--preset cpu runs on the CPU; it cannot take --gpus 1$"),
+    (lambda: ex.TrainRequest("multi30k", "transformer", launcher="mpi"),
+     r"^--launcher 'mpi' is not one of: none torchrun slurm$"),
+    (lambda: ex.ExperimentRequest(train=None, lenpen="-0.1"), r"^--lenpen '-0.1': must be a number >= 0$"),
+    (lambda: ex.ExperimentRequest(train=None, lenpen="nan"), r"^--lenpen 'nan': must be a number >= 0$"),
+    (lambda: ex.ExperimentRequest(train=None, batch_size="0"), r"^--batch-size '0': must be an integer >= 1$"),
+])
+def test_bad_values_name_the_flag(make, message):
+    with pytest.raises(ex.UsageError, match=message):
+        make()
+
+
+def test_unknown_dataset_names_the_allowed_ones():
     with pytest.raises(ex.UsageError, match=r"^DATASET 'wmt16' is not one of: iwslt15-en-vi wmt14-en-de"):
         ex.dataset_of("wmt16")

@@ -310,35 +310,31 @@ def demo_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/demo.sh
 
 def demo(args, log) -> int:
     ex.check_choice("--budget", args.budget, ("full", "tiny"))
-    for flag in ("--max-epoch", "--max-update"):
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None:
-            ex.check_int(flag, value, 1)
-    ex.check_int("--average", args.average, 1)
     archs = args.archs.split()
     if not archs:
         raise ex.UsageError("--archs is empty")
     gen_args = ""
     if args.budget == "tiny":
         if args.max_update is None and args.max_epoch is None:
-            args.max_update = "40"
+            args.max_update = 40
         gen_args = "--max-len-a 1.2 --max-len-b 10"
     if args.max_epoch is None and args.max_update is None:
-        args.max_epoch = "6"
+        args.max_epoch = 6
     gpus = min(ex.count_gpus(), 1)  # a model this small gains nothing from more
     out = Path(args.out)
-    limits = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in (("max_epoch", args.max_epoch),
-                                                                   ("max_update", args.max_update)) if v)
+    experiments = [  # every option is checked here, before any work
+        ex.Experiment(ex.ExperimentRequest(
+            train=ex.TrainRequest("multi30k", arch, save_dir=out / arch, preset="small", gpus=gpus,
+                                  max_epoch=args.max_epoch, max_update=args.max_update),
+            data_root=args.data_root, average=args.average, gen_args=gen_args, results=out / "results.jsonl"),
+            logger("run_experiment"), logger("train"))
+        for arch in archs]
+    train = experiments[0].req.train
+    limits = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in (("max_epoch", train.max_epoch),
+                                                                   ("max_update", train.max_update)) if v)
     device = f"the CPU ({os.cpu_count()} cores)" if gpus == 0 else "1 GPU"
     log(f"Multi30k EN-DE, {len(archs)} models on {device}, {limits}, budget {args.budget}; results in {out}")
     started = time.time()
-    experiments = []
-    for i, arch in enumerate(archs, 1):
-        train = ex.TrainRequest("multi30k", arch, save_dir=str(out / arch), preset="small", gpus=str(gpus),
-                                max_epoch=args.max_epoch, max_update=args.max_update)
-        experiments.append(ex.Experiment(ex.ExperimentRequest(
-            train=train, data_root=args.data_root, average=args.average, gen_args=gen_args,
-            results=str(out / "results.jsonl")), logger("run_experiment"), logger("train")))
     records = []
     for i, experiment in enumerate(experiments, 1):
         log(f"model {i}/{len(archs)}: {experiment.req.train.arch}")
