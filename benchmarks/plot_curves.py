@@ -6,7 +6,8 @@
 Figures (one panel per depth): sacreBLEU against updates per row (mean line, seeds as
 points), validation loss against updates (the run's newest line holds every validation
 so far), and the diagnostics over training from resnmt-analyze at each milestone
-(rSkip effective skip:residual ratio per layer, block-output gradient norm per layer).
+(rSkip effective skip:residual ratio per layer, block-output gradient norm per layer for
+post_ln and rskip_ln; for every row, how much of the gradient reaches the encoder).
 """
 import argparse
 import logging
@@ -42,6 +43,12 @@ def ordered_keys(runs):
     return sorted(runs, key=lambda k: (k[0], list(SIZE_TITLES).index(k[1]) if k[1] in SIZE_TITLES else len(SIZE_TITLES)))
 
 
+def row_colors(runs) -> dict:
+    """One color per row, the same in every panel and figure."""
+    rows = sorted({row for rows in runs.values() for row in rows})
+    return {row: f"C{i}" for i, row in enumerate(rows)}
+
+
 def panels(runs):
     keys = ordered_keys(runs)
     fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.2), squeeze=False, constrained_layout=True)
@@ -64,6 +71,7 @@ def save(fig, title: str, out: Path) -> None:
 
 def plot_bleu(runs, out: Path) -> None:
     fig, cells = panels(runs)
+    colors = row_colors(runs)
     for (device, size), ax in cells:
         for row, seeds in sorted(runs[(device, size)].items()):
             by_update = defaultdict(list)
@@ -71,18 +79,19 @@ def plot_bleu(runs, out: Path) -> None:
                 for u, r in recs.items():
                     by_update[u].append(r["bleu"])
             xs = sorted(by_update)
-            line, = ax.plot(xs, [statistics.mean(by_update[u]) for u in xs], marker="o", label=row)
+            ax.plot(xs, [statistics.mean(by_update[u]) for u in xs], marker="o", color=colors[row], label=row)
             for u in xs:
-                ax.scatter([u] * len(by_update[u]), by_update[u], s=10, color=line.get_color(), alpha=0.5)
+                ax.scatter([u] * len(by_update[u]), by_update[u], s=10, color=colors[row], alpha=0.5)
         label_panel(ax, device, size, "sacreBLEU, test2016 (avg of 5 ckpts, beam 4)")
     save(fig, "Multi30k EN-DE: BLEU against training budget (mean line; points = seeds)", out)
 
 
 def plot_valid(runs, out: Path) -> None:
     fig, cells = panels(runs)
+    colors = row_colors(runs)
     for (device, size), ax in cells:
-        for i, (row, seeds) in enumerate(sorted(runs[(device, size)].items())):
-            color = f"C{i}"
+        for row, seeds in sorted(runs[(device, size)].items()):
+            color = colors[row]
             for k, (seed, recs) in enumerate(sorted(seeds.items())):
                 newest = recs[max(recs)]
                 pts = [p for p in newest["valid"] if p[0] >= 400]
@@ -155,6 +164,32 @@ def plot_diagnostics(runs, out: Path) -> None:
         for row, ax in (("post_ln", row_axes[2]), (RSKIP, row_axes[3])):
             _gradient_profile_panel(ax, rows.get(row, {}).get(1, {}), f"{where}: {row}, block-output gradient norm")
     save(fig, "Diagnostics during training (seed 1; resnmt-analyze on 500 validation sentences at each milestone)",
+         out)
+
+
+def encoder_gradient_share(record: dict) -> float:
+    """Mean block-output gradient norm of the encoder blocks over that of the top decoder
+    block: 1 when the gradient reaches the encoder undiminished, small when it decays on
+    its way down the stack (what the papers' Figure 3 shows layer by layer)."""
+    grads = record["analysis"]["statistics"]["grad_norm"]
+    return statistics.mean(grads["encoder"]["output"]) / grads["decoder"]["output"][-1]
+
+
+def plot_gradient_share(runs, out: Path) -> None:
+    """One panel per depth: ``encoder_gradient_share`` against updates, one line per row (seed 1)."""
+    fig, cells = panels(runs)
+    colors = row_colors(runs)
+    for (device, size), ax in cells:
+        for row, seeds in sorted(runs[(device, size)].items()):
+            recs = {u: r for u, r in seeds.get(1, {}).items() if r.get("analysis", {}).get("statistics", {})
+                    .get("grad_norm")}
+            xs = sorted(recs)
+            if xs:
+                ax.plot(xs, [encoder_gradient_share(recs[u]) for u in xs], marker="o", color=colors[row], label=row)
+        ax.axhline(1.0, color="gray", linestyle=":", linewidth=0.8)
+        ax.set_yscale("log")
+        label_panel(ax, device, size, "mean encoder block gradient / top decoder block's")
+    save(fig, "How much gradient reaches the encoder during training (seed 1; resnmt-analyze, 500 valid sentences)",
          out)
 
 
@@ -233,6 +268,7 @@ def main(argv=None):
     plot_bleu(runs, figures / "curves-bleu.png")
     plot_valid(runs, figures / "curves-valid-loss.png")
     plot_diagnostics(runs, figures / "curves-diagnostics.png")
+    plot_gradient_share(runs, figures / "curves-gradient-share.png")
     tables = table(runs) + "\n" + difference_table(runs)
     for path in a.write:
         path = Path(path)

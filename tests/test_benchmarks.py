@@ -7,6 +7,8 @@ import json
 import math
 import sys
 
+import pytest
+
 from conftest import REPO_ROOT, run_cli
 
 BENCH = REPO_ROOT / "benchmarks"
@@ -109,4 +111,13 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
     table = run_cli([sys.executable, BENCH / "plot_curves.py", "--results", out, "--figures", figures]).stdout
     assert "| post_ln |" in table
     assert sorted(p.name for p in figures.iterdir()) == ["curves-bleu.png", "curves-diagnostics.png",
-                                                          "curves-valid-loss.png"]
+                                                          "curves-gradient-share.png", "curves-valid-loss.png"]
+
+
+def test_encoder_gradient_share_by_hand(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    from plot_curves import encoder_gradient_share
+
+    record = {"analysis": {"statistics": {"grad_norm": {"encoder": {"output": [0.1, 0.2, 0.6]},
+                                                         "decoder": {"output": [0.5, 0.8]}}}}}
+    assert encoder_gradient_share(record) == pytest.approx((0.1 + 0.2 + 0.6) / 3 / 0.8)
