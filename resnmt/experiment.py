@@ -591,9 +591,10 @@ def benchmark_train_argv(bin_dir: Path, arch: str, flags: Sequence[str], size: M
     """``fairseq-train`` for the CPU benchmarks: ``size``, the papers' optimizer (Adam
     0.9/0.98, inverse-sqrt warm-up, label smoothing 0.1, shared embeddings), a checkpoint
     every ``save_every`` updates of which the newest ``keep`` are kept, and validation at
-    each epoch end when ``validate``."""
+    each epoch end when ``validate``. A row's ``flags`` come last, so a row may also
+    override a shared setting (argparse keeps the last value)."""
     argv = [
-        "fairseq-train", bin_dir, "--user-dir", USER_DIR, "--arch", arch, *flags, *size.fairseq_flags(),
+        "fairseq-train", bin_dir, "--user-dir", USER_DIR, "--arch", arch, *size.fairseq_flags(),
         "--share-all-embeddings", "--dropout", dropout,
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
         "--lr", lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", warmup,
@@ -603,7 +604,7 @@ def benchmark_train_argv(bin_dir: Path, arch: str, flags: Sequence[str], size: M
         "--num-workers", "0", "--log-format", "simple", "--log-interval", "50", "--no-progress-bar",
     ]
     argv += [] if validate else ["--disable-validation"]
-    return [str(a) for a in argv]
+    return [str(a) for a in [*argv, *flags]]
 
 
 # ------------------------------------------------------------------------------- average

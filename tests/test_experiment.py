@@ -93,3 +93,14 @@ def test_bad_values_name_the_flag(make, message):
 def test_unknown_dataset_names_the_allowed_ones():
     with pytest.raises(ex.UsageError, match=r"^DATASET 'wmt16' is not one of: iwslt15-en-vi wmt14-en-de"):
         ex.dataset_of("wmt16")
+
+
+def test_a_benchmark_rows_flags_override_the_shared_settings(tmp_path):
+    """benchmarks/curves.py's control rows change one shared setting through their flags."""
+    from fairseq import options
+
+    argv = ex.benchmark_train_argv(tmp_path, "transformer_postln_base", ["--warmup-updates", "1000", "--dropout", "0.1"],
+                                   ex.SIZES["small"], seed=1, max_tokens=4096, lr=1e-3, warmup=300, dropout=0.3,
+                                   save_every=40, keep=5, validate=True)
+    args = options.parse_args_and_arch(options.get_training_parser(), argv[1:])
+    assert (args.warmup_updates, args.dropout, args.encoder_layers, args.lr) == (1000, 0.1, 2, [1e-3])
