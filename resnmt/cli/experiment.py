@@ -152,7 +152,8 @@ What to expect (measured, README "BLEU against budget and depth"): at this size 
 layers) 2rSkip+LN is 1-1.5 BLEU behind post-LN after ~800 updates, and the gap shrinks
 with training (-0.3 BLEU at 4800 updates). With 6+6 layers the order reverses: rSkip+LN
 leads post-LN at every budget from 600 updates on, by up to 15 BLEU (one seed so far),
-where post-LN's lower layers get 5-18x smaller gradients. This demo shows the pipeline
+where post-LN's lower layers get 5-18x smaller gradients; pre-LN and SAS lead by as much,
+so the gain is repairing deep post-LN, not rSkip's own. This demo shows the pipeline
 at a size a CPU trains in minutes, not a paper's win. Curves: docs/figures/curves-bleu.png;
 longer and deeper runs: benchmarks/curves.py."""
 
