@@ -181,8 +181,7 @@ def plot_gradient_share(runs, out: Path) -> None:
     colors = row_colors(runs)
     for (device, size), ax in cells:
         for row, seeds in sorted(runs[(device, size)].items()):
-            recs = {u: r for u, r in seeds.get(1, {}).items() if r.get("analysis", {}).get("statistics", {})
-                    .get("grad_norm")}
+            recs = seeds.get(1, {})
             xs = sorted(recs)
             if xs:
                 ax.plot(xs, [encoder_gradient_share(recs[u]) for u in xs], marker="o", color=colors[row], label=row)

@@ -78,18 +78,22 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def check_fields(request, minima: Dict[str, int], numbers: Optional[Dict[str, float]] = None) -> None:
-    """Replaces each field of ``request`` named in ``minima`` (integers) or ``numbers``
-    (reals) by its checked value (None stays None): a command line's text becomes a number
-    here, once, and a bad value is a UsageError naming the flag."""
-    for name, minimum in minima.items():
-        value = getattr(request, name)
-        if value is not None:
-            setattr(request, name, check_int(flag_name(name), value, minimum))
-    for name, minimum in (numbers or {}).items():
-        value = getattr(request, name)
-        if value is not None:
-            setattr(request, name, check_number(flag_name(name), value, minimum))
+def convert_fields(request, *, integers: Dict[str, int], numbers: Optional[Dict[str, float]] = None,
+                   paths: Sequence[str] = ()) -> None:
+    """Replaces each field of ``request`` named in ``integers`` or ``numbers`` (name ->
+    minimum) by its checked value, and each named in ``paths`` by a Path; None stays None.
+    A command line's text becomes a typed value here, once, and a bad value is a
+    UsageError naming the flag."""
+
+    def convert(names, to):
+        for name in names:
+            value = getattr(request, name)
+            if value is not None:
+                setattr(request, name, to(name, value))
+
+    convert(integers, lambda name, value: check_int(flag_name(name), value, integers[name]))
+    convert(numbers or {}, lambda name, value: check_number(flag_name(name), value, numbers[name]))
+    convert(paths, lambda name, value: Path(value))
 
 
 def check_choice(flag: str, value: str, allowed: Sequence[str]) -> str:
@@ -333,9 +337,7 @@ class TrainRequest:
         if self.preset is not None:
             check_choice("--preset", self.preset, self.PRESETS)
         check_choice("--launcher", self.launcher, self.LAUNCHERS)
-        check_fields(self, self.MINIMA)
-        self.data = None if self.data is None else Path(self.data)
-        self.save_dir = None if self.save_dir is None else Path(self.save_dir)
+        convert_fields(self, integers=self.MINIMA, paths=("data", "save_dir"))
         self.extra = list(self.extra)
         if self.node_rank >= self.nodes:
             raise UsageError(f"--node-rank {self.node_rank} must be < --nodes {self.nodes}")
@@ -726,10 +728,7 @@ class ExperimentRequest:
     MINIMA = {"average": 1, "beam": 1, "batch_size": 1}
 
     def __post_init__(self):
-        check_fields(self, self.MINIMA, {"lenpen": 0.0})
-        self.data_root = None if self.data_root is None else Path(self.data_root)
-        self.mirror = None if self.mirror is None else Path(self.mirror)
-        self.results = Path(self.results)
+        convert_fields(self, integers=self.MINIMA, numbers={"lenpen": 0.0}, paths=("data_root", "mirror", "results"))
         if self.mirror is not None and not self.mirror.is_dir():
             raise UsageError(f"--mirror {self.mirror}: no such directory")
 
