@@ -27,6 +27,14 @@ computes: it is recorded per line (``torch_threads``) and left out of the settin
     python benchmarks/curves.py --list                 # what is done and what is missing
     python benchmarks/curves.py --only small:post_ln:1 # one run
     python benchmarks/curves.py --workers 2 --threads 1 --only deep:pre_ln:1,deep:sas:1   # a pair side by side
+    python benchmarks/curves.py --device cuda --workers 8 --threads 1   # on a GPU: the study, plus the base size
+
+With ``--device cuda`` every run trains and decodes on the (first) GPU, several at once
+with ``--workers`` (these models are far too small to fill one), and the study adds the
+papers' base size (6+6 layers, d=512), which a CPU cannot train in a session. GPU lines
+record their device, are kept apart from the CPU lines (a GPU run never skips a milestone
+because the CPU run has it) and are plotted in panels of their own; the settings (and the
+settings key) are the same, fp32 on both.
 """
 import argparse
 import datetime
@@ -72,6 +80,7 @@ STUDY_ORDER = (
     + [("small", r, 2) for r in ("post_ln", "rskip_ln (λ=2)", "sas", "pre_ln", "xskip_ln (λ=2)")]
     + [("small", r, 3) for r in ("post_ln", "rskip_ln (λ=2)", "sas")]
     + [("deep", r, 2) for r in ("post_ln", "rskip_ln (λ=2)", "sas", "pre_ln")]
+    + [("base", r, 1) for r in ("post_ln", "rskip_ln (λ=2)", "pre_ln", "sas")]
 )
 
 
@@ -83,7 +92,11 @@ STUDY_ORDER = (
 DEFAULT_MILESTONES = {
     "small": (200, 600, 1200, 1800, 2400, 3600, 4800, 7200, 9600),
     "deep": (200, 600, 1200, 1800, 2400),
+    "base": (200, 600, 1200, 1800, 2400, 3600, 4800),
 }
+# Sizes planned only with --device cuda: a CPU trains the papers' base size ~20x slower
+# than the 6+6 d=128 model.
+GPU_ONLY_SIZES = ("base",)
 
 
 def settings_of(a) -> dict:
@@ -102,16 +115,19 @@ def planned(a):
     for size, row, seed in STUDY_ORDER:
         if row not in ROWS:  # a connection kind that has not landed yet
             continue
+        if a.device == "cpu" and size in GPU_ONLY_SIZES:
+            continue
         if a.only and f"{size}:{row}:{seed}" not in a.only and f"{size}:{slug(row)}:{seed}" not in a.only:
             continue
         runs.append((size, row, seed))
     return runs
 
 
-def done_milestones(out: Path, key: str):
+def done_milestones(out: Path, key: str, device: str):
+    """{(size, row, seed): milestones recorded} for these settings on ``device`` (cpu or cuda)."""
     done = {}
     for r in ex.read_jsonl(out):
-        if r.get("benchmark") == "curves" and r["settings_key"] == key:
+        if r.get("benchmark") == "curves" and r["settings_key"] == key and r.get("device", "cpu") == device:
             done.setdefault((r["size"]["name"], r["row"], r["seed"]), set()).add(r["updates"])
     return done
 
@@ -136,7 +152,7 @@ class RunLock:
 
 
 def run_dir_of(a, key, size, row, seed) -> Path:
-    return Path(a.workdir) / key / size / f"{slug(row)}.seed{seed}"
+    return a.workdir / key / size / f"{slug(row)}.seed{seed}"
 
 
 def one_run(a, settings, key, size, row, seed, milestones_done, env, device):
@@ -220,7 +236,9 @@ def main(argv=None):
                    help="torch threads per run (default: 2; not part of the settings key, recorded per line)")
     p.add_argument("--workers", type=int, default=1,
                    help="runs at a time (copies of this script; default: 1, so that each run ends within a session)")
-    p.add_argument("--workdir", default="runs/curves", help="checkpoints and logs (default: runs/curves)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where every run trains and decodes (default: cpu); cuda adds the base size (6+6, d=512)")
+    p.add_argument("--workdir", help="checkpoints and logs (default: runs/curves, runs/curves-cuda with --device cuda)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON lines appended here (default: %(default)s)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's checkpoints when it ends")
     p.add_argument("--tiny", action="store_true", help="train every run at the tiny size (smoke tests)")
@@ -249,6 +267,10 @@ def main(argv=None):
         if unknown:
             p.error(f"--only {','.join(unknown)}: not in the study; choose SIZE:ROW:SEED from: "
                     + ", ".join(f"{s}:{slug(r)}:{n}" for s, r, n in STUDY_ORDER))
+        gpu_only = sorted(x for x in a.only if x.split(":", 1)[0] in GPU_ONLY_SIZES)
+        if gpu_only and a.device == "cpu":
+            p.error(f"--only {','.join(gpu_only)}: the {'/'.join(GPU_ONLY_SIZES)} size runs only with --device cuda")
+    a.workdir = Path(a.workdir or ("runs/curves" if a.device == "cpu" else f"runs/curves-{a.device}"))
     a.out = Path(a.out)
     a.bin_dir = Path(a.data) / "bin"
     a.ref = Path(a.ref) if a.ref else Path(a.data) / "raw" / "test.de"
@@ -257,7 +279,7 @@ def main(argv=None):
     runs = planned(a)
 
     if a.list:
-        done = done_milestones(a.out, key)
+        done = done_milestones(a.out, key, a.device)
         width = max((len(row) for _, row, _ in runs), default=0)
         for size, row, seed in runs:
             have = sorted(done.get((size, row, seed), ()))
@@ -268,6 +290,11 @@ def main(argv=None):
         if not path.exists():
             p.error(f"{path} is missing; run bash data-prep/prepare-multi30k.sh --mirror DIR {a.data} "
                     f"(or without --mirror to download)")
+    if a.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
     if a.workers > 1:
         child = [sys.executable, __file__, *[x for x in (argv if argv is not None else sys.argv[1:])]]
         child = [c for i, c in enumerate(child) if not (c == "--workers" or (i and child[i - 1] == "--workers")
@@ -275,10 +302,10 @@ def main(argv=None):
         procs = [subprocess.Popen(child) for _ in range(a.workers)]
         return max(proc.wait() for proc in procs)
 
-    env = ex.tool_env(threads=a.threads, cpu_only=True)
-    device = ex.cpu_description()
+    env = ex.tool_env(threads=a.threads, cpu_only=a.device == "cpu")
+    device = ex.cpu_description() if a.device == "cpu" else ex.cuda_description()
     while True:
-        done = done_milestones(a.out, key)
+        done = done_milestones(a.out, key, a.device)
         todo = [r for r in runs if not set(a.milestones[r[0]]) <= done.get(r, set())]
         for size, row, seed in todo:
             lock = RunLock(run_dir_of(a, key, size, row, seed))

@@ -252,6 +252,14 @@ def cpu_description() -> Dict[str, str]:
     return {"device": "cpu", "device_name": f"{name} ({os.cpu_count()} CPUs)"}
 
 
+def cuda_description() -> Dict[str, str]:
+    """The GPU the numbers were measured on (the first visible one), for the JSON records."""
+    import torch
+
+    return {"device": "cuda", "device_name": f"{torch.cuda.get_device_name(0)} "
+                                              f"({torch.cuda.device_count()} visible, torch {torch.__version__})"}
+
+
 def run_logged(cmd: Sequence, log_path: Optional[Path], env: Optional[Dict[str, str]] = None,
                stdout_path: Optional[Path] = None) -> None:
     """Run ``cmd``; its stderr (and stdout unless ``stdout_path``) is appended to ``log_path``

@@ -3,6 +3,7 @@
 The real benchmark numbers come from `make bench` (docs/benchmarks.md); this only checks
 that the scripts run end to end and write what make_tables.py reads.
 """
+import argparse
 import json
 import math
 import sys
@@ -112,6 +113,32 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
     assert "| post_ln |" in table
     assert sorted(p.name for p in figures.iterdir()) == ["curves-bleu.png", "curves-diagnostics.png",
                                                           "curves-gradient-share.png", "curves-valid-loss.png"]
+
+
+def test_curves_keeps_gpu_runs_apart_from_cpu_runs(tmp_path, monkeypatch, capsys):
+    """A CPU line does not mark the GPU run done; the base size is planned on a GPU only."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import curves
+
+    out = tmp_path / "curves.jsonl"
+
+    def listed(*flags):
+        assert curves.main(["--out", str(out), "--list", *flags]) == 0
+        return capsys.readouterr().out
+
+    assert "missing  small post_ln " in listed() and " base " not in listed()
+    defaults = curves.settings_of(argparse.Namespace(max_tokens=4096, lr=1e-3, warmup=300, dropout=0.3,
+                                                     save_every=40, average=5, tiny=False))
+    line = {"benchmark": "curves", "settings_key": curves.ex.settings_key(defaults), "size": {"name": "small"},
+            "row": "post_ln", "seed": 1, "updates": 200, "device": "cpu"}
+    out.write_text(json.dumps(line) + "\n", encoding="utf-8")
+    assert "partial  small post_ln " in listed()
+    gpu = listed("--device", "cuda")
+    assert "missing  small post_ln " in gpu and "missing  base  post_ln " in gpu
+    with pytest.raises(SystemExit) as stop:
+        curves.main(["--out", str(out), "--only", "base:post_ln:1"])
+    assert stop.value.code == 2
+    assert "--only base:post_ln:1: the base size runs only with --device cuda" in capsys.readouterr().err
 
 
 def test_encoder_gradient_share_by_hand(monkeypatch):
