@@ -59,10 +59,12 @@ DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "curves.jsonl"
 # shared 300 warm-up updates at lr 1e-3 are harsh for a 6+6 post-LN model; these runs
 # say whether post-LN's slow start at 6+6 is that setting, and whether rSkip's lead
 # survives a gentler one.
-CONTROL_ROWS = {
-    "post_ln (warm-up 1000)": ("transformer_postln_base", ["--warmup-updates", "1000"], 1),
-    "rskip_ln (λ=2, warm-up 1000)": ("transformer_rskip_base", ["--skip-lambda", "2", "--warmup-updates", "1000"], 1),
+CONTROLS = {  # control: (the row it changes, the flags that change it)
+    "post_ln (warm-up 1000)": ("post_ln", ["--warmup-updates", "1000"]),
+    "rskip_ln (λ=2, warm-up 1000)": ("rskip_ln (λ=2)", ["--warmup-updates", "1000"]),
 }
+CONTROL_ROWS = {control: (QUALITY_ROWS[row][0], [*QUALITY_ROWS[row][1], *flags], 1)
+                for control, (row, flags) in CONTROLS.items()}
 ROWS = {**QUALITY_ROWS, **CONTROL_ROWS}
 
 # The study, most decisive runs first: (size, row, seed). Pairs that compare directly are

@@ -8,6 +8,8 @@ points), validation loss against updates (the run's newest line holds every vali
 so far), and the diagnostics over training from resnmt-analyze at each milestone
 (rSkip effective skip:residual ratio per layer, block-output gradient norm per layer for
 post_ln and rskip_ln; for every row, how much of the gradient reaches the encoder).
+Each row keeps one color throughout; a control (a row with one shared setting changed,
+``curves.CONTROLS``) is dashed with open markers, in the color of the row it changes.
 """
 import argparse
 import logging
@@ -21,6 +23,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from curves import CONTROLS  # noqa: E402
 from make_tables import replace_between  # noqa: E402
 
 from resnmt.experiment import read_jsonl  # noqa: E402
@@ -43,10 +46,16 @@ def ordered_keys(runs):
     return sorted(runs, key=lambda k: (k[0], list(SIZE_TITLES).index(k[1]) if k[1] in SIZE_TITLES else len(SIZE_TITLES)))
 
 
-def row_colors(runs) -> dict:
-    """One color per row, the same in every panel and figure."""
+def row_styles(runs) -> dict:
+    """``{row: plot keywords}``: one color per row, the same in every panel and figure; a
+    control (``curves.CONTROLS``) is dashed, in the color of the row it changes."""
     rows = sorted({row for rows in runs.values() for row in rows})
-    return {row: f"C{i}" for i, row in enumerate(rows)}
+    plain = [row for row in rows if CONTROLS.get(row, (None,))[0] not in rows]
+    styles = {row: {"color": f"C{i}", "linestyle": "-"} for i, row in enumerate(plain)}
+    for row in rows:
+        if row not in styles:
+            styles[row] = {"color": styles[CONTROLS[row][0]]["color"], "linestyle": "--", "markerfacecolor": "white"}
+    return styles
 
 
 def panels(runs):
@@ -71,7 +80,7 @@ def save(fig, title: str, out: Path) -> None:
 
 def plot_bleu(runs, out: Path) -> None:
     fig, cells = panels(runs)
-    colors = row_colors(runs)
+    styles = row_styles(runs)
     for (device, size), ax in cells:
         for row, seeds in sorted(runs[(device, size)].items()):
             by_update = defaultdict(list)
@@ -79,23 +88,22 @@ def plot_bleu(runs, out: Path) -> None:
                 for u, r in recs.items():
                     by_update[u].append(r["bleu"])
             xs = sorted(by_update)
-            ax.plot(xs, [statistics.mean(by_update[u]) for u in xs], marker="o", color=colors[row], label=row)
+            ax.plot(xs, [statistics.mean(by_update[u]) for u in xs], marker="o", **styles[row], label=row)
             for u in xs:
-                ax.scatter([u] * len(by_update[u]), by_update[u], s=10, color=colors[row], alpha=0.5)
+                ax.scatter([u] * len(by_update[u]), by_update[u], s=10, color=styles[row]["color"], alpha=0.5)
         label_panel(ax, device, size, "sacreBLEU, test2016 (avg of 5 ckpts, beam 4)")
     save(fig, "Multi30k EN-DE: BLEU against training budget (mean line; points = seeds)", out)
 
 
 def plot_valid(runs, out: Path) -> None:
     fig, cells = panels(runs)
-    colors = row_colors(runs)
+    styles = row_styles(runs)
     for (device, size), ax in cells:
         for row, seeds in sorted(runs[(device, size)].items()):
-            color = colors[row]
             for k, (seed, recs) in enumerate(sorted(seeds.items())):
                 newest = recs[max(recs)]
                 pts = [p for p in newest["valid"] if p[0] >= 400]
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, linewidth=1,
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], **styles[row], linewidth=1,
                         label=row if k == 0 else None)
         label_panel(ax, device, size, "validation loss (label-smoothed, base 2)")
     save(fig, "Validation loss during training (one line per seed)", out)
@@ -178,13 +186,13 @@ def encoder_gradient_share(record: dict) -> float:
 def plot_gradient_share(runs, out: Path) -> None:
     """One panel per depth: ``encoder_gradient_share`` against updates, one line per row (seed 1)."""
     fig, cells = panels(runs)
-    colors = row_colors(runs)
+    styles = row_styles(runs)
     for (device, size), ax in cells:
         for row, seeds in sorted(runs[(device, size)].items()):
             recs = seeds.get(1, {})
             xs = sorted(recs)
             if xs:
-                ax.plot(xs, [encoder_gradient_share(recs[u]) for u in xs], marker="o", color=colors[row], label=row)
+                ax.plot(xs, [encoder_gradient_share(recs[u]) for u in xs], marker="o", **styles[row], label=row)
         ax.axhline(1.0, color="gray", linestyle=":", linewidth=0.8)
         ax.set_yscale("log")
         label_panel(ax, device, size, "mean encoder block gradient / top decoder block's")

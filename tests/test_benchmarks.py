@@ -141,6 +141,19 @@ def test_curves_keeps_gpu_runs_apart_from_cpu_runs(tmp_path, monkeypatch, capsys
     assert "--only base:post_ln:1: the base size runs only with --device cuda" in capsys.readouterr().err
 
 
+def test_a_control_is_dashed_in_the_color_of_the_row_it_changes(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    from plot_curves import row_styles
+
+    styles = row_styles({("cpu", "deep"): {"post_ln": {}, "post_ln (warm-up 1000)": {}, "sas": {}},
+                         ("cpu", "small"): {"rskip_ln (λ=2, warm-up 1000)": {}}})
+    assert styles["post_ln (warm-up 1000)"] == {"color": styles["post_ln"]["color"], "linestyle": "--",
+                                                "markerfacecolor": "white"}
+    # without the row it changes, a control is a row of its own
+    assert styles["rskip_ln (λ=2, warm-up 1000)"]["linestyle"] == "-"
+    assert len({styles[r]["color"] for r in ("post_ln", "sas", "rskip_ln (λ=2, warm-up 1000)")}) == 3
+
+
 def test_encoder_gradient_share_by_hand(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     from plot_curves import encoder_gradient_share
