@@ -8,7 +8,7 @@ from torch._dynamo.utils import counters
 
 from model_utils import assert_incremental_equals_full, build, parse_train_args, randomize_norms, sample_batch
 
-from resnmt.modules import fused
+from resnmt.modules import fused, native
 from resnmt.modules.connections import ConnectionSpec, build_connection
 from resnmt.modules.normalized_activation import ActivationSpec, NormalizedActivation
 
@@ -66,8 +66,8 @@ def sample(T=7, B=3, C=32, seed=0):
 
 
 @pytest.mark.parametrize("kind, mode", [
-    ("nswish", "instance"), ("nrelu", "batch"),  # each compiled function and each activation once
-    pytest.param("nrelu", "instance", marks=pytest.mark.slow), pytest.param("nswish", "batch", marks=pytest.mark.slow),
+    ("nswish", "instance"), ("nrelu", "instance"),  # the native kernel (CPU), each activation
+    ("nrelu", "batch"), pytest.param("nswish", "batch", marks=pytest.mark.slow),  # the compiled functions
 ])
 def test_normalized_activation_fused_matches_eager(kind, mode):
     eager, compiled = pair(lambda f: NormalizedActivation(ActivationSpec(kind=kind, stats=mode, fused=f)))
@@ -88,11 +88,35 @@ def test_normalized_activation_fused_matches_eager(kind, mode):
         torch.testing.assert_close(compiled.eval()(h, mask), eager.eval()(h, mask), **TOL)
 
 
+def test_compiled_instance_activation_is_the_eager_equation():
+    """The function compiled for GPUs (per-token statistics; the CPU runs the native kernel)."""
+    h, _ = sample(6, 3)
+    omega = torch.tensor(0.4)
+    for kind in ("nswish", "nrelu"):
+        act = NormalizedActivation(ActivationSpec(kind=kind))
+        with torch.no_grad():
+            act.omega.fill_(0.4)
+            expected = act(h)
+        got = fused.fused_instance_activation.eager(h, omega, kind == "nswish", act.clamp_min, act.clamp_max, act.eps)
+        torch.testing.assert_close(got, expected, **TOL)
+
+
+def test_native_kernel_on_the_cpu_compiles_no_graph():
+    torch._dynamo.reset()
+    counters.clear()
+    act = NormalizedActivation(ActivationSpec(kind="nswish", fused=True))
+    h = torch.randn(5, 2, 32, requires_grad=True)
+    act(h).sum().backward()
+    with torch.no_grad():
+        act.eval()(torch.randn(1, 8, 32))
+    assert counters["stats"]["unique_graphs"] == 0 and h.grad is not None
+
+
 def test_one_graph_serves_every_batch_shape():
     """dynamic=True: after the first call, new (seq_len, batch) sizes compile nothing."""
     torch._dynamo.reset()
     conn = build_connection(DIM, ConnectionSpec(kind="sas", fused=True))
-    act = NormalizedActivation(ActivationSpec(kind="nswish", fused=True))
+    act = NormalizedActivation(ActivationSpec(kind="nswish", stats="batch", fused=True))
     with torch.no_grad():
         conn(torch.randn(6, 3, DIM), torch.randn(6, 3, DIM))
         act(torch.randn(6, 3, 32))
@@ -134,3 +158,24 @@ def test_unavailable_compiler_stops_the_build_with_one_line(tiny_bin, monkeypatc
         parse_train_args(tiny_bin, "resnmt_transformer", ["--residual", "sas", "--fused-connections"])
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--fused-connections needs torch.compile" in err and "without --fused-connections" in err
+
+
+def test_a_native_kernel_that_does_not_build_stops_the_model_build(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RESNMT_CACHE_DIR", str(cache))
+    fake = tmp_path / "fake-c++"  # answers --version, fails to compile
+    fake.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo fake 1.0; exit 0; fi\necho "no such flag" >&2; exit 1\n')
+    fake.chmod(0o755)
+    native.library.cache_clear()
+    try:
+        for cxx, problem in ((str(fake), f"{fake} could not build {native.SOURCE}: no such flag;"),
+                             ("false", "false --version failed")):
+            monkeypatch.setenv("CXX", cxx)
+            with pytest.raises(fused.CompileUnavailableError) as error:
+                NormalizedActivation(ActivationSpec(kind="nswish", fused=True))
+            message = str(error.value)
+            assert message.startswith(f"--fused-connections: {problem}") and "train without --fused-connections" in message
+            assert not cache.exists() or list(cache.iterdir()) == []  # nothing half-written
+        NormalizedActivation(ActivationSpec(kind="nswish", stats="batch", fused=True))  # needs no native kernel
+    finally:
+        native.library.cache_clear()

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from resnmt.modules import fused
+from resnmt.modules import fused, native
 
 PAPER = 'Yuan et al. 2022, "ANAct: Adaptive Normalization for Activation Functions"'
 
@@ -171,6 +171,12 @@ class NormalizedActivation(nn.Module):
         self.fused = spec.fused
         if spec.fused:
             fused.require_compile()
+            if not self.batch_stats:
+                try:  # built here, so that a missing or failing compiler stops the model build
+                    native.library()
+                except native.NativeKernelError as err:
+                    raise fused.CompileUnavailableError(
+                        f"{fused.FLAG}: {err}; train without {fused.FLAG} (the eager path computes the same)") from err
         self._output = self._fused_output if spec.fused else self._eager_output
         self.omega = nn.Parameter(torch.zeros(()))
         if self.batch_stats:
@@ -185,15 +191,24 @@ class NormalizedActivation(nn.Module):
             return self._output(h, padding_mask)
 
     def _eager_output(self, h: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
+        return self._output_by(_normalized_output, h, padding_mask)
+
+    def _output_by(self, values, h: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
+        """The output with the forward ``values`` (``_normalized_output`` or ``_native_output``)
+        and the hand-written backward of :class:`_NormalizedActivationFn`."""
         if torch.is_grad_enabled() and (h.requires_grad or self.omega.requires_grad):
-            return _NormalizedActivationFn.apply(h, self.omega, self, padding_mask)
+            return _NormalizedActivationFn.apply(h, self.omega, self, padding_mask, values)
         # inference (decoding, validation): the same values without the autograd
         # function's bookkeeping, which costs as much as the arithmetic at decode size
-        return _normalized_output(h, self.omega, self, padding_mask)[0]
+        return values(h, self.omega, self, padding_mask)[0]
 
     def _fused_output(self, h: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
-        """The same values through ``torch.compile``d functions (``--fused-connections``)."""
+        """The same values, fused (``--fused-connections``): per-token statistics on the CPU
+        by the native kernel (``resnmt.modules.native``; the backward is the eager one),
+        otherwise through ``torch.compile``d functions (forward and backward)."""
         if not self.batch_stats:
+            if h.device.type == "cpu":
+                return self._output_by(_native_output, h, padding_mask)
             return fused.fused_instance_activation(h, self.omega, self.swish, self.clamp_min, self.clamp_max, self.eps)
         if self.training:
             weights = torch.ones(h.shape[:2], device=h.device) if padding_mask is None else _token_weights(padding_mask, h)
@@ -338,12 +353,13 @@ class _NormalizedActivationFn(torch.autograd.Function):
     it), NReLU only the boolean mask ``h > 0`` (1 byte per element, a quarter of a
     float32 ``h``). The mask is kept rather than read back from the output
     (``h > 0`` iff ``out > -mu * scale``) because rounding makes that test wrong for
-    tiny positive ``h``.
+    tiny positive ``h``. ``values`` computes the forward (``_normalized_output``, or the
+    native kernel's ``_native_output`` with ``--fused-connections`` on the CPU).
     """
 
     @staticmethod
-    def forward(ctx, h: Tensor, omega: Tensor, act: "NormalizedActivation", padding_mask: Optional[Tensor]):
-        out, scale, x = _normalized_output(h, omega, act, padding_mask)
+    def forward(ctx, h: Tensor, omega: Tensor, act: "NormalizedActivation", padding_mask: Optional[Tensor], values):
+        out, scale, x = values(h, omega, act, padding_mask)
         ctx.swish = act.swish
         if act.swish:
             ctx.save_for_backward(h, out, scale, omega)
@@ -368,7 +384,7 @@ class _NormalizedActivationFn(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 dot = torch.dot(grad_out.reshape(-1).float(), out.reshape(-1).float())
                 grad_omega = ((1.0 - torch.sigmoid(omega.float())) * dot).to(omega.dtype)
-        return grad_h, grad_omega, None, None
+        return grad_h, grad_omega, None, None, None
 
 
 def normalization_factor(rho: Tensor, rho_prime: Tensor) -> Tensor:
@@ -390,6 +406,16 @@ def _normalized_output(
     # addcmul is 3x slower at decoding sizes on CPU, and no faster at training sizes)
     out = a.sub_(mu).mul_(scale).to(h.dtype)
     return out, scale, x
+
+
+def _native_output(
+    h: Tensor, omega: Tensor, act: NormalizedActivation, padding_mask: Optional[Tensor]
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`_normalized_output` for per-token statistics on the CPU, by the native kernel."""
+    x = h.float()
+    gate = 2.0 * torch.sigmoid(omega.detach().float()).item()
+    out, scale = native.instance_activation(x, gate, act.swish, act.clamp_min, act.clamp_max, act.eps)
+    return out.to(h.dtype), scale, x
 
 
 def _token_weights(padding_mask: Tensor, x: Tensor) -> Tensor:
