@@ -177,5 +177,11 @@ def test_a_native_kernel_that_does_not_build_stops_the_model_build(tmp_path, mon
             assert message.startswith(f"--fused-connections: {problem}") and "train without --fused-connections" in message
             assert not cache.exists() or list(cache.iterdir()) == []  # nothing half-written
         NormalizedActivation(ActivationSpec(kind="nswish", stats="batch", fused=True))  # needs no native kernel
+        monkeypatch.delenv("CXX")
+        blocked = tmp_path / "not-a-directory"
+        blocked.write_text("")
+        monkeypatch.setenv("RESNMT_CACHE_DIR", str(blocked))
+        with pytest.raises(fused.CompileUnavailableError, match=f"cannot write the kernel to {blocked}.*RESNMT_CACHE_DIR"):
+            NormalizedActivation(ActivationSpec(kind="nrelu", fused=True))
     finally:
         native.library.cache_clear()

@@ -58,8 +58,12 @@ def library() -> ctypes.CDLL:
     digest = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
     target = cache_dir() / f"normalized_activation-{digest}.so"
     if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        except OSError as err:
+            raise NativeKernelError(f"cannot write the kernel to {target.parent} ({err}); "
+                                    "set RESNMT_CACHE_DIR to a writable directory") from err
         os.close(fd)
         try:
             proc = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
@@ -69,7 +73,10 @@ def library() -> ctypes.CDLL:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    lib = ctypes.CDLL(str(target))
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as err:
+        raise NativeKernelError(f"cannot load {target} ({err}); delete it to rebuild") from err
     fn = lib.resnmt_instance_activation
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int] + [ctypes.c_float] * 4
