@@ -229,28 +229,37 @@ def _mean_std(values) -> str:
     return f"{statistics.mean(values):+.2f} ± {statistics.stdev(values):.2f} ({len(values)})"
 
 
+def reference_of(row: str, baseline: str = "post_ln") -> str:
+    """The row that ``row`` is compared with: ``baseline`` in the shared settings; for a
+    control, ``baseline``'s control with the same changed flags (rSkip with a 1000-update
+    warm-up against post-LN with a 1000-update warm-up), where there is one."""
+    changed = CONTROLS.get(row, (row, []))[1]
+    same_setting = next((c for c, (r, flags) in CONTROLS.items() if r == baseline and flags == changed), None)
+    return same_setting if changed and same_setting not in (None, row) else baseline
+
+
 def difference_table(runs, baseline: str = "post_ln") -> str:
-    """Each row's sacreBLEU minus the baseline's, per milestone, paired by seed (only
-    seeds that both have at that milestone): mean ± std over seeds (n)."""
+    """Each row's sacreBLEU minus its reference's (:func:`reference_of`), per milestone,
+    paired by seed (only seeds that both have at that milestone): mean ± std over seeds (n)."""
     lines = []
     for device, size in ordered_keys(runs):
         rows = runs[(device, size)]
-        base = rows.get(baseline)
-        others = [r for r in sorted(rows) if r != baseline]
-        if not base or not others:
+        others = [r for r in sorted(rows) if r != baseline and reference_of(r, baseline) in rows]
+        if not others:
             continue
-        milestones = sorted({u for recs in base.values() for u in recs})
-        lines += [f"**{SIZE_TITLES.get(size, size)} ({device})**: sacreBLEU minus {baseline}'s, paired by seed, "
+        milestones = sorted({u for r in {baseline, *map(reference_of, others)} for recs in rows.get(r, {}).values()
+                             for u in recs})
+        lines += [f"**{SIZE_TITLES.get(size, size)} ({device})**: sacreBLEU minus the reference row's, paired by seed, "
                   "mean ± std (n seeds)", "",
-                  "| row | " + " | ".join(str(u) for u in milestones) + " |",
-                  "|---|" + "---:|" * len(milestones)]
+                  "| row | minus | " + " | ".join(str(u) for u in milestones) + " |",
+                  "|---|---|" + "---:|" * len(milestones)]
         for row in others:
-            cells = []
+            base, cells = rows[reference_of(row, baseline)], []
             for u in milestones:
                 diffs = [recs[u]["bleu"] - base[seed][u]["bleu"] for seed, recs in rows[row].items()
                          if u in recs and u in base.get(seed, {})]
                 cells.append(_mean_std(diffs) if diffs else "")
-            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+            lines.append(f"| {row} | {reference_of(row, baseline)} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 

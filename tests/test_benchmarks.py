@@ -154,6 +154,20 @@ def test_a_control_is_dashed_in_the_color_of_the_row_it_changes(monkeypatch):
     assert len({styles[r]["color"] for r in ("post_ln", "sas", "rskip_ln (λ=2, warm-up 1000)")}) == 3
 
 
+def test_a_control_is_compared_with_post_ln_in_the_same_setting(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    from plot_curves import difference_table, reference_of
+
+    assert reference_of("sas") == "post_ln" and reference_of("post_ln (warm-up 1000)") == "post_ln"
+    assert reference_of("rskip_ln (λ=2, warm-up 1000)") == "post_ln (warm-up 1000)"
+    record = lambda bleu: {"bleu": bleu}
+    runs = {("cpu", "deep"): {"post_ln": {1: {600: record(7.0)}}, "post_ln (warm-up 1000)": {1: {600: record(5.0)}},
+                              "rskip_ln (λ=2, warm-up 1000)": {1: {600: record(9.0)}}}}
+    table = difference_table(runs)
+    assert "| rskip_ln (λ=2, warm-up 1000) | post_ln (warm-up 1000) | +4.00 (1) |" in table
+    assert "| post_ln (warm-up 1000) | post_ln | -2.00 (1) |" in table
+
+
 def test_encoder_gradient_share_by_hand(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     from plot_curves import encoder_gradient_share
