@@ -537,9 +537,10 @@ def repair_checkpoint_last(save_dir: Path, log: Log) -> None:
             "training starts from scratch")
 
 
-def train(plan: TrainPlan, log: Log) -> None:
-    """Run ``plan.cmd`` (resuming from checkpoint_last.pt), its output on stdout and
-    appended to SAVE_DIR/train.log, the command to SAVE_DIR/train.cmd."""
+def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str = "") -> None:
+    """Run ``plan.cmd`` (resuming from checkpoint_last.pt), its output on stdout (each line
+    after ``label``, which tells concurrent runs apart) and appended to SAVE_DIR/train.log,
+    the command to SAVE_DIR/train.cmd; ``threads``: its torch threads (None: torch's default)."""
     save_dir = plan.save_dir
     save_dir.mkdir(parents=True, exist_ok=True)
     repair_checkpoint_last(save_dir, log)
@@ -559,9 +560,10 @@ def train(plan: TrainPlan, log: Log) -> None:
     start = time.time()
     # fairseq's own output, appended to SAVE_DIR/train.log as well (all restarts in one file)
     with open(save_dir / "train.log", "ab") as train_log:
-        proc = subprocess.Popen(plan.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=tool_env())
+        proc = subprocess.Popen(plan.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=tool_env(threads))
+        prefix = label.encode()
         for line in iter(proc.stdout.readline, b""):
-            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.write(prefix + line)
             sys.stdout.flush()
             train_log.write(line)
             train_log.flush()
@@ -732,8 +734,9 @@ class ExperimentRequest:
     batch_size: int = 128
     gen_args: str = ""
     results: Path = Path("runs/results.jsonl")
+    threads: Optional[int] = None  # torch threads of its training and decoding (None: torch's default; the demo sets it)
 
-    MINIMA = {"average": 1, "beam": 1, "batch_size": 1}
+    MINIMA = {"average": 1, "beam": 1, "batch_size": 1, "threads": 1}
 
     def __post_init__(self):
         convert_fields(self, integers=self.MINIMA, numbers={"lenpen": 0.0}, paths=("data_root", "mirror", "results"))
@@ -752,8 +755,9 @@ class Experiment:
 
     STEPS = 5
 
-    def __init__(self, req: ExperimentRequest, log: Log, train_log: Log):
-        self.req, self.log, self.train_log = req, log, train_log
+    def __init__(self, req: ExperimentRequest, log: Log, train_log: Log, label: str = ""):
+        """``label`` starts each line of fairseq's output (to tell concurrent experiments apart)."""
+        self.req, self.log, self.train_log, self.label = req, log, train_log, label
         self.dataset = dataset_of(req.train.dataset)
         require_commands("fairseq-generate")
         self.data_root = req.data_root or Path(f"data/{self.dataset.name}")
@@ -796,7 +800,7 @@ class Experiment:
             return
         self.step(2, f"train {self.req.train.arch} into {self.save_dir}")
         t0 = time.time()
-        train(plan_training(self.train_request, self.train_log), self.train_log)
+        train(plan_training(self.train_request, self.train_log), self.train_log, self.req.threads, self.label)
         atomic_write_text(done, json.dumps({"wall_seconds": int(time.time() - t0)}) + "\n")
 
     def average(self) -> Tuple[Path, int, str, str]:
@@ -835,7 +839,8 @@ class Experiment:
         self.step(4, f"decode test with beam {self.req.beam}, GNMT length penalty {self.req.lenpen:g} -> {gen}")
         post = "sentencepiece" if (self.data_root / "spm" / "spm.model").exists() else "subword_nmt"
         t0 = time.time()
-        decode(self.data_root / "bin", checkpoint, gen, None, tool_env(), beam=self.req.beam, lenpen=self.req.lenpen,
+        decode(self.data_root / "bin", checkpoint, gen, None, tool_env(self.req.threads), beam=self.req.beam,
+               lenpen=self.req.lenpen,
                batch_size=self.req.batch_size,
                extra=["--source-lang", self.dataset.src, "--target-lang", self.dataset.tgt, "--post-process", post,
                       *shlex.split(self.req.gen_args)])

@@ -3,6 +3,7 @@
 Real Multi30k preparation from ../shared/data/multi30k, two small models for 40 updates,
 decoding of test2016, the table; then a second run that reuses everything."""
 import json
+import os
 
 import pytest
 
@@ -36,10 +37,13 @@ def test_demo_with_a_tiny_budget_then_rerun(tmp_path):
     assert ("analysis of transformer_rskip_base" in err or "resnmt-analyze is not available" in err
             or "resnmt-analyze failed" in err)
     assert len((out / "results.jsonl").read_text().splitlines()) == 2
+    if (os.cpu_count() or 1) >= 2:  # on the CPU the two models train side by side, their output labelled
+        assert f"side by side, {os.cpu_count() // 2} thread(s) each" in err
+        assert all(f"[{arch}] " in proc.stdout and f"[train {arch}] running: " in err for arch in archs)
 
     again = run_cli(cmd, timeout=900)
     assert "nothing to do" in again.stderr or "prepare: " in again.stderr
-    assert again.stderr.count("train: ") == 2 and "[train] running" not in again.stderr
+    assert again.stderr.count("train: ") == 2 and "] running: " not in again.stderr
     assert "decoded" not in again.stderr
     assert len((out / "results.jsonl").read_text().splitlines()) == 2
     assert table.strip() in again.stdout
