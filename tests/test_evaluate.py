@@ -155,7 +155,7 @@ def test_bpe_removal_both_forms():
     assert remove_bpe("a@@ b", "none") == "a@@ b"
 
 
-def test_bpe_removal_through_the_cli(tmp_path, capsys):
+def test_bpe_removal_through_the_cli(tmp_path, capsys, tst2013_vi):
     ref = tmp_path / "ref.txt"
     ref.write_text("the house is green.\nsmall dogs run\n", encoding="utf-8")
     sp = tmp_path / "sp.txt"
@@ -168,8 +168,14 @@ def test_bpe_removal_through_the_cli(tmp_path, capsys):
                     "--json-out", js)[0] == 0
     assert [r["bleu"] for r in _json_lines(js)] == [pytest.approx(100.0), pytest.approx(100.0)]
     # already-decoded text with --remove-bpe sentencepiece would lose its spaces: refused
-    rc, _, err = _run(capsys, "--hyp", ref, "--ref", ref, "--remove-bpe", "sentencepiece")
+    rc, _, err = _run(capsys, "--hyp", tst2013_vi, "--ref", tst2013_vi, "--remove-bpe", "sentencepiece")
     assert rc == 1 and "no '\u2581'" in err and "--remove-bpe none" in err
+    # a collapsed model writes no '\u2581' either (the same piece, or nothing, every time):
+    # its output is scored, near 0, rather than refused
+    collapsed = tmp_path / "collapsed.txt"
+    collapsed.write_text(". .\n\n", encoding="utf-8")
+    assert _run(capsys, "--hyp", collapsed, "--ref", ref, "--remove-bpe", "sentencepiece", "--json-out", js)[0] == 0
+    assert _json_lines(js)[-1]["bleu"] < 1.0
 
 
 def test_compound_splitting_by_hand():

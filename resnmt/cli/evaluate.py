@@ -229,6 +229,19 @@ def _read(flag: str, path: Path) -> List[str]:
         raise EvaluateError(f"{flag} {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
+# Distinct words above which hypotheses without a single '\u2581' are taken for decoded
+# text. A model that has collapsed (the same few pieces, or nothing, for every sentence)
+# writes no '\u2581' either; its output is scored as it is (near 0), not refused.
+DECODED_TEXT_MIN_TYPES = 50
+
+
+def looks_decoded(hyps: List[str]) -> bool:
+    """True when sentencepiece hypotheses hold no '\u2581' yet read like real text."""
+    if any("\u2581" in h for h in hyps):
+        return False
+    return len({w for h in hyps for w in h.split()}) >= DECODED_TEXT_MIN_TYPES
+
+
 def evaluate(args) -> dict:
     hyp_path, ref_path = Path(args.hyp), Path(args.ref)
     for flag, path in (("--hyp", hyp_path), ("--ref", ref_path)):
@@ -252,7 +265,7 @@ def evaluate(args) -> dict:
         )
     if not refs:
         raise EvaluateError(f"--ref {ref_path} is empty")
-    if args.remove_bpe == "sentencepiece" and not any("\u2581" in h for h in hyps):
+    if args.remove_bpe == "sentencepiece" and looks_decoded(hyps):
         raise EvaluateError(
             f"--remove-bpe sentencepiece: no '\u2581' in the hypotheses of {hyp_path}; they look "
             "decoded already (removing would delete every space): use --remove-bpe none"
