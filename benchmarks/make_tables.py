@@ -4,6 +4,7 @@
 * speed: the rows of the latest ``speed.py`` run for each (device, size) found in
   ``speed.jsonl`` (ratios are medians over interleaved rounds, [min–max] beside them),
   plus the SAS overhead analysis;
+* fp16: the latest ``fp16.py`` run (each kind trained with ``fairseq-train --fp16``/``--bf16``);
 * quality: one row per configuration (and settings) in ``quality.jsonl`` with n (runs),
   mean sacreBLEU, standard deviation and the seeds, and the planned rows still missing.
 
@@ -48,16 +49,17 @@ PAPERS = {
 MARKERS = {
     "speed": ("<!-- speed-table:begin -->", "<!-- speed-table:end -->"),
     "quality": ("<!-- quality-table:begin -->", "<!-- quality-table:end -->"),
+    "fp16": ("<!-- fp16-table:begin -->", "<!-- fp16-table:end -->"),
 }
 
 
 def speed_tables(records):
     groups = OrderedDict()
     for r in records:
-        key = (r["settings"]["device"], r["size"]["name"])
+        key = (r["settings"]["device"], r["size"]["name"], r["settings"].get("dtype", "fp32"))
         groups.setdefault(key, []).append(r)
     parts = []
-    for (device, size_name), recs in groups.items():
+    for (device, size_name, dtype), recs in groups.items():
         # each row from the latest run that measured it (a run may measure some rows only)
         latest_per_row = OrderedDict()
         for r in sorted(recs, key=lambda r: r["run_id"]):
@@ -68,7 +70,8 @@ def speed_tables(records):
         latest = ", ".join(runs)
         s, z, m = rows[0]["settings"], rows[0]["size"], rows[0]["machine"]
         parts.append(
-            f"**{device}, {z['layers']}+{z['layers']} layers d={z['dim']} FFN {z['ffn']} {z['heads']} heads** — "
+            f"**{device}{'' if dtype == 'fp32' else ' ' + dtype}, {z['layers']}+{z['layers']} layers d={z['dim']} "
+            f"FFN {z['ffn']} {z['heads']} heads** — "
             f"run{'s' if len(runs) > 1 else ''} {latest} (each row: the latest run that measured it; ratios within a run; rounds per row in the table), {s['threads']} torch thread(s) per measurement, "
             f"{s['warmup']} warm-up + {s['updates']} timed updates of ≤{s['max_tokens']} tokens, "
             f"beam 4 on {s['decode_sentences']} sentences ({s['decode_batch']} per batch, {s['decode_len']} tokens each); "
@@ -142,8 +145,30 @@ def quality_table(records, settings_key=None):
     return out
 
 
-def replace_between(text, begin, end, body):
+def fp16_tables(records):
+    """The latest ``fp16.py`` run per precision: does each kind train in half precision?"""
+    from fp16 import markdown_table as fp16_markdown
+
+    parts = []
+    for precision in ("fp16", "bf16"):
+        recs = [r for r in records if r["settings"]["precision"] == precision]
+        if not recs:
+            continue
+        latest = max(r["run_id"] for r in recs)
+        rows = [r for r in recs if r["run_id"] == latest]
+        s = rows[0]["settings"]
+        parts.append(f"**fairseq-train --{precision}**, run {latest} on {rows[0]['device_name']}: "
+                     f"{s['size']} size, {s['updates']} updates of ≤{s['max_tokens']} tokens, lr {s['lr']} "
+                     f"({s['warmup_updates']} warm-up), dropout {s['dropout']}; a kind passes when it ends with a "
+                     f"finite loss and no more overflowed (skipped) updates than post-LN\n")
+        parts.append(fp16_markdown(rows) + "\n")
+    return "\n".join(parts) if parts else "_no half-precision runs yet (they need a GPU)_"
+
+
+def replace_between(text, begin, end, body, required=True):
     if begin not in text or end not in text:
+        if not required:
+            return text
         raise SystemExit(f"markers {begin} / {end} not found")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
@@ -163,12 +188,14 @@ def main(argv=None):
         records += read_jsonl(path)
     speed = speed_tables([r for r in records if r.get("benchmark") == "speed"])
     quality = quality_table([r for r in records if r.get("benchmark") == "quality"], a.quality_settings)
+    fp16 = fp16_tables([r for r in records if r.get("benchmark") == "fp16"])
     for path in a.write:
         text = Path(path).read_text(encoding="utf-8")
         text = replace_between(text, *MARKERS["speed"], speed)
         text = replace_between(text, *MARKERS["quality"], quality)
+        text = replace_between(text, *MARKERS["fp16"], fp16, required=False)  # docs/benchmarks.md only
         Path(path).write_text(text, encoding="utf-8")
-    print("## Speed and memory\n\n" + speed + "\n\n## Quality\n\n" + quality)
+    print("## Speed and memory\n\n" + speed + "\n\n## Quality\n\n" + quality + "\n\n## Half precision\n\n" + fp16)
     return 0
 
 

@@ -41,6 +41,13 @@ def load(path: Path):
     return runs
 
 
+def with_curves(runs):
+    """The (device, size) entries with at least two budgets: a single budget is no curve,
+    so it stays out of the figures (the tables show it)."""
+    return {key: rows for key, rows in runs.items()
+            if len({u for seeds in rows.values() for recs in seeds.values() for u in recs}) >= 2}
+
+
 def ordered_keys(runs):
     """(device, size) keys: by device, then sizes in SIZE_TITLES order."""
     return sorted(runs, key=lambda k: (k[0], list(SIZE_TITLES).index(k[1]) if k[1] in SIZE_TITLES else len(SIZE_TITLES)))
@@ -281,10 +288,11 @@ def main(argv=None):
         p.error(f"no curves results in {a.results}; run python benchmarks/curves.py first")
     figures = Path(a.figures)
     figures.mkdir(parents=True, exist_ok=True)
-    plot_bleu(runs, figures / "curves-bleu.png")
-    plot_valid(runs, figures / "curves-valid-loss.png")
-    plot_diagnostics(runs, figures / "curves-diagnostics.png")
-    plot_gradient_share(runs, figures / "curves-gradient-share.png")
+    curves = with_curves(runs)
+    plot_bleu(curves, figures / "curves-bleu.png")
+    plot_valid(curves, figures / "curves-valid-loss.png")
+    plot_diagnostics(curves, figures / "curves-diagnostics.png")
+    plot_gradient_share(curves, figures / "curves-gradient-share.png")
     tables = table(runs) + "\n" + difference_table(runs)
     for path in a.write:
         path = Path(path)

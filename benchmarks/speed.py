@@ -16,6 +16,7 @@ Outputs: one JSON line per row appended to ``--out`` (default
 
     python benchmarks/speed.py                         # CPU, 6+6 d=256 FFN 1024 4 heads
     python benchmarks/speed.py --device cuda --size base  # GPU, fairseq's base sizes
+    python benchmarks/speed.py --device cuda --dtype bf16 --warmup 5 --updates 20  # the GPU table's runs
 """
 import argparse
 import datetime
@@ -131,17 +132,66 @@ def training_batches(task, max_tokens, n):
     return [next(itr) for _ in range(n)]
 
 
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# fp16's initial loss scale (fairseq's dynamic scaler starts at 128 too); halved at each
+# overflow, never raised (a measurement is a few dozen updates)
+FP16_LOSS_SCALE = 128.0
+
+
+class Optimizer:
+    """Adam (0.9/0.98) on the model's weights; for a half-precision model, fairseq's
+    ``--fp16``/``--bf16`` scheme: float32 master weights stepped by Adam, gradients copied
+    up (and unscaled for fp16), the half weights copied back after each step."""
+
+    def __init__(self, model, dtype):
+        import torch
+
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.half = dtype != torch.float32
+        self.loss_scale = FP16_LOSS_SCALE if dtype == torch.float16 else 1.0
+        self.overflows = 0
+        self.masters = [p.detach().float().clone().requires_grad_(True) for p in self.params] if self.half else self.params
+        self.adam = torch.optim.Adam(self.masters, lr=1e-4, betas=(0.9, 0.98), eps=1e-8)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def backward(self, loss):
+        (loss * self.loss_scale).backward() if self.loss_scale != 1.0 else loss.backward()
+
+    def step(self):
+        """Adam's step; in fp16 an update whose gradients overflowed is skipped and the loss
+        scale halved, as fairseq's dynamic loss scaler does (so the weights stay finite)."""
+        import torch
+
+        if self.half:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.masters):
+                    m.grad = None if p.grad is None else p.grad.float().div_(self.loss_scale)
+                grads = [m.grad for m in self.masters if m.grad is not None]
+                if self.loss_scale != 1.0 and not all(torch.isfinite(g).all() for g in grads):
+                    self.loss_scale /= 2
+                    self.overflows += 1
+                    return
+        self.adam.step()
+        if self.half:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.masters):
+                    p.copy_(m)
+
+
 def train_step(model, optimizer, batch, pad):
     """One update: label-smoothed (0.1) cross-entropy, backward, optimizer step."""
     from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
     model.train()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad()
     net_output = model(**batch["net_input"])
     lprobs = model.get_normalized_probs(net_output, log_probs=True)
     loss, _ = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), batch["target"].view(-1), 0.1,
                                       ignore_index=pad, reduce=True)
-    loss.backward()
+    optimizer.backward(loss)
     optimizer.step()
 
 
@@ -175,16 +225,21 @@ def measure(spec):
         batches = [utils.move_to_cuda(b) for b in batches]
         dec_batches = [utils.move_to_cuda(b) for b in dec_batches]
 
-    if cuda:
+    if cuda:  # several configs are measured in one process on a GPU: each starts from a clean slate
+        import gc
+
+        gc.collect()
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         mem0 = torch.cuda.memory_allocated()
     else:
         mem0 = read_status_kb("VmRSS") * 1024
     torch.manual_seed(1)
-    model = task.build_model(args).to(device)
+    dtype = getattr(torch, DTYPES[spec.get("dtype", "fp32")])
+    model = task.build_model(args).to(device=device, dtype=dtype)
     n_params = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8)
+    optimizer = Optimizer(model, dtype)
 
     def sync():
         if cuda:
@@ -210,7 +265,9 @@ def measure(spec):
         peak = torch.cuda.max_memory_allocated() - mem0
     else:
         peak = read_status_kb("VmHWM") * 1024 - mem0
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad()
+    optimizer_overflows = optimizer.overflows
+    del optimizer
 
     model.eval()
     generator = SequenceGenerator(
@@ -246,6 +303,7 @@ def measure(spec):
         "train_padded_src_tokens": src_tokens,
         "train_padded_tgt_tokens": tgt_padded,
         "decode_sentences": n_sent,
+        "skipped_updates": optimizer_overflows,
         # first batches (compilation with --fused-connections): wall seconds, and graphs
         # compiled: none may appear after the warm-ups (one graph serves every batch shape)
         "warmup_train_s": warmup_train_s,
@@ -290,14 +348,37 @@ def sas_overhead(size, vocab, gate_dim, src_per_tgt=1.0):
 # --------------------------------------------------------------------------- driver
 
 
-def run_worker(spec, timeout):
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+def machine_description(device):
+    """Where the measurements ran (recorded in each raw and result line)."""
+    machine = {
+        "host": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count(),
+        "device": device, "python": platform.python_version(),
+    }
+    try:
+        import torch
+
+        machine["torch"] = torch.__version__
+        if device == "cuda":
+            machine["gpu"] = torch.cuda.get_device_name(0)
+    except Exception:  # pragma: no cover - informational only
+        pass
+    return machine
+
+
+def run_worker(specs, timeout):
+    """Measure ``specs`` in order in one fresh process; their results, in order.
+
+    On the CPU each config gets a process of its own (its peak memory is the process's);
+    on a GPU one process measures a whole round (peak memory is reset per config), which
+    saves a process start, CUDA's initialization and the imports per measurement."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(specs)]
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = str(spec["threads"])
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=str(REPO_ROOT))
+        env[var] = str(specs[0]["threads"])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout * len(specs),
+                          cwd=str(REPO_ROOT))
     if proc.returncode != 0:
-        raise RuntimeError(f"measurement of {spec['config']} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"measurement of {', '.join(s['config'] for s in specs)} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -348,6 +429,9 @@ def main(argv=None):
     p.add_argument("--size", default=None, choices=sorted(SIZES),
                    help="model size: cpu = 6+6 layers d=256 FFN 1024 4 heads, base = 6+6 d=512 FFN 2048 "
                    "8 heads, tiny = 2+2 d=16 (tests) (default: cpu on --device cpu, base on cuda)")
+    p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES),
+                   help="the model's precision (default: fp32); fp16 and bf16 (GPU only) train the way fairseq's "
+                   "--fp16/--bf16 do: half-precision model, float32 master weights, fp16 with a loss scale")
     p.add_argument("--threads", type=int, default=1, help="torch threads per measurement (default: 1)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved repeats per row (default: 3)")
     p.add_argument("--warmup", type=int, default=1, help="untimed training updates first (default: 1)")
@@ -372,8 +456,16 @@ def main(argv=None):
     a = p.parse_args(argv)
 
     if a.worker:
-        print(json.dumps(measure(json.loads(a.worker))))
+        specs = json.loads(a.worker)
+        if specs[0]["device"] == "cuda":
+            # untimed: the process's first training updates select and load the GPU's kernels
+            # for each batch shape (measured: the first config then ran 7x slower than later ones)
+            measure(specs[0])
+        print(json.dumps([measure(spec) for spec in specs]))
         return 0
+    if a.dtype != "fp32" and a.device != "cuda":
+        p.error(f"--dtype {a.dtype}: half precision is measured on a GPU only (--device cuda); "
+                "on the CPU use --dtype fp32")
 
     size_name = a.size or ("base" if a.device == "cuda" else "cpu")
     size = SIZES[size_name]
@@ -388,7 +480,7 @@ def main(argv=None):
 
     base_spec = {
         "data": str(Path(a.data).resolve()), "device": a.device, "size": list(size), "threads": a.threads,
-        "warmup": a.warmup, "updates": a.updates, "max_tokens": max_tokens,
+        "warmup": a.warmup, "updates": a.updates, "max_tokens": max_tokens, "dtype": a.dtype,
         "decode_sentences": a.decode_sentences, "decode_batch": a.decode_batch, "decode_len": a.decode_len,
     }
     raw_path = Path(a.raw) if a.raw else Path(a.out).with_name(Path(a.out).stem + "-raw.jsonl")
@@ -398,25 +490,36 @@ def main(argv=None):
         if not raws:
             p.error(f"no measurements of run {run_id} in {raw_path}")
         base_spec, size_name, size = raws[0]["spec"], raws[0]["size_name"], tuple(raws[0]["spec"]["size"])
+        machine = raws[0].get("machine") or machine_description(base_spec["device"])
         per_row = {}
         for r in raws:
             per_row.setdefault(r["row"], []).append(r["results"])
         rows = [r for r in ROWS if r in per_row]
     else:
         run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        machine = machine_description(a.device)
         per_row = {r: [] for r in rows}
         started = time.time()
         raw_path.parent.mkdir(parents=True, exist_ok=True)
         for rnd in range(a.rounds):
+            orders = {row: (ROWS[row][1], ROWS[row][0]) if rnd % 2 == 0 else (ROWS[row][0], ROWS[row][1])
+                      for row in rows}
+            if a.device == "cuda":  # the whole round in one process
+                specs = [dict(base_spec, config=c) for row in rows for c in orders[row]]
+                measured = iter(run_worker(specs, a.timeout))
+                round_results = {row: {c: next(measured) for c in orders[row]} for row in rows}
             for row in rows:
                 config, ref = ROWS[row][0], ROWS[row][1]
-                order = (ref, config) if rnd % 2 == 0 else (config, ref)
-                res = {c: run_worker(dict(base_spec, config=c), a.timeout) for c in order}
+                order = orders[row]
+                if a.device == "cuda":
+                    res = round_results[row]
+                else:
+                    res = {c: run_worker([dict(base_spec, config=c)], a.timeout)[0] for c in order}
                 per_row[row].append(res)
                 with open(raw_path, "a", encoding="utf-8") as f:  # every pair kept as it lands
                     f.write(json.dumps({"benchmark": "speed_raw", "run_id": run_id, "round": rnd + 1, "row": row,
                                         "order": list(order), "results": res, "spec": base_spec,
-                                        "size_name": size_name}, ensure_ascii=False) + "\n")
+                                        "size_name": size_name, "machine": machine}, ensure_ascii=False) + "\n")
                 u = "cpu_s" if a.device == "cpu" else "s"
                 print(f"[speed] round {rnd + 1}/{a.rounds} {row}: train x{res[config]['train_tokens_per_' + u] / res[ref]['train_tokens_per_' + u]:.3f} "
                       f"decode x{res[config]['decode_sentences_per_' + u] / res[ref]['decode_sentences_per_' + u]:.3f} "
@@ -424,18 +527,6 @@ def main(argv=None):
                       f"({time.time() - started:.0f}s)", file=sys.stderr, flush=True)
 
     vocab = sum(1 for _ in open(next(Path(base_spec["data"]).glob("dict.*.txt")), encoding="utf-8")) + 4
-    machine = {
-        "host": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count(),
-        "device": base_spec["device"], "python": platform.python_version(),
-    }
-    try:
-        import torch
-
-        machine["torch"] = torch.__version__
-        if base_spec["device"] == "cuda":
-            machine["gpu"] = torch.cuda.get_device_name(0)
-    except Exception:  # pragma: no cover - informational only
-        pass
     # CPU: rates per second of process CPU time (1 thread); GPU: wall clock (synchronized)
     clock = "process CPU time" if base_spec["device"] == "cpu" else "wall clock"
     unit = "cpu_s" if base_spec["device"] == "cpu" else "s"
@@ -447,8 +538,9 @@ def main(argv=None):
         rec = {
             "benchmark": "speed", "run_id": run_id, "row": row, "config": config, "reference": ref,
             "size": dict(zip(("layers", "dim", "ffn", "heads"), size), name=size_name),
-            "settings": {k: base_spec[k] for k in ("device", "threads", "warmup", "updates", "max_tokens",
-                                                     "decode_sentences", "decode_batch", "decode_len")},
+            "settings": {k: base_spec.get(k, "fp32") for k in ("device", "dtype", "threads", "warmup", "updates",
+                                                                "max_tokens", "decode_sentences", "decode_batch",
+                                                                "decode_len")},
             "machine": machine, "rounds": len(runs),
             "clock": clock,
             "train_ratio": ratio(f"train_tokens_per_{unit}"),

@@ -38,6 +38,97 @@ def test_speed_tiny(tiny_bin, tmp_path):
     assert "| sas (gate 64) (vs transformer) |" in proc.stdout
 
 
+def test_speed_worker_measures_a_round_in_one_process(tiny_bin):
+    """The GPU driver's mode (one process per round): each config is built and measured on
+    its own within the process, in the order given."""
+    spec = {"data": str(tiny_bin), "device": "cpu", "size": [1, 16, 32, 2], "threads": 1, "warmup": 1,
+            "updates": 1, "max_tokens": 300, "dtype": "fp32", "decode_sentences": 4, "decode_batch": 4,
+            "decode_len": 3}
+    proc = run_cli([sys.executable, BENCH / "speed.py", "--worker",
+                    json.dumps([dict(spec, config="transformer"), dict(spec, config="sas_gate64")])], timeout=300)
+    first, second = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (first["config"], second["config"]) == ("transformer", "sas_gate64")
+    assert second["params"] > first["params"] and finite_positive(second["train_tokens_per_s"])
+
+
+def test_speed_half_precision_is_gpu_only(tiny_bin, tmp_path):
+    proc = run_cli([sys.executable, BENCH / "speed.py", "--data", tiny_bin, "--dtype", "bf16",
+                    "--out", tmp_path / "s.jsonl"], check=False)
+    assert proc.returncode == 2 and "--dtype bf16: half precision is measured on a GPU only" in proc.stderr
+    assert not (tmp_path / "s.jsonl").exists()
+
+
+def test_speed_half_precision_optimizer_keeps_float32_masters():
+    """fairseq's --fp16 scheme: Adam steps float32 copies; the half weights are their casts."""
+    import torch
+
+    sys.path.insert(0, str(BENCH))
+    from speed import FP16_LOSS_SCALE, Optimizer
+
+    torch.manual_seed(0)
+    for dtype, scale in ((torch.bfloat16, 1.0), (torch.float16, FP16_LOSS_SCALE)):
+        model = torch.nn.Linear(4, 3).to(dtype)
+        ref = torch.nn.Linear(4, 3)
+        ref.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+        opt, ref_opt = Optimizer(model, dtype), torch.optim.Adam(ref.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8)
+        assert opt.loss_scale == scale
+        x = torch.randn(5, 4)
+        opt.zero_grad()
+        opt.backward(model(x.to(dtype)).float().square().mean())
+        # the reference sees the gradient the half model computed, unscaled
+        for p, r in zip(model.parameters(), ref.parameters()):
+            r.grad = p.grad.float() / scale
+        opt.step()
+        ref_opt.step()
+        for p, m, r in zip(model.parameters(), opt.masters, ref.parameters()):
+            assert m.dtype == torch.float32 and torch.allclose(m, r, atol=1e-7)
+            assert p.dtype == dtype and torch.equal(p, m.to(dtype))
+    # fp16: an update whose gradients overflow is skipped and the scale halved (fairseq's scaler)
+    before = [p.clone() for p in model.parameters()]
+    opt.zero_grad()
+    opt.backward(model(torch.full((5, 4), 60000.0).to(dtype)).float().square().mean())
+    opt.step()
+    assert opt.overflows == 1 and opt.loss_scale == FP16_LOSS_SCALE / 2
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+def test_plot_curves_leaves_single_budgets_out_of_the_figures(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    from plot_curves import with_curves
+
+    runs = {("cpu", "small"): {"post_ln": {1: {600: {}, 1200: {}}}},
+            ("cuda", "base"): {"post_ln": {1: {600: {}}}, "sas": {1: {600: {}}}},
+            ("cuda", "small"): {"post_ln": {1: {600: {}}}, "sas": {2: {1200: {}}}}}
+    assert sorted(with_curves(runs)) == [("cpu", "small"), ("cuda", "small")]
+
+
+def test_fp16_check_reads_fairseq_logs_and_compares_with_post_ln():
+    sys.path.insert(0, str(BENCH))
+    import fp16
+
+    log = "\n".join([
+        "2026-11-24 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring gradient, "
+        "setting loss scale to: 64.0",
+        "2026-11-24 | INFO | train_inner | epoch 001:     50 / 147 loss=12.1, nll_loss=12, ppl=4096, wps=1e+05, "
+        "ups=9.1, wpb=3800, bsz=120, num_updates=50, lr=1.6e-4, gnorm=3.2, loss_scale=64, train_wall=5, wall=8",
+        "2026-11-24 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring gradient, "
+        "setting loss scale to: 32.0",
+        "2026-11-24 | INFO | train_inner | epoch 001:    100 / 147 loss=9.5, nll_loss=9.2, ppl=600, wps=1e+05, "
+        "ups=9.1, wpb=3800, bsz=120, num_updates=100, lr=3.3e-4, gnorm=2.1, loss_scale=32, train_wall=10, wall=14",
+    ])
+    rec = fp16.read_log(log)
+    assert rec == {"overflows": 2, "loss_scale": 32.0, "train_loss": 9.5, "updates_logged": 100,
+                   "min_scale_reached": False}
+    base = dict(rec, row="post_ln", exit_code=0)
+    worse = dict(rec, row="sas", exit_code=0, overflows=3)
+    diverged = dict(rec, row="admin", exit_code=0, train_loss=float("nan"))
+    stopped = dict(fp16.read_log(log + "\nFloatingPointError: Minimum loss scale reached (0.0001)."),
+                   row="rezero", exit_code=1)
+    verdict = {r["row"]: r["passed"] for r in fp16.verdicts([base, worse, diverged, stopped])}
+    assert verdict == {"post_ln": True, "sas": False, "admin": False, "rezero": False}
+    assert "| sas | 3 (2) | 32.0 | 9.5 @ 100 | 0 | FAIL |" in fp16.markdown_table([base, worse])
+
+
 def test_quality_tiny_and_resume(tiny_bin, tmp_path):
     out = tmp_path / "quality.jsonl"
     argv = [

@@ -1,0 +1,154 @@
+#!/usr/bin/env python
+"""Does every connection kind train with ``fairseq-train --fp16`` (or ``--bf16``)?
+
+Each kind of the quality table (``benchmarks/quality.py``'s rows, fairseq's own
+``transformer`` included) trains for ``--updates`` updates on Multi30k at the papers'
+base size (6+6 layers, d=512) in half precision. fairseq's dynamic loss scaler skips an
+update whose gradients overflow and halves its scale; this counts those skipped updates
+(``NOTE: gradient overflow detected`` in fairseq's log), records the final loss scale and
+training loss, and whether the run ended (``Minimum loss scale reached`` ends it). A kind
+passes when it finishes with no more overflows than post-LN's baseline of the same run
+(every run starts at fairseq's initial scale of 128 and raises it every 2**14 updates,
+so a few early overflows are expected of all), and a finite loss.
+
+Several runs share the GPU at once (``--workers``); one JSON line per kind goes to
+``--out``, and the markdown table to stdout.
+
+    python benchmarks/fp16.py --updates 300 --workers 7
+    python benchmarks/fp16.py --bf16 --rows post_ln,sas
+"""
+import argparse
+import datetime
+import json
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from quality import ROWS
+from quality import slug
+
+from resnmt import experiment as ex
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "fp16.jsonl"
+BASELINE = "post_ln"
+
+OVERFLOW_RE = re.compile(r"gradient overflow detected, ignoring gradient, setting loss scale to: ([\d.e+-]+)")
+MIN_SCALE_RE = re.compile(r"Minimum loss scale reached")
+FIELD_RE = {name: re.compile(rf"[ |]{name}=([^,\s]+)") for name in ("loss", "loss_scale", "num_updates")}
+
+
+def read_log(text: str) -> dict:
+    """Overflow count, last loss scale and last training loss in a ``fairseq-train`` log
+    (``--log-format simple``: ``| train_inner | ... loss=4.2, ..., num_updates=50, ..., loss_scale=64, ...``)."""
+    overflows = OVERFLOW_RE.findall(text)
+    last = None
+    for line in text.splitlines():
+        if "| train_inner |" in line:
+            fields = {name: rx.search(line) for name, rx in FIELD_RE.items()}
+            if all(fields.values()):
+                last = {name: m.group(1) for name, m in fields.items()}
+    return {
+        "overflows": len(overflows),
+        "loss_scale": float(last["loss_scale"]) if last else (float(overflows[-1]) if overflows else None),
+        "train_loss": float(last["loss"]) if last else None,
+        "updates_logged": int(last["num_updates"]) if last else 0,
+        "min_scale_reached": bool(MIN_SCALE_RE.search(text)),
+    }
+
+
+def one_run(a, row, work: Path, env) -> dict:
+    arch, flags, _ = ROWS[row]
+    run_dir = work / slug(row)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = ex.benchmark_train_argv(
+        a.bin_dir, arch, flags, ex.SIZES[a.size], seed=1, max_tokens=a.max_tokens, lr=a.lr, warmup=a.warmup,
+        dropout=0.1, save_every=a.updates, keep=1, validate=False)
+    argv += ["--bf16" if a.bf16 else "--fp16", "--max-update", str(a.updates), "--no-save",
+             "--log-interval", str(a.log_interval), "--save-dir", str(run_dir)]
+    log = run_dir / "train.log"
+    t0 = time.time()
+    with open(log, "w", encoding="utf-8") as f:
+        proc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
+    seconds = time.time() - t0
+    rec = read_log(log.read_text(encoding="utf-8", errors="replace"))
+    rec.update(row=row, arch=arch, flags=flags, exit_code=proc.returncode, seconds=round(seconds, 1))
+    print(f"[fp16] {row}: exit {proc.returncode}, {rec['overflows']} overflows, scale {rec['loss_scale']}, "
+          f"loss {rec['train_loss']} @ {rec['updates_logged']} ({seconds:.0f}s)", file=sys.stderr, flush=True)
+    return rec
+
+
+def verdicts(records):
+    """Each record's ``passed``: it finished with a finite loss and no more overflows than the baseline."""
+    base = next((r for r in records if r["row"] == BASELINE), None)
+    for r in records:
+        finite = r["train_loss"] is not None and r["train_loss"] == r["train_loss"] and r["train_loss"] != float("inf")
+        ok = r["exit_code"] == 0 and not r["min_scale_reached"] and finite
+        r["baseline_overflows"] = base["overflows"] if base else None
+        r["passed"] = bool(ok and (base is None or r["overflows"] <= base["overflows"]))
+    return records
+
+
+def markdown_table(records):
+    lines = ["| kind | overflowed updates (post-LN's) | final loss scale | train loss at the end | exit | verdict |",
+             "|---|---|---|---|---|---|"]
+    for r in records:
+        lines.append(f"| {r['row']} | {r['overflows']} ({r['baseline_overflows']}) | {r['loss_scale']} "
+                     f"| {r['train_loss']} @ {r['updates_logged']} | {r['exit_code']} "
+                     f"| {'pass' if r['passed'] else 'FAIL'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="data/multi30k", help="prepared Multi30k (default: data/multi30k)")
+    p.add_argument("--rows", default=",".join(ROWS), help="comma-separated kinds (default: every row of quality.py)")
+    p.add_argument("--size", default="base", choices=sorted(ex.SIZES), help="default: base (6+6, d=512)")
+    p.add_argument("--updates", type=int, default=300, help="updates per kind (default: 300)")
+    p.add_argument("--max-tokens", type=int, default=4096, help="default: 4096")
+    p.add_argument("--lr", type=float, default=1e-3,
+                   help="peak learning rate (default: 1e-3, the study's: benchmarks/curves.py)")
+    p.add_argument("--warmup", type=int, default=300, help="warm-up updates (default: 300, the study's)")
+    p.add_argument("--log-interval", type=int, default=50, help="default: 50")
+    p.add_argument("--bf16", action="store_true", help="--bf16 instead of --fp16")
+    p.add_argument("--workers", type=int, default=4, help="runs at a time on the GPU (default: 4)")
+    p.add_argument("--workdir", default="runs/fp16", help="logs (default: runs/fp16)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON lines appended here (default: %(default)s)")
+    a = p.parse_args(argv)
+
+    rows = [r.strip() for r in a.rows.split(",") if r.strip()]
+    unknown = [r for r in rows if r not in ROWS and r not in {slug(x) for x in ROWS}]
+    if unknown:
+        p.error(f"--rows {','.join(unknown)}: unknown; choose from: {', '.join(ROWS)}")
+    rows = [next(x for x in ROWS if r in (x, slug(x))) for r in rows]
+    if BASELINE not in rows:
+        rows.insert(0, BASELINE)
+    a.bin_dir = Path(a.data) / "bin"
+    if not (a.bin_dir / "dict.en.txt").exists():
+        p.error(f"{a.bin_dir}/dict.en.txt is missing; run bash data-prep/prepare-multi30k.sh {a.data}")
+    import torch
+
+    if not torch.cuda.is_available():
+        p.error("no CUDA device here (torch.cuda.is_available() is False): fairseq trains in fp16/bf16 on a GPU only")
+
+    work = Path(a.workdir) / ("bf16" if a.bf16 else "fp16")
+    env = ex.tool_env(threads=1)
+    with ThreadPoolExecutor(max_workers=a.workers) as pool:
+        records = list(pool.map(lambda row: one_run(a, row, work, env), rows))
+    run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    settings = {"precision": "bf16" if a.bf16 else "fp16", "size": a.size, "updates": a.updates,
+                "max_tokens": a.max_tokens, "lr": a.lr, "warmup_updates": a.warmup, "dropout": 0.1,
+                "initial_loss_scale": 128}
+    device = ex.cuda_description()
+    records = verdicts(records)
+    for r in records:
+        ex.append_jsonl(Path(a.out), {"benchmark": "fp16", "run_id": run_id, "settings": settings, **device, **r})
+    print(markdown_table(records))
+    return 0 if all(r["passed"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
