@@ -132,9 +132,10 @@ Prepares Multi30k EN-DE (from a local mirror when one is found, else the network
 trains two small Transformers (2+2 layers, d=128, FFN 512: the train.sh 'small'
 preset), post-LN and 2rSkip+LN (lambda = 2), averages the last epoch checkpoints of
 each, decodes test2016 with beam 4 and the GNMT length penalty 0.6, and prints a
-table: arch, parameters, sacreBLEU (with its signature), training time. About 20
-minutes on 2 idle CPU cores. Re-running reuses the prepared data and every finished
-step (the pipeline of resnmt-experiment).
+table: arch, parameters, sacreBLEU (with its signature), training time. About 17
+minutes on 2 idle CPU cores (the two models train side by side, one core each).
+Re-running reuses the prepared data and every finished step (the pipeline of
+resnmt-experiment).
 
 Options (environment variables in brackets):
   --budget B        full (default) or tiny: 40 updates per model, decoding capped
@@ -154,8 +155,10 @@ layers) 2rSkip+LN is 1-1.5 BLEU behind post-LN after ~800 updates, and the gap s
 with training (-0.3 BLEU at 4800 updates). With 6+6 layers the order reverses: rSkip+LN
 leads post-LN at every budget from 600 updates on, by up to 15 BLEU (one seed so far),
 where post-LN's lower layers get 5-18x smaller gradients; pre-LN and SAS lead by as much,
-so the gain is repairing deep post-LN, not rSkip's own. This demo shows the pipeline
-at a size a CPU trains in minutes, not a paper's win. Curves: docs/figures/curves-bleu.png;
+so the gain is repairing deep post-LN, not rSkip's own. With 1000 warm-up updates
+instead of 300, 6+6 post-LN gets most of the way (31.6 at 2400 updates) and rSkip+LN
+still leads it by 3.4 BLEU (35.0). This demo shows the pipeline at a size a CPU trains
+in minutes, not a paper's win. Curves: docs/figures/curves-bleu.png;
 longer and deeper runs: benchmarks/curves.py."""
 
 
