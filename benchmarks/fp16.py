@@ -14,12 +14,23 @@ so a few early overflows are expected of all), and a finite loss.
 Several runs share the GPU at once (``--workers``); one JSON line per kind goes to
 ``--out``, and the markdown table to stdout.
 
+``--headroom`` explains the verdicts without a GPU: on the CPU, in float32, it takes the
+first training step of each kind as ``fairseq-train`` would (same initialization, batch
+and dropout masks; or a trained ``--checkpoint``) and reports what fp16 would have to
+hold: the largest gradient (fairseq multiplies the loss, hence every gradient, by the
+loss scale, so ``65504 / largest gradient`` is the largest scale at which this step does
+not overflow; fairseq starts at 128), the largest block output and the largest logit
+(the forward pass is not scaled: these must stay below 65,504 themselves).
+
     python benchmarks/fp16.py --updates 300 --workers 7
     python benchmarks/fp16.py --bf16 --rows post_ln,sas
+    python benchmarks/fp16.py --headroom                      # every kind at initialization, CPU
+    python benchmarks/fp16.py --headroom --checkpoint runs/curves/.../checkpoint_last.pt
 """
 import argparse
 import datetime
 import json
+import math
 import re
 import subprocess
 import sys
@@ -81,6 +92,120 @@ def one_run(a, row, work: Path, env) -> dict:
     return rec
 
 
+FP16_MAX = 65504.0  # the largest finite float16
+
+
+def first_step(train_argv, checkpoint=None, data=None) -> dict:
+    """One training step in float32 on the CPU, as ``fairseq-train train_argv`` takes its
+    first one (``fairseq_cli/train.py``: the seed set before the model is built, the first
+    batch of epoch 1, the trainer's seed before the forward pass), or with the weights of
+    ``checkpoint`` (its own settings, ``data`` as the data directory). Returns the loss and
+    gradient norm as fairseq logs them (base 2 per token; gradient norm of the loss divided
+    by the sample size) and the largest values fp16 would have to hold."""
+    import torch
+
+    import resnmt  # noqa: F401  (registers the archs; checkpoints load with weights_only)
+    from fairseq import checkpoint_utils, options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    if checkpoint is None:
+        args = options.parse_args_and_arch(options.get_training_parser(), [str(x) for x in train_argv[1:]])
+        cfg = convert_namespace_to_omegaconf(args)
+        utils.set_torch_seed(cfg.common.seed)
+        task = tasks.setup_task(cfg.task)
+        model = task.build_model(cfg.model)
+        updates = 0
+    else:
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+            [str(checkpoint)], arg_overrides={"data": str(data)} if data else None)
+        model = models[0].float()
+        updates = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))["optimizer_history"][-1]["num_updates"]
+    criterion = task.build_criterion(cfg.criterion)
+    task.load_dataset("train", epoch=1)
+    batches = task.get_batch_iterator(
+        dataset=task.dataset("train"), max_tokens=cfg.dataset.max_tokens,
+        max_sentences=cfg.dataset.batch_size,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions(),
+                                                  cfg.dataset.max_tokens),
+        ignore_invalid_inputs=True, required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
+        seed=cfg.common.seed, epoch=1)
+    sample = next(iter(batches.next_epoch_itr(shuffle=True)))
+
+    outputs = {}
+    def record(name):
+        def hook(module, inputs, output):
+            out = output[0] if isinstance(output, tuple) else output
+            outputs[name] = out.detach().abs().max().item()
+        return hook
+    hooks = [layer.register_forward_hook(record(f"{side}.layers.{i}"))
+             for side in ("encoder", "decoder") for i, layer in enumerate(getattr(model, side).layers)]
+    hooks.append(model.decoder.register_forward_hook(record("logits")))
+    model.train()
+    criterion.train()
+    utils.set_torch_seed(cfg.common.seed)  # the trainer's seed for update 0 (dropout masks)
+    loss, sample_size, _ = criterion(model, sample)
+    loss.backward()
+    for h in hooks:
+        h.remove()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    largest_grad, largest_param = max((g.abs().max().item(), n) for n, g in grads.items())
+    grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])).item()
+    logits = outputs.pop("logits")
+    largest_output, largest_at = max((v, k) for k, v in outputs.items())
+    return {
+        "loss": loss.item() / sample_size / math.log(2), "grad_norm": grad_norm / sample_size,
+        "largest_grad": largest_grad, "largest_grad_param": largest_param,
+        "max_fp16_loss_scale": FP16_MAX / largest_grad,
+        "largest_block_output": largest_output, "largest_block_output_at": largest_at, "largest_logit": logits,
+        "sample_size": int(sample_size), "updates": int(updates),
+    }
+
+
+def headroom_table(records):
+    lines = ["| kind | loss | gradient norm | largest gradient (parameter) | largest loss scale fp16 holds "
+             "| largest block output (block) | largest logit |",
+             "|---|---:|---:|---|---:|---|---:|"]
+    for r in records:
+        name = f"{r['row']} @ {r['updates']} updates" if r.get("updates") else r["row"]
+        lines.append(f"| {name} | {r['loss']:.3f} | {r['grad_norm']:.2f} | {r['largest_grad']:,.0f} "
+                     f"(`{r['largest_grad_param']}`) | {r['max_fp16_loss_scale']:.3g} "
+                     f"| {r['largest_block_output']:.1f} ({r['largest_block_output_at']}) | {r['largest_logit']:.1f} |")
+    return "\n".join(lines)
+
+
+def measure_headroom(a, rows) -> int:
+    import torch
+
+    torch.set_num_threads(a.threads)
+    if a.checkpoint:
+        probes = [(ex.repo_relative(Path(c)), None, Path(c)) for c in a.checkpoint]
+    else:
+        probes = [(row, row, None) for row in rows]
+    run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    settings = {"size": None if a.checkpoint else a.size, "max_tokens": a.max_tokens, "dropout": 0.1,
+                "at": "checkpoint" if a.checkpoint else "initialization", "dtype": "float32", "device": "cpu"}
+    records = []
+    for name, row, checkpoint in probes:
+        if row is None:
+            arch, flags, argv = None, None, None
+        else:
+            arch, flags, _ = ROWS[row]
+            argv = ex.benchmark_train_argv(
+                a.bin_dir, arch, flags, ex.SIZES[a.size], seed=1, max_tokens=a.max_tokens, lr=a.lr,
+                warmup=a.warmup, dropout=0.1, save_every=1, keep=1, validate=False)
+        t0 = time.time()
+        rec = {"row": name, "arch": arch, "flags": flags,
+               **first_step(argv, checkpoint, data=a.bin_dir.resolve() if checkpoint else None)}
+        print(f"[fp16 headroom] {name}: loss {rec['loss']:.3f}, largest gradient {rec['largest_grad']:.1f} "
+              f"({rec['largest_grad_param']}), fp16 holds a loss scale up to {rec['max_fp16_loss_scale']:.3g} "
+              f"({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
+        records.append(rec)
+        ex.append_jsonl(Path(a.out), {"benchmark": "fp16-headroom", "run_id": run_id, "settings": settings,
+                                      **ex.cpu_description(), **rec})
+    print(headroom_table(records))
+    return 0
+
+
 def verdicts(records):
     """Each record's ``passed``: it finished with a finite loss and no more overflows than the baseline."""
     base = next((r for r in records if r["row"] == BASELINE), None)
@@ -117,6 +242,13 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=4, help="runs at a time on the GPU (default: 4)")
     p.add_argument("--workdir", default="runs/fp16", help="logs (default: runs/fp16)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON lines appended here (default: %(default)s)")
+    p.add_argument("--headroom", action="store_true",
+                   help="no training and no GPU: the first training step of each kind in float32 on the CPU "
+                        "(or of each --checkpoint), and the largest values fp16 would have to hold")
+    p.add_argument("--checkpoint", action="append", default=[],
+                   help="with --headroom: a trained checkpoint to measure instead of the kinds at "
+                        "initialization (repeatable)")
+    p.add_argument("--threads", type=int, default=1, help="with --headroom: torch threads (default: 1)")
     a = p.parse_args(argv)
 
     rows = [r.strip() for r in a.rows.split(",") if r.strip()]
@@ -129,6 +261,13 @@ def main(argv=None):
     a.bin_dir = Path(a.data) / "bin"
     if not (a.bin_dir / "dict.en.txt").exists():
         p.error(f"{a.bin_dir}/dict.en.txt is missing; run bash data-prep/prepare-multi30k.sh {a.data}")
+    if a.checkpoint and not a.headroom:
+        p.error("--checkpoint is read by --headroom only")
+    missing = [c for c in a.checkpoint if not Path(c).is_file()]
+    if missing:
+        p.error(f"--checkpoint {', '.join(missing)}: no such file")
+    if a.headroom:
+        return measure_headroom(a, rows)
     import torch
 
     if not torch.cuda.is_available():

@@ -4,7 +4,8 @@
 * speed: the rows of the latest ``speed.py`` run for each (device, size) found in
   ``speed.jsonl`` (ratios are medians over interleaved rounds, [min–max] beside them),
   plus the SAS overhead analysis;
-* fp16: the latest ``fp16.py`` run (each kind trained with ``fairseq-train --fp16``/``--bf16``);
+* fp16: the latest ``fp16.py`` run (each kind trained with ``fairseq-train --fp16``/``--bf16``),
+  and the latest ``fp16.py --headroom`` measurements (what fp16 would have to hold);
 * quality: one row per configuration (and settings) in ``quality.jsonl`` with n (runs),
   mean sacreBLEU, standard deviation and the seeds, and the planned rows still missing.
 
@@ -50,6 +51,7 @@ MARKERS = {
     "speed": ("<!-- speed-table:begin -->", "<!-- speed-table:end -->"),
     "quality": ("<!-- quality-table:begin -->", "<!-- quality-table:end -->"),
     "fp16": ("<!-- fp16-table:begin -->", "<!-- fp16-table:end -->"),
+    "fp16-headroom": ("<!-- fp16-headroom-table:begin -->", "<!-- fp16-headroom-table:end -->"),
 }
 
 
@@ -165,6 +167,26 @@ def fp16_tables(records):
     return "\n".join(parts) if parts else "_no half-precision runs yet (they need a GPU)_"
 
 
+def headroom_tables(records):
+    """The latest ``fp16.py --headroom`` run at initialization, and at trained checkpoints."""
+    from fp16 import headroom_table
+
+    parts = []
+    for at in ("initialization", "checkpoint"):
+        recs = [r for r in records if r["settings"]["at"] == at]
+        if not recs:
+            continue
+        latest = max(r["run_id"] for r in recs)
+        rows = [r for r in recs if r["run_id"] == latest]
+        s = rows[0]["settings"]
+        what = f"{s['size']} size at initialization" if at == "initialization" else "trained checkpoints"
+        parts.append(f"**The first training step in float32 on the CPU** (`fp16.py --headroom`), run {latest}: "
+                     f"{what}, the first batch of ≤{s['max_tokens']} tokens, dropout {s['dropout']}; loss and "
+                     f"gradient norm as fairseq logs them\n")
+        parts.append(headroom_table(rows) + "\n")
+    return "\n".join(parts) if parts else "_no headroom measurements yet_"
+
+
 def replace_between(text, begin, end, body, required=True):
     if begin not in text or end not in text:
         if not required:
@@ -189,13 +211,16 @@ def main(argv=None):
     speed = speed_tables([r for r in records if r.get("benchmark") == "speed"])
     quality = quality_table([r for r in records if r.get("benchmark") == "quality"], a.quality_settings)
     fp16 = fp16_tables([r for r in records if r.get("benchmark") == "fp16"])
+    headroom = headroom_tables([r for r in records if r.get("benchmark") == "fp16-headroom"])
     for path in a.write:
         text = Path(path).read_text(encoding="utf-8")
         text = replace_between(text, *MARKERS["speed"], speed)
         text = replace_between(text, *MARKERS["quality"], quality)
         text = replace_between(text, *MARKERS["fp16"], fp16, required=False)  # docs/benchmarks.md only
+        text = replace_between(text, *MARKERS["fp16-headroom"], headroom, required=False)
         Path(path).write_text(text, encoding="utf-8")
-    print("## Speed and memory\n\n" + speed + "\n\n## Quality\n\n" + quality + "\n\n## Half precision\n\n" + fp16)
+    print("## Speed and memory\n\n" + speed + "\n\n## Quality\n\n" + quality + "\n\n## Half precision\n\n" + fp16
+          + "\n\n" + headroom)
     return 0
 
 

@@ -6,6 +6,7 @@ that the scripts run end to end and write what make_tables.py reads.
 import argparse
 import json
 import math
+import re
 import sys
 
 import pytest
@@ -127,6 +128,43 @@ def test_fp16_check_reads_fairseq_logs_and_compares_with_post_ln():
     verdict = {r["row"]: r["passed"] for r in fp16.verdicts([base, worse, diverged, stopped])}
     assert verdict == {"post_ln": True, "sas": False, "admin": False, "rezero": False}
     assert "| sas | 3 (2) | 32.0 | 9.5 @ 100 | 0 | FAIL |" in fp16.markdown_table([base, worse])
+
+
+def test_fp16_headroom_takes_fairseq_trains_first_step(tiny_bin, tmp_path):
+    """--headroom's step is fairseq-train's first update: same loss and gradient norm (as
+    logged, base 2 per token), so its largest gradient is the one fp16 would have to hold."""
+    sys.path.insert(0, str(BENCH))
+    import fp16
+
+    from resnmt import experiment as ex
+
+    argv = ex.benchmark_train_argv(tiny_bin, "transformer_rezero_base", [], ex.SIZES["tiny"], seed=3,
+                                   max_tokens=300, lr=1e-3, warmup=300, dropout=0.1, save_every=1, keep=1,
+                                   validate=False)
+    log = run_cli([*argv, "--max-update", "1", "--log-interval", "1", "--save-dir", tmp_path / "run"],
+                  timeout=300).stdout
+    first = next(line for line in log.splitlines() if "| train_inner |" in line)
+    logged = {key: re.search(rf"[ |]{key}=([^,\s]+)", first).group(1) for key in ("loss", "gnorm")}
+    step = fp16.first_step(argv)
+    assert f"{step['loss']:.3f}" == logged["loss"] and f"{step['grad_norm']:.3f}" == logged["gnorm"]
+    assert step["updates"] == 0 and step["max_fp16_loss_scale"] == pytest.approx(65504 / step["largest_grad"])
+    # fairseq's first update runs at the warm-up's initial learning rate, 0: the checkpoint
+    # after it holds the initial weights, and measuring it gives the same step again
+    trained = fp16.first_step(None, tmp_path / "run" / "checkpoint_last.pt", data=tiny_bin)
+    assert trained["updates"] == 1
+    assert {k: trained[k] for k in ("loss", "grad_norm", "largest_grad")} == {
+        k: step[k] for k in ("loss", "grad_norm", "largest_grad")}
+
+    out = tmp_path / "fp16.jsonl"
+    proc = run_cli([sys.executable, BENCH / "fp16.py", "--headroom", "--data", tiny_bin.parent, "--size", "tiny",
+                    "--max-tokens", "300", "--rows", "rezero", "--out", out], timeout=300)
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["row"] for r in records] == ["post_ln", "rezero"]  # post-LN, the baseline, always comes along
+    assert all(r["benchmark"] == "fp16-headroom" and r["settings"]["at"] == "initialization" for r in records)
+    assert "| rezero | " in proc.stdout
+    missing = run_cli([sys.executable, BENCH / "fp16.py", "--headroom", "--data", tiny_bin.parent,
+                       "--checkpoint", tmp_path / "nope.pt"], check=False)
+    assert missing.returncode == 2 and "nope.pt: no such file" in missing.stderr
 
 
 def test_quality_tiny_and_resume(tiny_bin, tmp_path):
