@@ -167,8 +167,9 @@ def headroom_table(records):
              "|---|---:|---:|---|---:|---|---:|"]
     for r in records:
         name = f"{r['row']} @ {r['updates']} updates" if r.get("updates") else r["row"]
+        scale = r["max_fp16_loss_scale"]
         lines.append(f"| {name} | {r['loss']:.3f} | {r['grad_norm']:.2f} | {r['largest_grad']:,.0f} "
-                     f"(`{r['largest_grad_param']}`) | {r['max_fp16_loss_scale']:.3g} "
+                     f"(`{r['largest_grad_param']}`) | {f'{scale:,.0f}' if scale >= 100 else f'{scale:.3g}'} "
                      f"| {r['largest_block_output']:.1f} ({r['largest_block_output_at']}) | {r['largest_logit']:.1f} |")
     return "\n".join(lines)
 

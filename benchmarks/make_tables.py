@@ -179,10 +179,11 @@ def headroom_tables(records):
         latest = max(r["run_id"] for r in recs)
         rows = [r for r in recs if r["run_id"] == latest]
         s = rows[0]["settings"]
-        what = f"{s['size']} size at initialization" if at == "initialization" else "trained checkpoints"
-        parts.append(f"**The first training step in float32 on the CPU** (`fp16.py --headroom`), run {latest}: "
-                     f"{what}, the first batch of ≤{s['max_tokens']} tokens, dropout {s['dropout']}; loss and "
-                     f"gradient norm as fairseq logs them\n")
+        what = (f"**fairseq-train's first step** ({s['size']} size at initialization)" if at == "initialization"
+                else "**One training step of trained checkpoints** (their own sizes)")
+        parts.append(f"{what} in float32 on the CPU (`fp16.py --headroom`), run {latest}: the first batch of "
+                     f"≤{s['max_tokens']} tokens, dropout {s['dropout']}; loss and gradient norm as fairseq logs "
+                     f"them\n")
         parts.append(headroom_table(rows) + "\n")
     return "\n".join(parts) if parts else "_no headroom measurements yet_"
 
