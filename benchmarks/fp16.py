@@ -183,8 +183,10 @@ def measure_headroom(a, rows) -> int:
     else:
         probes = [(row, row, None) for row in rows]
     run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    settings = {"size": None if a.checkpoint else a.size, "max_tokens": a.max_tokens, "dropout": 0.1,
-                "at": "checkpoint" if a.checkpoint else "initialization", "dtype": "float32", "device": "cpu"}
+    # a checkpoint keeps its own size, batch size and dropout
+    settings = ({"at": "checkpoint"} if a.checkpoint else
+                {"at": "initialization", "size": a.size, "max_tokens": a.max_tokens, "dropout": 0.1})
+    settings.update(dtype="float32", device="cpu")
     records = []
     for name, row, checkpoint in probes:
         if row is None:

@@ -179,11 +179,11 @@ def headroom_tables(records):
         latest = max(r["run_id"] for r in recs)
         rows = [r for r in recs if r["run_id"] == latest]
         s = rows[0]["settings"]
-        what = (f"**fairseq-train's first step** ({s['size']} size at initialization)" if at == "initialization"
-                else "**One training step of trained checkpoints** (their own sizes)")
+        what = (f"**fairseq-train's first step** ({s['size']} size at initialization, batches of "
+                f"≤{s['max_tokens']} tokens, dropout {s['dropout']})" if at == "initialization"
+                else "**One training step of trained checkpoints** (each with its own size, batch size and dropout)")
         parts.append(f"{what} in float32 on the CPU (`fp16.py --headroom`), run {latest}: the first batch of "
-                     f"≤{s['max_tokens']} tokens, dropout {s['dropout']}; loss and gradient norm as fairseq logs "
-                     f"them\n")
+                     f"epoch 1; loss and gradient norm as fairseq logs them\n")
         parts.append(headroom_table(rows) + "\n")
     return "\n".join(parts) if parts else "_no headroom measurements yet_"
 
