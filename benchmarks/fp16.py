@@ -186,7 +186,7 @@ def measure_headroom(a, rows) -> int:
     # a checkpoint keeps its own size, batch size and dropout
     settings = ({"at": "checkpoint"} if a.checkpoint else
                 {"at": "initialization", "size": a.size, "max_tokens": a.max_tokens, "dropout": 0.1})
-    settings.update(dtype="float32", device="cpu")
+    settings["dtype"] = "float32"  # the device is in the record (cpu_description)
     records = []
     for name, row, checkpoint in probes:
         if row is None:
