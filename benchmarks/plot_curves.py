@@ -3,8 +3,9 @@
 
     python benchmarks/plot_curves.py                   # docs/figures/curves-*.png, table on stdout
 
-Figures (one panel per depth): sacreBLEU against updates per row (mean line, seeds as
-points), validation loss against updates (the run's newest line holds every validation
+Figures (one panel per depth): sacreBLEU against updates per row (the mean over seeds
+where every seed has a point, and each seed's own line) and its difference from post-LN's
+in the same setting, paired by seed, validation loss against updates (the run's newest line holds every validation
 so far), and the diagnostics over training from resnmt-analyze at each milestone
 (rSkip effective skip:residual ratio per layer, block-output gradient norm per layer for
 post_ln and rskip_ln; for every row, how much of the gradient reaches the encoder).
@@ -85,21 +86,55 @@ def save(fig, title: str, out: Path) -> None:
     plt.close(fig)
 
 
+def mean_over_all_seeds(values: dict) -> tuple[list, list]:
+    """``values``: {seed: {updates: value}}. (budgets, mean value) at the budgets that every
+    seed has reached: a mean over fewer seeds further on would jump with the composition
+    of the seeds, not with training (the seeds that go further are drawn as thin lines of
+    their own)."""
+    common = sorted(set.intersection(*(set(per_update) for per_update in values.values())))
+    return common, [statistics.mean(per_update[u] for per_update in values.values()) for u in common]
+
+
+def bleu_of(seeds: dict) -> dict:
+    """{seed: {updates: sacreBLEU}} of one row's records."""
+    return {seed: {u: r["bleu"] for u, r in recs.items()} for seed, recs in seeds.items()}
+
+
+def _mean_and_seed_lines(ax, values: dict, style: dict, label: str) -> None:
+    """The mean over seeds (thick, labelled) and, with several seeds, each seed's own line (thin)."""
+    xs, means = mean_over_all_seeds(values)
+    ax.plot(xs, means, marker="o", **style, label=label if len(values) == 1 else f"{label} ({len(values)} seeds)")
+    if len(values) > 1:
+        for per_update in values.values():
+            us = sorted(per_update)
+            ax.plot(us, [per_update[u] for u in us], marker=".", markersize=4, linewidth=0.8, alpha=0.45,
+                    color=style["color"], linestyle=style["linestyle"])
+
+
 def plot_bleu(runs, out: Path) -> None:
     fig, cells = panels(runs)
     styles = row_styles(runs)
     for (device, size), ax in cells:
         for row, seeds in sorted(runs[(device, size)].items()):
-            by_update = defaultdict(list)
-            for recs in seeds.values():
-                for u, r in recs.items():
-                    by_update[u].append(r["bleu"])
-            xs = sorted(by_update)
-            ax.plot(xs, [statistics.mean(by_update[u]) for u in xs], marker="o", **styles[row], label=row)
-            for u in xs:
-                ax.scatter([u] * len(by_update[u]), by_update[u], s=10, color=styles[row]["color"], alpha=0.5)
+            _mean_and_seed_lines(ax, bleu_of(seeds), styles[row], row)
         label_panel(ax, device, size, "sacreBLEU, test2016 (avg of 5 ckpts, beam 4)")
-    save(fig, "Multi30k EN-DE: BLEU against training budget (mean line; points = seeds)", out)
+    save(fig, "Multi30k EN-DE: BLEU against training budget (thick: mean over seeds; thin: each seed)", out)
+
+
+def plot_bleu_difference(runs, out: Path, baseline: str = "post_ln") -> None:
+    """Each row's sacreBLEU minus its reference row's (:func:`reference_of`), paired by seed:
+    the gaps the verdicts are about, which the BLEU figure's scale hides at 2+2 layers."""
+    fig, cells = panels(runs)
+    styles = row_styles(runs)
+    for (device, size), ax in cells:
+        rows = runs[(device, size)]
+        for row in sorted(rows):
+            diffs = paired_differences(rows, row, baseline)
+            if row != baseline and diffs:
+                _mean_and_seed_lines(ax, diffs, styles[row], f"{row} − {reference_of(row, baseline)}")
+        ax.axhline(0.0, color="gray", linewidth=0.8)
+        label_panel(ax, device, size, "sacreBLEU difference, paired by seed")
+    save(fig, f"BLEU minus {baseline}'s in the same setting (thick: mean over seeds; thin: each seed)", out)
 
 
 def plot_valid(runs, out: Path) -> None:
@@ -245,6 +280,15 @@ def reference_of(row: str, baseline: str = "post_ln") -> str:
     return same_setting if changed and same_setting not in (None, row) else baseline
 
 
+def paired_differences(rows: dict, row: str, baseline: str = "post_ln") -> dict:
+    """{seed: {updates: row's sacreBLEU minus its reference's}} for the seeds and budgets
+    that both have (empty when the reference row is missing)."""
+    base = rows.get(reference_of(row, baseline), {})
+    diffs = {seed: {u: r["bleu"] - base[seed][u]["bleu"] for u, r in recs.items() if u in base.get(seed, {})}
+             for seed, recs in rows.get(row, {}).items()}
+    return {seed: per_update for seed, per_update in diffs.items() if per_update}
+
+
 def difference_table(runs, baseline: str = "post_ln") -> str:
     """Each row's sacreBLEU minus its reference's (:func:`reference_of`), per milestone,
     paired by seed (only seeds that both have at that milestone): mean ± std over seeds (n)."""
@@ -261,11 +305,9 @@ def difference_table(runs, baseline: str = "post_ln") -> str:
                   "| row | minus | " + " | ".join(str(u) for u in milestones) + " |",
                   "|---|---|" + "---:|" * len(milestones)]
         for row in others:
-            base, cells = rows[reference_of(row, baseline)], []
-            for u in milestones:
-                diffs = [recs[u]["bleu"] - base[seed][u]["bleu"] for seed, recs in rows[row].items()
-                         if u in recs and u in base.get(seed, {})]
-                cells.append(_mean_std(diffs) if diffs else "")
+            diffs = paired_differences(rows, row, baseline)
+            cells = [_mean_std([d[u] for d in diffs.values() if u in d]) if any(u in d for d in diffs.values()) else ""
+                     for u in milestones]
             lines.append(f"| {row} | {reference_of(row, baseline)} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -290,6 +332,7 @@ def main(argv=None):
     figures.mkdir(parents=True, exist_ok=True)
     curves = with_curves(runs)
     plot_bleu(curves, figures / "curves-bleu.png")
+    plot_bleu_difference(curves, figures / "curves-bleu-difference.png")
     plot_valid(curves, figures / "curves-valid-loss.png")
     plot_diagnostics(curves, figures / "curves-diagnostics.png")
     plot_gradient_share(curves, figures / "curves-gradient-share.png")

@@ -240,8 +240,9 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
     figures = tmp_path / "figures"
     table = run_cli([sys.executable, BENCH / "plot_curves.py", "--results", out, "--figures", figures]).stdout
     assert "| post_ln |" in table
-    assert sorted(p.name for p in figures.iterdir()) == ["curves-bleu.png", "curves-diagnostics.png",
-                                                          "curves-gradient-share.png", "curves-valid-loss.png"]
+    assert sorted(p.name for p in figures.iterdir()) == ["curves-bleu-difference.png", "curves-bleu.png",
+                                                          "curves-diagnostics.png", "curves-gradient-share.png",
+                                                          "curves-valid-loss.png"]
 
 
 def test_curves_keeps_gpu_runs_apart_from_cpu_runs(tmp_path, monkeypatch, capsys):
@@ -295,6 +296,24 @@ def test_a_control_is_compared_with_post_ln_in_the_same_setting(monkeypatch):
     table = difference_table(runs)
     assert "| rskip_ln (λ=2, warm-up 1000) | post_ln (warm-up 1000) | +4.00 (1) |" in table
     assert "| post_ln (warm-up 1000) | post_ln | -2.00 (1) |" in table
+
+
+def test_the_mean_line_stops_where_a_seed_stops(monkeypatch):
+    """Seed 1 went on to 4800 updates, seed 2 stopped at 2400: a mean past 2400 would be
+    seed 1 alone, a jump in the line that no training made."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    from plot_curves import bleu_of, mean_over_all_seeds, paired_differences
+
+    record = lambda bleu: {"bleu": bleu}
+    seeds = {1: {600: record(15.0), 2400: record(30.0), 4800: record(33.0)},
+             2: {600: record(14.0), 2400: record(29.0)}}
+    assert mean_over_all_seeds(bleu_of(seeds)) == ([600, 2400], [14.5, 29.5])
+    assert mean_over_all_seeds(bleu_of({1: seeds[1]})) == ([600, 2400, 4800], [15.0, 30.0, 33.0])
+    # the differences pair seed with seed, at the budgets both reached; seed 3 has no post_ln
+    rows = {"post_ln": seeds, "sas": {1: {600: record(16.0), 4800: record(32.0)}, 2: {600: record(13.0)},
+                                      3: {600: record(20.0)}}}
+    assert paired_differences(rows, "sas") == {1: {600: 1.0, 4800: -1.0}, 2: {600: -1.0}}
+    assert paired_differences(rows, "pre_ln") == {}
 
 
 def test_encoder_gradient_share_by_hand(monkeypatch):
