@@ -147,18 +147,23 @@ def quality_table(records, settings_key=None):
     return out
 
 
+def latest_run(records, setting: str, value) -> list:
+    """The records of the newest run (``run_id``) among those whose ``settings[setting]`` is ``value``."""
+    recs = [r for r in records if r["settings"].get(setting) == value]
+    latest = max((r["run_id"] for r in recs), default=None)
+    return [r for r in recs if r["run_id"] == latest]
+
+
 def fp16_tables(records):
     """The latest ``fp16.py`` run per precision: does each kind train in half precision?"""
     from fp16 import markdown_table as fp16_markdown
 
     parts = []
     for precision in ("fp16", "bf16"):
-        recs = [r for r in records if r["settings"]["precision"] == precision]
-        if not recs:
+        rows = latest_run(records, "precision", precision)
+        if not rows:
             continue
-        latest = max(r["run_id"] for r in recs)
-        rows = [r for r in recs if r["run_id"] == latest]
-        s = rows[0]["settings"]
+        s, latest = rows[0]["settings"], rows[0]["run_id"]
         parts.append(f"**fairseq-train --{precision}**, run {latest} on {rows[0]['device_name']}: "
                      f"{s['size']} size, {s['updates']} updates of ≤{s['max_tokens']} tokens, lr {s['lr']} "
                      f"({s['warmup_updates']} warm-up), dropout {s['dropout']}; a kind passes when it ends with a "
@@ -173,12 +178,10 @@ def headroom_tables(records):
 
     parts = []
     for at in ("initialization", "checkpoint"):
-        recs = [r for r in records if r["settings"]["at"] == at]
-        if not recs:
+        rows = latest_run(records, "at", at)
+        if not rows:
             continue
-        latest = max(r["run_id"] for r in recs)
-        rows = [r for r in recs if r["run_id"] == latest]
-        s = rows[0]["settings"]
+        s, latest = rows[0]["settings"], rows[0]["run_id"]
         what = (f"**fairseq-train's first step** ({s['size']} size at initialization, batches of "
                 f"≤{s['max_tokens']} tokens, dropout {s['dropout']})" if at == "initialization"
                 else "**One training step of trained checkpoints** (each with its own size, batch size and dropout)")
