@@ -11,6 +11,9 @@ passes when it finishes with no more overflows than post-LN's baseline of the sa
 (every run starts at fairseq's initial scale of 128 and raises it every 2**14 updates,
 so a few early overflows are expected of all), and a finite loss.
 
+fairseq 0.12's ``--bf16`` is TPU training (it sets ``--tpu``, which needs torch_xla):
+on a GPU every kind stops at start-up, so ``--bf16`` stops with that message here first.
+
 Several runs share the GPU at once (``--workers``); one JSON line per kind goes to
 ``--out``, and the markdown table to stdout.
 
@@ -23,7 +26,7 @@ not overflow; fairseq starts at 128), the largest block output and the largest l
 (the forward pass is not scaled: these must stay below 65,504 themselves).
 
     python benchmarks/fp16.py --updates 300 --workers 7
-    python benchmarks/fp16.py --bf16 --rows post_ln,sas
+    python benchmarks/fp16.py --bf16 --rows post_ln,sas       # where torch_xla is installed (TPUs)
     python benchmarks/fp16.py --headroom                      # every kind at initialization, CPU
     python benchmarks/fp16.py --headroom --checkpoint runs/curves/.../checkpoint_last.pt
 """
@@ -241,7 +244,7 @@ def main(argv=None):
                    help="peak learning rate (default: 1e-3, the study's: benchmarks/curves.py)")
     p.add_argument("--warmup", type=int, default=300, help="warm-up updates (default: 300, the study's)")
     p.add_argument("--log-interval", type=int, default=50, help="default: 50")
-    p.add_argument("--bf16", action="store_true", help="--bf16 instead of --fp16")
+    p.add_argument("--bf16", action="store_true", help="--bf16 instead of --fp16 (fairseq 0.12: TPUs only; needs torch_xla)")
     p.add_argument("--workers", type=int, default=4, help="runs at a time on the GPU (default: 4)")
     p.add_argument("--workdir", default="runs/fp16", help="logs (default: runs/fp16)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON lines appended here (default: %(default)s)")
@@ -271,6 +274,9 @@ def main(argv=None):
         p.error(f"--checkpoint {', '.join(missing)}: no such file")
     if a.headroom:
         return measure_headroom(a, rows)
+    bf16_problem = ex.fairseq_bf16_problem(["--bf16"] if a.bf16 else [])
+    if bf16_problem:
+        p.error(bf16_problem)
     import torch
 
     if not torch.cuda.is_available():

@@ -347,6 +347,9 @@ class TrainRequest:
         check_choice("--launcher", self.launcher, self.LAUNCHERS)
         convert_fields(self, integers=self.MINIMA, paths=("data", "save_dir"))
         self.extra = list(self.extra)
+        bf16_problem = fairseq_bf16_problem(self.extra)
+        if bf16_problem:
+            raise UsageError(bf16_problem)
         if self.node_rank >= self.nodes:
             raise UsageError(f"--node-rank {self.node_rank} must be < --nodes {self.nodes}")
         if self.nodes > 1 and self.launcher == "none":
@@ -362,6 +365,23 @@ class TrainPlan:
     cmd: List[str]
     data: Path
     save_dir: Path
+
+
+FAIRSEQ_BF16_FLAGS = ("--bf16", "--memory-efficient-bf16")
+
+
+def fairseq_bf16_problem(flags: Sequence[str]) -> Optional[str]:
+    """Why fairseq-train would stop on ``flags`` asking for bf16, or None. fairseq 0.12's
+    ``--bf16`` (and ``--memory-efficient-bf16``) sets ``--tpu`` (fairseq/options.py), which
+    needs torch_xla: without it every run stops at start-up in ``get_tpu_device`` (measured
+    on an H100: every kind, exit 1, no update)."""
+    import importlib.util
+
+    asked = [f for f in flags if f in FAIRSEQ_BF16_FLAGS]
+    if not asked or importlib.util.find_spec("torch_xla") is not None:
+        return None
+    return (f"{asked[0]}: fairseq 0.12 trains in bf16 on TPUs only ({asked[0]} implies --tpu, which needs "
+            "torch_xla, not installed here); on a GPU train in float32 or with --fp16")
 
 
 def default_save_dir(dataset: str, arch: str, tag: Optional[str]) -> Path:

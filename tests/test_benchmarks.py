@@ -59,6 +59,19 @@ def test_speed_half_precision_is_gpu_only(tiny_bin, tmp_path):
     assert not (tmp_path / "s.jsonl").exists()
 
 
+def test_fp16_bf16_stops_before_any_run_where_fairseq_cannot_train_it(tiny_bin, tmp_path):
+    """fairseq 0.12's --bf16 implies --tpu: without torch_xla no run could start."""
+    pytest.importorskip("fairseq")
+    import importlib.util
+
+    if importlib.util.find_spec("torch_xla") is not None:
+        pytest.skip("torch_xla is installed: fairseq's --bf16 can run here")
+    proc = run_cli([sys.executable, BENCH / "fp16.py", "--bf16", "--data", tiny_bin.parent, "--workdir", tmp_path / "w",
+                    "--out", tmp_path / "fp16.jsonl"], check=False)
+    assert proc.returncode == 2 and "--bf16: fairseq 0.12 trains in bf16 on TPUs only" in proc.stderr
+    assert not (tmp_path / "w").exists() and not (tmp_path / "fp16.jsonl").exists()
+
+
 def test_speed_half_precision_optimizer_keeps_float32_masters():
     """fairseq's --fp16 scheme: Adam steps float32 copies; the half weights are their casts."""
     import torch

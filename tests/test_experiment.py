@@ -90,6 +90,19 @@ def test_bad_values_name_the_flag(make, message):
         make()
 
 
+@pytest.mark.parametrize("flag", ["--bf16", "--memory-efficient-bf16"])
+def test_bf16_is_refused_on_construction_without_torch_xla(flag, monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch_xla" else real_find_spec(name, *a))
+    with pytest.raises(ex.UsageError, match=rf"^{flag}: fairseq 0.12 trains in bf16 on TPUs only \({flag} implies --tpu"):
+        ex.TrainRequest("multi30k", "transformer", extra=["--max-update", "10", flag])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "torch_xla" else real_find_spec(name, *a))
+    assert ex.TrainRequest("multi30k", "transformer", extra=[flag]).extra == [flag]
+    assert ex.TrainRequest("multi30k", "transformer", extra=["--fp16"]).extra == ["--fp16"]
+
+
 def test_unknown_dataset_names_the_allowed_ones():
     with pytest.raises(ex.UsageError, match=r"^DATASET 'wmt16' is not one of: iwslt15-en-vi wmt14-en-de"):
         ex.dataset_of("wmt16")
