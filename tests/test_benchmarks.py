@@ -61,7 +61,6 @@ def test_speed_half_precision_is_gpu_only(tiny_bin, tmp_path):
 
 def test_fp16_bf16_stops_before_any_run_where_fairseq_cannot_train_it(tiny_bin, tmp_path):
     """fairseq 0.12's --bf16 implies --tpu: without torch_xla no run could start."""
-    pytest.importorskip("fairseq")
     import importlib.util
 
     if importlib.util.find_spec("torch_xla") is not None:
