@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/ (speed.py, quality.py, make_tables.py) with tiny settings.
+"""Smoke test of benchmarks/ (speed.py, quality.py, curves.py, malloc.py, make_tables.py) with tiny settings.
 
 The real benchmark numbers come from `make bench` (docs/benchmarks.md); this only checks
 that the scripts run end to end and write what make_tables.py reads.
@@ -177,6 +177,20 @@ def test_fp16_headroom_takes_fairseq_trains_first_step(tiny_bin, tmp_path):
     missing = run_cli([sys.executable, BENCH / "fp16.py", "--headroom", "--data", tiny_bin.parent,
                        "--checkpoint", tmp_path / "nope.pt"], check=False)
     assert missing.returncode == 2 and "nope.pt: no such file" in missing.stderr
+
+
+def test_malloc_tiny_same_loss_in_both_environments(tiny_bin, tmp_path):
+    out = tmp_path / "malloc.jsonl"
+    proc = run_cli([sys.executable, BENCH / "malloc.py", "--data", tiny_bin, "--size", "tiny", "--updates", "2",
+                    "--max-tokens", "300", "--rounds", "1", "--out", out], timeout=300)
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["condition"] for r in records] == ["glibc default", "keep freed memory"]
+    assert len({r["final_train_loss"] for r in records}) == 1 and records[0]["final_train_loss"] > 0
+    for r in records:
+        assert finite_positive(r["wall_seconds"]) and finite_positive(r["peak_rss_mib"]), r
+    assert "| keep freed memory |" in proc.stdout and "the same in every process" in proc.stdout
+    bad = run_cli([sys.executable, BENCH / "malloc.py", "--data", tiny_bin, "--rounds", "0"], check=False)
+    assert bad.returncode == 2 and "--rounds 0: must be a positive integer" in bad.stderr
 
 
 def test_quality_tiny_and_resume(tiny_bin, tmp_path):

@@ -1,7 +1,11 @@
 """resnmt.experiment's pieces that the end-to-end runs rely on: the names of decoding
 settings (POSIX cksum, as the shell pipeline named them), the one reader of fairseq's
-log, the checkpoint selection, and the presets' batch arithmetic in-process."""
+log, the checkpoint selection, the presets' batch arithmetic in-process, and the
+subprocesses' environment."""
+import os
+import platform
 import subprocess
+import sys
 
 import pytest
 
@@ -117,3 +121,44 @@ def test_a_benchmark_rows_flags_override_the_shared_settings(tmp_path):
                                    save_every=40, keep=5, validate=True)
     args = options.parse_args_and_arch(options.get_training_parser(), argv[1:])
     assert (args.warmup_updates, args.dropout, args.encoder_layers, args.lr) == (1000, 0.1, 2, [1e-3])
+
+
+def test_subprocesses_keep_freed_memory_unless_the_user_says_otherwise(monkeypatch):
+    for name in ex.KEEP_FREED_MEMORY_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert {k: ex.tool_env()[k] for k in ex.KEEP_FREED_MEMORY_ENV} == ex.KEEP_FREED_MEMORY_ENV
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert ex.tool_env(threads=1)["MALLOC_TRIM_THRESHOLD_"] == "131072"
+
+
+# A child that fills 64 MiB, frees it, and prints how much of it is still resident.
+_RESIDENT_AFTER_FREE = """
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+before = rss()
+block = b"\\x01" * (64 << 20)
+del block
+print((rss() - before) / (64 << 20))
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or not os.path.exists("/proc/self/status"),
+                    reason="the variables are glibc's; the check reads /proc")
+def test_with_the_pipelines_environment_freed_memory_stays_in_the_process(monkeypatch):
+    """What KEEP_FREED_MEMORY_ENV does, observed: glibc's default gives a freed 64 MiB
+    buffer back to the kernel (to be faulted in again at the next training step); with
+    the pipeline's environment it stays resident for reuse."""
+    for name in ex.KEEP_FREED_MEMORY_ENV:
+        monkeypatch.delenv(name, raising=False)
+    keep = ex.tool_env()
+    default = {k: v for k, v in keep.items() if k not in ex.KEEP_FREED_MEMORY_ENV}
+
+    def resident_after_free(env):
+        out = subprocess.run([sys.executable, "-c", _RESIDENT_AFTER_FREE], env=env, capture_output=True,
+                             text=True, check=True).stdout
+        return float(out)
+
+    assert resident_after_free(default) < 0.1
+    assert resident_after_free(keep) > 0.9

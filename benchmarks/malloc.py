@@ -1,0 +1,139 @@
+#!/usr/bin/env python
+"""CPU training with glibc's malloc as it comes, and told to keep freed memory.
+
+glibc returns each freed buffer above its mmap threshold (which adapts up to 32 MiB) to
+the kernel, and the next training step faults it back in page by page. resnmt's
+pipeline (``resnmt.experiment.tool_env``: scripts/train.sh, the demo, the benchmarks)
+sets ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` for its subprocesses so
+that freed memory stays in the process (``KEEP_FREED_MEMORY_ENV``). This measures what
+that changes: the same ``fairseq-train`` run (fairseq's own ``transformer`` by default,
+the CPU benchmarks' settings, no checkpoints, no validation) with and without the two
+variables, alternating which goes first, ``--rounds`` times; per process wall time,
+user and kernel CPU time, peak resident memory, training updates/s (fairseq's own
+``done training in`` seconds, start-up excluded), and the final training loss, which must
+be the same in both (the allocator does not change the arithmetic).
+
+    python benchmarks/malloc.py                                  # 2+2 d=128, 100 updates, 3 rounds
+    python benchmarks/malloc.py --arch transformer_sas_base --threads 2
+
+One JSON line per round and condition is appended to ``--out``, and a Markdown table of
+the medians is printed.
+"""
+import argparse
+import datetime
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from resnmt import experiment as ex
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = REPO_ROOT / "data" / "multi30k" / "bin"
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "malloc.jsonl"
+CONDITIONS = ("glibc default", "keep freed memory")
+_FINAL_LOSS_RE = re.compile(r"\| train \| epoch \d+ \| loss ([\d.]+)")
+
+
+def environment(condition: str, threads: int) -> dict:
+    env = ex.tool_env(threads=threads, cpu_only=True)
+    if condition == "glibc default":
+        for name in ex.KEEP_FREED_MEMORY_ENV:
+            env.pop(name, None)
+    else:
+        env.update(ex.KEEP_FREED_MEMORY_ENV)
+    return env
+
+
+def measure(train_argv, updates: int, condition: str, threads: int) -> dict:
+    """One fresh ``fairseq-train`` process; its times, memory, speed and final loss."""
+    with tempfile.TemporaryDirectory(prefix="resnmt-malloc-") as tmp:
+        log_path = Path(tmp) / "log.txt"
+        cmd = [str(c) for c in [*train_argv, "--save-dir", tmp, "--max-update", updates, "--no-save"]]
+        with open(log_path, "w", encoding="utf-8") as log:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=environment(condition, threads))
+            _, status, usage = os.wait4(proc.pid, 0)
+            wall = time.perf_counter() - t0
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"fairseq-train failed ({condition}):\n{text[-3000:]}")
+    fairseq_log = ex.FairseqLog.parse(text)
+    losses = _FINAL_LOSS_RE.findall(text)
+    return {"condition": condition, "wall_seconds": round(wall, 2), "user_seconds": round(usage.ru_utime, 2),
+            "kernel_seconds": round(usage.ru_stime, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+            "train_seconds": fairseq_log.train_seconds,
+            "updates_per_s": round(updates / fairseq_log.train_seconds, 3) if fairseq_log.train_seconds else None,
+            "final_train_loss": float(losses[-1]) if losses else None}
+
+
+def table(records) -> str:
+    """Medians per condition, and the ratio of the second to the first."""
+    columns = [("wall s", "wall_seconds"), ("user CPU s", "user_seconds"), ("kernel CPU s", "kernel_seconds"),
+               ("training updates/s", "updates_per_s"), ("peak RSS MiB", "peak_rss_mib")]
+    median = {c: {key: statistics.median(r[key] for r in records if r["condition"] == c) for _, key in columns}
+              for c in CONDITIONS}
+    lines = ["| malloc | " + " | ".join(name for name, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for c in CONDITIONS:
+        lines.append(f"| {c} | " + " | ".join(f"{median[c][key]:g}" for _, key in columns) + " |")
+    ratio = [median[CONDITIONS[1]][key] / median[CONDITIONS[0]][key] if median[CONDITIONS[0]][key] else float("nan")
+             for _, key in columns]
+    lines.append("| ratio | " + " | ".join(f"{x:.2f}" for x in ratio) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=str(DEFAULT_DATA), help="binarized Multi30k (default: data/multi30k/bin)")
+    p.add_argument("--arch", default="transformer",
+                   help="the arch trained (default: fairseq's own transformer, at --size)")
+    p.add_argument("--size", default="small", choices=sorted(ex.SIZES),
+                   help="small = 2+2 layers d=128 FFN 512 4 heads (default); tiny = tests")
+    p.add_argument("--updates", type=int, default=100, help="updates per process (default: 100)")
+    p.add_argument("--max-tokens", type=int, default=4096, help="default: 4096")
+    p.add_argument("--rounds", type=int, default=3, help="processes per condition (default: 3)")
+    p.add_argument("--threads", type=int, default=1, help="OMP/MKL threads per process (default: 1)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON lines appended here (default: %(default)s)")
+    a = p.parse_args(argv)
+    for name in ("updates", "rounds", "threads", "max_tokens"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} {getattr(a, name)}: must be a positive integer")
+    data = Path(a.data)
+    if not (data / "dict.en.txt").exists():
+        p.error(f"{data}/dict.en.txt is missing; run bash data-prep/prepare-multi30k.sh data/multi30k "
+                "(with --mirror DIR on a machine without network)")
+    if not shutil.which("fairseq-train", path=ex.tool_env()["PATH"]):
+        p.error("fairseq-train is not on PATH (make venv installs it)")
+
+    train_argv = ex.benchmark_train_argv(data.resolve(), a.arch, [], ex.SIZES[a.size], seed=1,
+                                         max_tokens=a.max_tokens, lr=1e-3, warmup=300, dropout=0.3,
+                                         save_every=10 ** 9, keep=1, validate=False)
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    records = []
+    for round_ in range(1, a.rounds + 1):
+        order = CONDITIONS if round_ % 2 else CONDITIONS[::-1]
+        for condition in order:
+            print(f"[malloc] round {round_}/{a.rounds}: {condition} ...", file=sys.stderr, flush=True)
+            result = measure(train_argv, a.updates, condition, a.threads)
+            record = {"benchmark": "malloc", "arch": a.arch, "size": {"name": a.size, **ex.SIZES[a.size].as_dict()},
+                      "updates": a.updates, "max_tokens": a.max_tokens, "threads": a.threads, "round": round_,
+                      "run": started, **ex.cpu_description(), "load_at_start": round(os.getloadavg()[0], 2),
+                      **result}
+            ex.append_jsonl(Path(a.out), record)
+            records.append(record)
+            print(f"[malloc]   {result['wall_seconds']:.1f} s wall, {result['kernel_seconds']:.1f} s kernel, "
+                  f"{result['updates_per_s']} updates/s, loss {result['final_train_loss']}", file=sys.stderr, flush=True)
+    losses = {r["final_train_loss"] for r in records}
+    print(table(records))
+    print(f"\nfinal training loss: {'the same in every process' if len(losses) == 1 else 'DIFFERS'} "
+          f"({', '.join(str(x) for x in sorted(losses, key=str))})")
+    return 0 if len(losses) == 1 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
