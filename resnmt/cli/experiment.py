@@ -330,8 +330,8 @@ def demo(args, log) -> int:
     gpus = min(ex.count_gpus(), 1)  # a model this small gains nothing from more
     cores = os.cpu_count() or 1
     # On the CPU the models train side by side, each with its share of the cores: a model
-    # this small uses a second thread poorly (1.3 updates/s with 2 threads, 1.0 with 1, and
-    # two 1-thread runs side by side 1.0 each, measured on 2 cores).
+    # this small uses a second thread poorly (1.96 updates/s with 2 threads, 1.37 with 1, and
+    # two 1-thread runs side by side 1.22 each, measured on 2 idle cores).
     side_by_side = gpus == 0 and 1 < len(archs) <= cores
     threads = cores // len(archs) if side_by_side else None
     out = Path(args.out)
