@@ -3,7 +3,7 @@
 
 glibc returns each freed buffer above its mmap threshold (which adapts up to 32 MiB) to
 the kernel, and the next training step faults it back in page by page. resnmt's
-pipeline (``resnmt.experiment.tool_env``: scripts/train.sh, the demo, the benchmarks)
+pipeline (``resnmt.experiment.tool_env``: scripts/train.sh, the demo, quality.py, curves.py)
 sets ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` for its subprocesses so
 that freed memory stays in the process (``KEEP_FREED_MEMORY_ENV``). This measures what
 that changes: the same ``fairseq-train`` run (fairseq's own ``transformer`` by default,
@@ -22,7 +22,6 @@ the medians is printed.
 import argparse
 import datetime
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -37,7 +36,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT / "data" / "multi30k" / "bin"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "malloc.jsonl"
 CONDITIONS = ("glibc default", "keep freed memory")
-_FINAL_LOSS_RE = re.compile(r"\| train \| epoch \d+ \| loss ([\d.]+)")
 
 
 def environment(condition: str, threads: int) -> dict:
@@ -64,12 +62,11 @@ def measure(train_argv, updates: int, condition: str, threads: int) -> dict:
         if os.waitstatus_to_exitcode(status) != 0:
             raise SystemExit(f"fairseq-train failed ({condition}):\n{text[-3000:]}")
     fairseq_log = ex.FairseqLog.parse(text)
-    losses = _FINAL_LOSS_RE.findall(text)
     return {"condition": condition, "wall_seconds": round(wall, 2), "user_seconds": round(usage.ru_utime, 2),
             "kernel_seconds": round(usage.ru_stime, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
             "train_seconds": fairseq_log.train_seconds,
             "updates_per_s": round(updates / fairseq_log.train_seconds, 3) if fairseq_log.train_seconds else None,
-            "final_train_loss": float(losses[-1]) if losses else None}
+            "final_train_loss": fairseq_log.epochs[-1][2] if fairseq_log.epochs else None}
 
 
 def table(records) -> str:
