@@ -71,11 +71,11 @@ ROWS = {**QUALITY_ROWS, **CONTROL_ROWS}
 # adjacent, so that `--workers 2 --threads 1` trains them side by side within a session.
 # Done so far: 2+2 seed 1 of post_ln, rskip_ln (to 4800) and sas (to 3600); 6+6 seed 1 of
 # every row, the later kinds and the two warm-up controls included (all to 2400); 2+2
-# seed 2 of every row and seed 3 of post_ln and sas (to 2400), rskip_ln seed 3 to 600;
-# on a GPU, base seed 1 of post_ln, rskip_ln, pre_ln and the two controls to 1200, sas
-# to 600. Next: 2+2 rskip_ln seed 3 to 2400 updates (`--milestones 200,600,1200,1800,2400`,
-# so that a run ends within a session), then the 2+2 runs to their final budget; on a
-# GPU, base size on.
+# seed 2 of every row and seed 3 of post_ln, rskip_ln and sas (to 2400), then seed 2 of
+# post_ln and rskip_ln to 9600 and of sas to 3600; on a GPU, base seed 1 of post_ln,
+# rskip_ln, pre_ln and the two controls to 1200, sas to 600. Next: the 2+2 runs to their
+# final budget (post-LN still improved from 7200 to 9600 updates, so past 9600 if it
+# keeps improving); 6+6 second seeds; on a GPU, base size on.
 STUDY_ORDER = (
     [("deep", r, 1) for r in ("post_ln", "rskip_ln (λ=2)", "pre_ln", "sas")]
     + [("deep", r, 1) for r in CONTROL_ROWS]
