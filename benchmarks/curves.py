@@ -18,7 +18,7 @@ scored again, so the study can be continued over several sessions.
 Checkpoints live in the (ignored) ``--workdir``, so a run continues across sessions only on
 a machine that keeps it; on a fresh checkout a run restarts at update 0 and skips the
 milestones already recorded. So each run must reach its last milestone within one working
-session: on this 2-core CPU a 2+2 run to 9600 updates takes about 1.5 h with 2 threads, and
+session: on this 2-core CPU a 2+2 run to 14400 updates takes about 2.2 h with 2 threads, and
 two 6+6 runs side by side (``--workers 2 --threads 1``, 15-24 updates/min each, depending on
 what else runs) reach 2400 updates in about 2.5 h. The thread count is how a run was executed, not what it
 computes: it is recorded per line (``torch_threads``) and left out of the settings key.
@@ -72,10 +72,10 @@ ROWS = {**QUALITY_ROWS, **CONTROL_ROWS}
 # Done so far: 2+2 seed 1 of post_ln, rskip_ln (to 4800) and sas (to 3600); 6+6 seed 1 of
 # every row, the later kinds and the two warm-up controls included (all to 2400); 2+2
 # seed 2 of every row and seed 3 of post_ln, rskip_ln and sas (to 2400), then seed 2 of
-# post_ln and rskip_ln to 9600 and of sas to 3600; on a GPU, base seed 1 of post_ln,
-# rskip_ln, pre_ln and the two controls to 1200, sas to 600. Next: the 2+2 runs to their
-# final budget (post-LN still improved from 7200 to 9600 updates, so past 9600 if it
-# keeps improving); 6+6 second seeds; on a GPU, base size on.
+# post_ln to 19200 (past the final budget, to show the flat curve), of rskip_ln and sas
+# to 9600; on a GPU, base seed 1 of post_ln, rskip_ln, pre_ln and the two controls to
+# 1200, sas to 600. Next: the other 2+2 runs to the final budget of 14400 updates; 6+6
+# second seeds; on a GPU, base size on.
 STUDY_ORDER = (
     [("deep", r, 1) for r in ("post_ln", "rskip_ln (λ=2)", "pre_ln", "sas")]
     + [("deep", r, 1) for r in CONTROL_ROWS]
@@ -90,13 +90,16 @@ STUDY_ORDER = (
 )
 
 
-# Each size's milestones (updates): the last is the run's length. 2+2 post-LN still gained
-# 1 BLEU between 3600 and 4800 updates, so the small runs go on to 9600 (about 1.5 h with
-# 2 threads). A 6+6 run costs about 3 times as much per update: 2400 updates is what two
+# Each size's milestones (updates): the last is the run's length. The 2+2 final budget is
+# where post-LN's curve flattens: seed 2 gained 1.00 BLEU from 9600 to 12000 updates, 0.19
+# to 14400, then 0.01 and 0.15 over the next two 2400-update steps (36.79, 36.80, 36.95),
+# its validation loss 0.035, then 0.015 and 0.012 (4.118 at 14400). So 2+2 runs end at 14400
+# (about 3.3 h with 1 thread beside a second run: such a run relies on runs/ surviving a
+# session, or on a GPU). A 6+6 run costs about 3 times as much per update: 2400 updates is what two
 # of them side by side (1 thread each) reach within one 3-hour session on this CPU, and a
 # run must finish within a session (checkpoints do not survive a fresh checkout).
 DEFAULT_MILESTONES = {
-    "small": (200, 600, 1200, 1800, 2400, 3600, 4800, 7200, 9600),
+    "small": (200, 600, 1200, 1800, 2400, 3600, 4800, 7200, 9600, 12000, 14400),
     "deep": (200, 600, 1200, 1800, 2400),
     "base": (200, 600, 1200, 1800, 2400, 3600, 4800),
 }
