@@ -73,12 +73,17 @@ def table(records) -> str:
     """Medians per condition, and the ratio of the second to the first."""
     columns = [("wall s", "wall_seconds"), ("user CPU s", "user_seconds"), ("kernel CPU s", "kernel_seconds"),
                ("training updates/s", "updates_per_s"), ("peak RSS MiB", "peak_rss_mib")]
-    median = {c: {key: statistics.median(r[key] for r in records if r["condition"] == c) for _, key in columns}
-              for c in CONDITIONS}
+    def median_of(c, key):  # None where no process measured it (fairseq logs its seconds to 0.1 s)
+        values = [r[key] for r in records if r["condition"] == c and r[key] is not None]
+        return statistics.median(values) if values else None
+
+    median = {c: {key: median_of(c, key) for _, key in columns} for c in CONDITIONS}
     lines = ["| malloc | " + " | ".join(name for name, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for c in CONDITIONS:
-        lines.append(f"| {c} | " + " | ".join(f"{median[c][key]:g}" for _, key in columns) + " |")
-    ratio = [median[CONDITIONS[1]][key] / median[CONDITIONS[0]][key] if median[CONDITIONS[0]][key] else float("nan")
+        lines.append(f"| {c} | " + " | ".join("n/a" if median[c][key] is None else f"{median[c][key]:g}"
+                                             for _, key in columns) + " |")
+    ratio = [median[CONDITIONS[1]][key] / median[CONDITIONS[0]][key]
+             if median[CONDITIONS[0]][key] and median[CONDITIONS[1]][key] is not None else float("nan")
              for _, key in columns]
     lines.append("| ratio | " + " | ".join(f"{x:.2f}" for x in ratio) + " |")
     return "\n".join(lines)

@@ -181,7 +181,7 @@ def test_fp16_headroom_takes_fairseq_trains_first_step(tiny_bin, tmp_path):
 
 def test_malloc_tiny_same_loss_in_both_environments(tiny_bin, tmp_path):
     out = tmp_path / "malloc.jsonl"
-    proc = run_cli([sys.executable, BENCH / "malloc.py", "--data", tiny_bin, "--size", "tiny", "--updates", "2",
+    proc = run_cli([sys.executable, BENCH / "malloc.py", "--data", tiny_bin, "--size", "tiny", "--updates", "8",
                     "--max-tokens", "300", "--rounds", "1", "--out", out], timeout=300)
     records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert [r["condition"] for r in records] == ["glibc default", "keep freed memory"]
