@@ -24,7 +24,7 @@ what else runs) reach 2400 updates in about 2.5 h. The thread count is how a run
 computes: it is recorded per line (``torch_threads``) and left out of the settings key.
 
     python benchmarks/curves.py                        # the whole study, one run at a time
-    python benchmarks/curves.py --list                 # what is done and what is missing
+    python benchmarks/curves.py --list                 # what is done, what is missing, what can resume
     python benchmarks/curves.py --only small:post_ln:1 # one run
     python benchmarks/curves.py --workers 2 --threads 1 --only deep:pre_ln:1,deep:sas:1   # a pair side by side
     python benchmarks/curves.py --device cuda --workers 8 --threads 1   # on a GPU: the study, plus the base size
@@ -164,6 +164,15 @@ def run_dir_of(a, key, size, row, seed) -> Path:
     return a.workdir / key / size / f"{slug(row)}.seed{seed}"
 
 
+def resume_point(ckpt_dir: Path) -> int:
+    """The update a run would resume from: its newest update checkpoint (0 if none). This is
+    how ``--list`` tells which partial runs still have their checkpoints on this machine."""
+    from resnmt.cli.average_checkpoints import numbered_checkpoints
+
+    found = numbered_checkpoints(ckpt_dir, "update")
+    return max(found[-1][0] if found else 0, ex.trained_updates(ckpt_dir))
+
+
 def one_run(a, settings, key, size, row, seed, milestones_done, env, device):
     run_dir = run_dir_of(a, key, size, row, seed)
     ckpt_dir, log = run_dir / "checkpoints", run_dir / "log.txt"
@@ -293,7 +302,9 @@ def main(argv=None):
         for size, row, seed in runs:
             have = sorted(done.get((size, row, seed), ()))
             state = "done   " if set(a.milestones[size]) <= set(have) else ("partial" if have else "missing")
-            print(f"{state}  {size:5s} {row:{width}s} seed {seed}  milestones {have}")
+            resumes = resume_point(run_dir_of(a, key, size, row, seed) / "checkpoints")
+            where = f"  (checkpoints to update {resumes} in {a.workdir})" if resumes and state != "done   " else ""
+            print(f"{state}  {size:5s} {row:{width}s} seed {seed}  milestones {have}{where}")
         return 0
     for path in (a.bin_dir / "dict.en.txt", a.ref):
         if not path.exists():

@@ -297,6 +297,29 @@ def test_curves_keeps_gpu_runs_apart_from_cpu_runs(tmp_path, monkeypatch, capsys
     assert "--only base:post_ln:1: the base size runs only with --device cuda" in capsys.readouterr().err
 
 
+def test_curves_list_names_the_update_a_partial_run_resumes_from(tmp_path, monkeypatch, capsys):
+    """--list says which unfinished runs still have checkpoints here, and to which update."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import curves
+
+    out, workdir = tmp_path / "curves.jsonl", tmp_path / "runs"
+    defaults = curves.settings_of(argparse.Namespace(max_tokens=4096, lr=1e-3, warmup=300, dropout=0.3,
+                                                     save_every=40, average=5, tiny=False))
+    key = curves.ex.settings_key(defaults)
+    ckpts = workdir / key / "small" / "rskip_ln_2.seed1" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    for name in ("checkpoint_2_280.pt", "checkpoint_3_320.pt", "checkpoint_last.pt"):
+        (ckpts / name).write_bytes(b"")
+    assert curves.main(["--out", str(out), "--workdir", str(workdir), "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+
+    def listed(row):
+        return next(line for line in lines if re.match(rf"missing  small {re.escape(row)} +seed 1  ", line))
+
+    assert listed("rskip_ln (λ=2)").endswith(f"milestones []  (checkpoints to update 320 in {workdir})")
+    assert listed("post_ln").endswith("milestones []")
+
+
 def test_a_control_is_dashed_in_the_color_of_the_row_it_changes(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     from plot_curves import row_styles
