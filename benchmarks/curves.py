@@ -260,7 +260,8 @@ def main(argv=None):
     p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON lines appended here (default: %(default)s)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's checkpoints when it ends")
     p.add_argument("--tiny", action="store_true", help="train every run at the tiny size (smoke tests)")
-    p.add_argument("--list", action="store_true", help="print the planned runs and their milestones, and exit")
+    p.add_argument("--list", action="store_true", help="print the planned runs, the milestones each has recorded and, for an unfinished run, "
+                   "the update its checkpoints in --workdir reach; then exit")
     a = p.parse_args(argv)
 
     if a.milestones is None:
