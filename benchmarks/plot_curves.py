@@ -23,14 +23,20 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from curves import CONTROLS  # noqa: E402
+from curves import CONTROLS, DEFAULT_MILESTONES  # noqa: E402
 from make_tables import replace_between  # noqa: E402
 
 from resnmt.experiment import read_jsonl  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SIZE_TITLES = {"small": "2+2 layers, d=128", "deep": "6+6 layers, d=128", "base": "6+6 layers, d=512"}
+# The budget chosen where post-LN's curve flattens (2+2 only: the other sizes stop where a
+# session's compute does, not at a chosen budget).
+FINAL_BUDGETS = {"small": DEFAULT_MILESTONES["small"][-1]}
+# Ticks of a logarithmic updates axis: milestones of the study that double.
+UPDATE_TICKS = (200, 600, 1200, 2400, 4800, 9600, 19200, 38400)
 
 
 def load(path: Path):
@@ -72,8 +78,27 @@ def panels(runs):
     return fig, list(zip(keys, axes[0]))
 
 
+def updates_axis(ax, size: str) -> None:
+    """The x axis of updates: logarithmic where the panel's budgets span a factor of 10 or
+    more (200 to 19200 updates at 2+2: on a linear axis the first 2400 updates, where the
+    rows differ most, would be squeezed into an eighth of the panel), ticked at budgets
+    that double (:data:`UPDATE_TICKS`); the 2+2 final budget is marked."""
+    lo, hi = ax.dataLim.intervalx
+    if lo > 0 and hi / lo >= 10:
+        ticks = [u for u in UPDATE_TICKS if lo <= u <= hi]
+        ax.set_xscale("log")
+        if ticks:
+            ax.set_xticks(ticks, [str(u) for u in ticks])
+            ax.xaxis.set_minor_formatter(NullFormatter())
+    if size in FINAL_BUDGETS:
+        ax.axvline(FINAL_BUDGETS[size], color="gray", linestyle="--", linewidth=0.8)
+        ax.text(FINAL_BUDGETS[size], 0.5, "final budget ", transform=ax.get_xaxis_transform(), fontsize=7,
+                color="gray", rotation=90, ha="right", va="center")
+
+
 def label_panel(ax, device: str, size: str, ylabel: str) -> None:
     ax.set_title(f"{SIZE_TITLES.get(size, size)} ({device})")
+    updates_axis(ax, size)
     ax.set_xlabel("updates (4096 tokens each)")
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)

@@ -320,6 +320,26 @@ def test_curves_list_names_the_update_a_partial_run_resumes_from(tmp_path, monke
     assert listed("post_ln").endswith("milestones []")
 
 
+def test_updates_axis_is_logarithmic_where_budgets_span_a_factor_of_ten(monkeypatch):
+    """2+2 budgets (200 to 19200 updates) get a log axis ticked at doubling budgets and the
+    final budget marked; base size's 600 and 1200 keep a linear axis and no mark."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import matplotlib.pyplot as plt
+    from plot_curves import FINAL_BUDGETS, updates_axis
+
+    fig, (wide, narrow) = plt.subplots(1, 2)
+    wide.plot([200, 600, 1200, 1800, 2400, 14400, 19200], range(7))
+    wide.axhline(0.0)
+    updates_axis(wide, "small")
+    assert wide.get_xscale() == "log"
+    assert [t.get_text() for t in wide.get_xticklabels()] == ["200", "600", "1200", "2400", "4800", "9600", "19200"]
+    assert [line.get_xdata()[0] for line in wide.get_lines()[2:]] == [FINAL_BUDGETS["small"]] == [14400]
+    narrow.plot([600, 1200], [1, 2])
+    updates_axis(narrow, "base")
+    assert narrow.get_xscale() == "linear" and len(narrow.get_lines()) == 1
+    plt.close(fig)
+
+
 def test_a_control_is_dashed_in_the_color_of_the_row_it_changes(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     from plot_curves import row_styles
