@@ -16,12 +16,12 @@ A killed run resumes from its last checkpoint; milestones already in ``--out`` a
 scored again, so the study can be continued over several sessions.
 
 Checkpoints live in the (ignored) ``--workdir``, so a run continues across sessions only on
-a machine that keeps it; on a fresh checkout a run restarts at update 0 and skips the
-milestones already recorded. So each run must reach its last milestone within one working
-session: on this 2-core CPU a 2+2 run to 14400 updates takes about 2.2 h with 2 threads, and
-two 6+6 runs side by side (``--workers 2 --threads 1``, 15-24 updates/min each, depending on
-what else runs) reach 2400 updates in about 2.5 h. The thread count is how a run was executed, not what it
-computes: it is recorded per line (``torch_threads``) and left out of the settings key.
+a machine that keeps it (``--list`` names the update each unfinished run's checkpoints
+reach); on a fresh checkout a run restarts at update 0 and skips the milestones already
+recorded. On a 2-core CPU a 2+2 run to its final 14400 updates takes 3.5-5.4 h, longer than
+a 3-hour working session, and two 6+6 runs side by side reach 2400 updates in about 2.5 h
+(the measured rates are in the README). The thread count is how a run was executed, not
+what it computes: it is recorded per line (``torch_threads``) and left out of the settings key.
 
     python benchmarks/curves.py                        # the whole study, one run at a time
     python benchmarks/curves.py --list                 # what is done, what is missing, what can resume
@@ -94,10 +94,9 @@ STUDY_ORDER = (
 # where post-LN's curve flattens: seed 2 gained 1.00 BLEU from 9600 to 12000 updates, 0.19
 # to 14400, then 0.01 and 0.15 over the next two 2400-update steps (36.79, 36.80, 36.95),
 # its validation loss 0.035, then 0.015 and 0.012 (4.118 at 14400). So 2+2 runs end at 14400
-# (about 3.3 h with 1 thread beside a second run: such a run relies on runs/ surviving a
-# session, or on a GPU). A 6+6 run costs about 3 times as much per update: 2400 updates is what two
-# of them side by side (1 thread each) reach within one 3-hour session on this CPU, and a
-# run must finish within a session (checkpoints do not survive a fresh checkout).
+# (longer than a session on the CPU: such a run relies on runs/ surviving, or on a GPU). A
+# 6+6 run costs about 3 times as much per update: 2400 updates is what two of them side by
+# side (1 thread each) reach within one 3-hour session on this CPU.
 DEFAULT_MILESTONES = {
     "small": (200, 600, 1200, 1800, 2400, 3600, 4800, 7200, 9600, 12000, 14400),
     "deep": (200, 600, 1200, 1800, 2400),
