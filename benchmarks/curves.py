@@ -73,8 +73,8 @@ ROWS = {**QUALITY_ROWS, **CONTROL_ROWS}
 # every row, the later kinds and the two warm-up controls included (all to 2400); 2+2
 # seed 2 of every row and seed 3 of post_ln, rskip_ln and sas (to 2400), then seed 2 of
 # post_ln to 19200 (past the final budget, to show the flat curve), of rskip_ln to 12000
-# and sas to 9600; 2+2 post_ln seed 1 on from 4800 (to 7200 in session 27); on a GPU, base seed 1 of post_ln, rskip_ln, pre_ln and the two controls to
-# 1200, sas to 600. Next: the other 2+2 runs to the final budget of 14400 updates; 6+6
+# and sas to 9600; 2+2 post_ln seed 1 on from 4800 (to 7200 in session 27); on a GPU,
+# base seed 1 of post_ln, rskip_ln, pre_ln and the two controls to 1200, sas to 600. Next: the other 2+2 runs to the final budget of 14400 updates; 6+6
 # second seeds; on a GPU, base size on.
 STUDY_ORDER = (
     [("deep", r, 1) for r in ("post_ln", "rskip_ln (λ=2)", "pre_ln", "sas")]
@@ -259,7 +259,8 @@ def main(argv=None):
     p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON lines appended here (default: %(default)s)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's checkpoints when it ends")
     p.add_argument("--tiny", action="store_true", help="train every run at the tiny size (smoke tests)")
-    p.add_argument("--list", action="store_true", help="print the planned runs, the milestones each has recorded and, for an unfinished run, "
+    p.add_argument("--list", action="store_true",
+                   help="print the planned runs, the milestones each has recorded and, for an unfinished run, "
                    "the update its checkpoints in --workdir reach; then exit")
     a = p.parse_args(argv)
 
@@ -301,9 +302,10 @@ def main(argv=None):
         width = max((len(row) for _, row, _ in runs), default=0)
         for size, row, seed in runs:
             have = sorted(done.get((size, row, seed), ()))
-            state = "done   " if set(a.milestones[size]) <= set(have) else ("partial" if have else "missing")
-            resumes = resume_point(run_dir_of(a, key, size, row, seed) / "checkpoints")
-            where = f"  (checkpoints to update {resumes} in {a.workdir})" if resumes and state != "done   " else ""
+            finished = set(a.milestones[size]) <= set(have)
+            state = "done   " if finished else ("partial" if have else "missing")
+            resumes = 0 if finished else resume_point(run_dir_of(a, key, size, row, seed) / "checkpoints")
+            where = f"  (checkpoints to update {resumes} in {a.workdir})" if resumes else ""
             print(f"{state}  {size:5s} {row:{width}s} seed {seed}  milestones {have}{where}")
         return 0
     for path in (a.bin_dir / "dict.en.txt", a.ref):
