@@ -271,6 +271,12 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
                                                           "curves-valid-loss.png"]
 
 
+def default_settings_key(curves) -> str:
+    """The settings key of curves.py's default settings (what its --list reads lines by)."""
+    return curves.ex.settings_key(curves.settings_of(argparse.Namespace(
+        max_tokens=4096, lr=1e-3, warmup=300, dropout=0.3, save_every=40, average=5, tiny=False)))
+
+
 def test_curves_keeps_gpu_runs_apart_from_cpu_runs(tmp_path, monkeypatch, capsys):
     """A CPU line does not mark the GPU run done; the base size is planned on a GPU only."""
     monkeypatch.syspath_prepend(str(BENCH))
@@ -283,9 +289,7 @@ def test_curves_keeps_gpu_runs_apart_from_cpu_runs(tmp_path, monkeypatch, capsys
         return capsys.readouterr().out
 
     assert "missing  small post_ln " in listed() and " base " not in listed()
-    defaults = curves.settings_of(argparse.Namespace(max_tokens=4096, lr=1e-3, warmup=300, dropout=0.3,
-                                                     save_every=40, average=5, tiny=False))
-    line = {"benchmark": "curves", "settings_key": curves.ex.settings_key(defaults), "size": {"name": "small"},
+    line = {"benchmark": "curves", "settings_key": default_settings_key(curves), "size": {"name": "small"},
             "row": "post_ln", "seed": 1, "updates": 200, "device": "cpu"}
     out.write_text(json.dumps(line) + "\n", encoding="utf-8")
     assert "partial  small post_ln " in listed()
@@ -303,9 +307,7 @@ def test_curves_list_names_the_update_a_partial_run_resumes_from(tmp_path, monke
     import curves
 
     out, workdir = tmp_path / "curves.jsonl", tmp_path / "runs"
-    defaults = curves.settings_of(argparse.Namespace(max_tokens=4096, lr=1e-3, warmup=300, dropout=0.3,
-                                                     save_every=40, average=5, tiny=False))
-    key = curves.ex.settings_key(defaults)
+    key = default_settings_key(curves)
     ckpts = workdir / key / "small" / "rskip_ln_2.seed1" / "checkpoints"
     ckpts.mkdir(parents=True)
     for name in ("checkpoint_2_280.pt", "checkpoint_3_320.pt", "checkpoint_last.pt"):
