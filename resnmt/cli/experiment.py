@@ -152,7 +152,7 @@ Options (environment variables in brackets):
 DEMO_NOTE = """\
 What to expect (measured, README "BLEU against budget and depth"): at this size (2+2
 layers) 2rSkip+LN is about 1 BLEU behind post-LN from 600 to 2400 updates (3 seeds),
-and still 0.6-0.7 behind at 4800 and 7200 updates (2 seeds). With 6+6 layers
+and still 0.6-1.0 behind at 4800 to 9600 updates (2 seeds). With 6+6 layers
 the order reverses: rSkip+LN leads post-LN at every budget from 600 updates on, by up to
 15 BLEU (one seed so far), where post-LN's lower layers get 5-18x smaller gradients;
 pre-LN and SAS lead by as much, so the gain is repairing deep post-LN, not rSkip's own.
