@@ -230,7 +230,8 @@ def one_run(a, settings, key, size, row, seed, milestones_done, env, device):
         shutil.rmtree(ckpt_dir, ignore_errors=True)
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
+    """curves.py's command line; its defaults are the study's settings."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="data/multi30k",
                    help="prepared Multi30k (OUTDIR of data-prep/prepare-multi30k.sh; default: data/multi30k)")
@@ -264,6 +265,11 @@ def main(argv=None):
     p.add_argument("--list", action="store_true",
                    help="print the planned runs, the milestones each has recorded and, for an unfinished run, "
                    "the update its checkpoints in --workdir reach; then exit")
+    return p
+
+
+def main(argv=None):
+    p = parser()
     a = p.parse_args(argv)
 
     if a.milestones is None:

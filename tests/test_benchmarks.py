@@ -3,7 +3,6 @@
 The real benchmark numbers come from `make bench` (docs/benchmarks.md); this only checks
 that the scripts run end to end and write what make_tables.py reads.
 """
-import argparse
 import json
 import math
 import re
@@ -273,8 +272,7 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
 
 def default_settings_key(curves) -> str:
     """The settings key of curves.py's default settings (what its --list reads lines by)."""
-    return curves.ex.settings_key(curves.settings_of(argparse.Namespace(
-        max_tokens=4096, lr=1e-3, warmup=300, dropout=0.3, save_every=40, average=5, tiny=False)))
+    return curves.ex.settings_key(curves.settings_of(curves.parser().parse_args([])))
 
 
 def test_curves_keeps_gpu_runs_apart_from_cpu_runs(tmp_path, monkeypatch, capsys):
