@@ -175,36 +175,6 @@ def resume_point(ckpt_dir: Path) -> int:
     return max(found[-1][0] if found else 0, ex.trained_updates(ckpt_dir))
 
 
-class TrainClock:
-    """The seconds a run has trained, kept in ``run_dir/train_seconds.json`` across restarts.
-
-    A stretch of training (one ``train_to``) is marked as started before it runs. If the
-    process is stopped mid-way (a session's end, a restart with other threads), the next
-    start counts that stretch up to the newest checkpoint, the one the run resumes from:
-    the updates after it are trained again and counted then."""
-
-    def __init__(self, run_dir: Path, ckpt_dir: Path):
-        self.path, self.ckpt_dir = run_dir / "train_seconds.json", ckpt_dir
-
-    def seconds(self) -> float:
-        if not self.path.exists():
-            return 0.0
-        state = json.loads(self.path.read_text())
-        seconds = state["seconds"]
-        last = self.ckpt_dir / "checkpoint_last.pt"
-        if "started" in state and last.exists():
-            seconds += max(0.0, last.stat().st_mtime - state["started"])
-        return seconds
-
-    def train_to(self, updates: int, train_argv, log: Path, env) -> float:
-        """``ex.train_to`` with its time counted; returns the run's seconds so far."""
-        before = self.seconds()
-        ex.atomic_write_text(self.path, json.dumps({"seconds": before, "started": time.time()}) + "\n")
-        total = before + ex.train_to(updates, train_argv, self.ckpt_dir, log, env)
-        ex.atomic_write_text(self.path, json.dumps({"seconds": total}) + "\n")
-        return total
-
-
 def one_run(a, settings, key, size, row, seed, milestones_done, env, device):
     run_dir = run_dir_of(a, key, size, row, seed)
     ckpt_dir, log = run_dir / "checkpoints", run_dir / "log.txt"
@@ -213,12 +183,11 @@ def one_run(a, settings, key, size, row, seed, milestones_done, env, device):
     train_argv = ex.benchmark_train_argv(
         a.bin_dir, arch, flags, model_size, seed=seed, max_tokens=a.max_tokens, lr=a.lr, warmup=a.warmup,
         dropout=a.dropout, save_every=a.save_every, keep=a.average, validate=True)
-    clock = TrainClock(run_dir, ckpt_dir)
     for updates in a.milestones[size]:
         if updates in milestones_done:
             continue
         print(f"[curves] {size} {row} seed {seed}: training to {updates} updates", file=sys.stderr, flush=True)
-        total = clock.train_to(updates, train_argv, log, env)
+        total = ex.train_to(updates, train_argv, ckpt_dir, log, env)  # seconds over the whole run
 
         ckpts = ex.checkpoints_until(ckpt_dir, a.average, updates)
         avg = run_dir / f"checkpoint.avg{a.average}.upd{updates}.pt"

@@ -604,13 +604,33 @@ def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str =
     log(f"done in {format_seconds(time.time() - start)}: {save_dir}")
 
 
+# What ``train_to`` has done in a save_dir: {"updates": U, "seconds": S}, plus "started"
+# (a time stamp) while a call is training.
 TRAINED_STAMP = "trained_updates.json"
+
+
+def _trained_stamp(save_dir: Path) -> dict:
+    stamp = Path(save_dir) / TRAINED_STAMP
+    return json.loads(stamp.read_text()) if stamp.exists() else {}
 
 
 def trained_updates(save_dir: Path) -> int:
     """Updates reached by the last finished ``train_to`` call in ``save_dir`` (0 if none)."""
-    stamp = Path(save_dir) / TRAINED_STAMP
-    return json.loads(stamp.read_text())["updates"] if stamp.exists() else 0
+    return _trained_stamp(save_dir).get("updates", 0)
+
+
+def trained_seconds(save_dir: Path) -> float:
+    """Seconds ``train_to`` has trained the model in ``save_dir``, over all its calls.
+
+    A call stopped mid-way (a session's end, a killed job) counts up to the newest
+    ``checkpoint_last.pt``, the one the next call resumes from: the updates after it are
+    trained again and counted then."""
+    stamp = _trained_stamp(save_dir)
+    seconds = stamp.get("seconds", 0.0)
+    last = Path(save_dir) / "checkpoint_last.pt"
+    if "started" in stamp and last.exists():
+        seconds += max(0.0, last.stat().st_mtime - stamp["started"])
+    return seconds
 
 
 def train_to(updates: int, train_argv: Sequence, save_dir: Path, log_path: Path, env: Dict[str, str]) -> float:
@@ -618,13 +638,18 @@ def train_to(updates: int, train_argv: Sequence, save_dir: Path, log_path: Path,
     ``--max-update`` and ``--save-dir``), resuming from ``save_dir/checkpoint_last.pt``.
 
     fairseq resumed at its ``--max-update`` would still take one more step, so a run that
-    already reached ``updates`` is not started again. Returns the seconds spent."""
+    already reached ``updates`` is not started again. Returns ``trained_seconds``: the
+    seconds the model has trained in all, this call and every earlier one included."""
+    save_dir = Path(save_dir)
     if trained_updates(save_dir) >= updates:
-        return 0.0
-    t0 = time.time()
+        return trained_seconds(save_dir)
+    before = {"updates": trained_updates(save_dir), "seconds": trained_seconds(save_dir)}
+    save_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    atomic_write_text(save_dir / TRAINED_STAMP, json.dumps({**before, "started": started}) + "\n")
     run_logged([*train_argv, "--save-dir", save_dir, "--max-update", updates], log_path, env)
-    seconds = time.time() - t0
-    atomic_write_text(Path(save_dir) / TRAINED_STAMP, json.dumps({"updates": updates}) + "\n")
+    seconds = before["seconds"] + time.time() - started
+    atomic_write_text(save_dir / TRAINED_STAMP, json.dumps({"updates": updates, "seconds": seconds}) + "\n")
     return seconds
 
 

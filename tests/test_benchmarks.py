@@ -320,38 +320,6 @@ def test_curves_list_names_the_update_a_partial_run_resumes_from(tmp_path, monke
     assert listed("post_ln").endswith("milestones []")
 
 
-def test_curves_clock_counts_a_stopped_stretch_up_to_the_checkpoint_it_resumes_from(tmp_path, monkeypatch):
-    """A run stopped mid-way (a session's end) keeps the seconds it trained up to the
-    checkpoint it resumes from; the updates after that checkpoint are counted when trained again."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    import os
-
-    import curves
-
-    run_dir = tmp_path / "run"
-    ckpt_dir = run_dir / "checkpoints"
-    ckpt_dir.mkdir(parents=True)
-    clock = curves.TrainClock(run_dir, ckpt_dir)
-    assert clock.seconds() == 0.0
-
-    def stopped_train_to(updates, argv, save_dir, log, env):  # writes a checkpoint 70 s in, then is stopped
-        started = json.loads(clock.path.read_text())["started"]
-        (save_dir / "checkpoint_last.pt").write_bytes(b"")
-        os.utime(save_dir / "checkpoint_last.pt", (started + 70.0, started + 70.0))
-        raise KeyboardInterrupt
-
-    clock.path.write_text(json.dumps({"seconds": 100.0}) + "\n")  # earlier stretches that finished
-    monkeypatch.setattr(curves.ex, "train_to", stopped_train_to)
-    with pytest.raises(KeyboardInterrupt):
-        clock.train_to(400, [], tmp_path / "log.txt", {})
-    assert clock.seconds() == pytest.approx(170.0)
-
-    monkeypatch.setattr(curves.ex, "train_to", lambda updates, argv, save_dir, log, env: 30.0)
-    assert clock.train_to(400, [], tmp_path / "log.txt", {}) == pytest.approx(200.0)
-    assert json.loads(clock.path.read_text()) == {"seconds": pytest.approx(200.0)}  # no stretch open
-    assert clock.seconds() == pytest.approx(200.0)
-
-
 def test_updates_axis_is_logarithmic_where_budgets_span_a_factor_of_ten(monkeypatch):
     """2+2 budgets (200 to 19200 updates) get a log axis ticked at doubling budgets and the
     final budget marked; base size's 600 and 1200 keep a linear axis and no mark."""

@@ -2,6 +2,7 @@
 settings (POSIX cksum, as the shell pipeline named them), the one reader of fairseq's
 log, the checkpoint selection, the presets' batch arithmetic in-process, and the
 subprocesses' environment."""
+import json
 import os
 import platform
 import subprocess
@@ -51,6 +52,39 @@ def test_checkpoints_until_an_update(tmp_path):
     assert [p.name for p in ex.checkpoints_until(tmp_path, 2, 136)] == ["checkpoint_2_120.pt", "checkpoint_last.pt"]
     with pytest.raises(ex.ExperimentError, match="1 checkpoints up to update 40, 2 wanted"):
         ex.checkpoints_until(tmp_path, 2, 40)
+
+
+def test_train_to_counts_every_call_and_a_stopped_one_up_to_the_checkpoint_it_resumes_from(tmp_path, monkeypatch):
+    """The seconds train_to returns are the model's whole training time: each finished call
+    in full, and a call stopped mid-way (a session's end) up to checkpoint_last.pt, where the
+    next call resumes; the updates after that checkpoint are counted when trained again."""
+    now = [1000.0]
+    monkeypatch.setattr(ex, "time", type("FakeTime", (), {"time": staticmethod(lambda: now[0])}))
+    save_dir = tmp_path / "checkpoints"
+    calls = []
+
+    def fake_fairseq_train(cmd, log_path, env):
+        calls.append(cmd)
+        assert cmd[cmd.index("--save-dir") + 1] == save_dir
+        last = save_dir / "checkpoint_last.pt"
+        last.write_bytes(b"")
+        if len(calls) == 2:  # writes a checkpoint 70 s in, is stopped 90 s in
+            os.utime(last, (now[0] + 70.0, now[0] + 70.0))
+            now[0] += 90.0
+            raise KeyboardInterrupt
+        now[0] += {1: 50.0, 3: 40.0}[len(calls)]
+
+    monkeypatch.setattr(ex, "run_logged", fake_fairseq_train)
+    assert ex.trained_seconds(save_dir) == 0.0 and ex.trained_updates(save_dir) == 0
+    assert ex.train_to(200, ["fairseq-train"], save_dir, None, {}) == pytest.approx(50.0)
+    with pytest.raises(KeyboardInterrupt):
+        ex.train_to(400, ["fairseq-train"], save_dir, None, {})
+    assert ex.trained_updates(save_dir) == 200 and ex.trained_seconds(save_dir) == pytest.approx(120.0)
+    assert ex.train_to(400, ["fairseq-train"], save_dir, None, {}) == pytest.approx(160.0)
+    assert [c[c.index("--max-update") + 1] for c in calls] == [200, 400, 400]
+    assert ex.train_to(400, ["fairseq-train"], save_dir, None, {}) == pytest.approx(160.0)  # done: not run again
+    assert len(calls) == 3
+    assert json.loads((save_dir / ex.TRAINED_STAMP).read_text()) == {"updates": 400, "seconds": pytest.approx(160.0)}
 
 
 @pytest.mark.parametrize("gpus, nodes, tokens, expected", [
