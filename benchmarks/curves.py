@@ -18,9 +18,9 @@ scored again, so the study can be continued over several sessions.
 Checkpoints live in the (ignored) ``--workdir``, so a run continues across sessions only on
 a machine that keeps it (``--list`` names the update each unfinished run's checkpoints
 reach); on a fresh checkout a run restarts at update 0 and skips the milestones already
-recorded. On a 2-core CPU a 2+2 run to its final 14400 updates takes 3.5-5.4 h, longer than
-a 3-hour working session, and two 6+6 runs side by side reach 2400 updates in about 2.5 h
-(the measured rates are in the README). The thread count is how a run was executed, not
+recorded. On a 2-core CPU a 2+2 run to its final 14400 updates takes 2.7-5.4 h, more than a
+3-hour working session leaves for training, and two 6+6 runs side by side reach 2400
+updates in about 2.5 h (the measured rates are in the README). The thread count is how a run was executed, not
 what it computes: it is recorded per line (``torch_threads``) and left out of the settings key.
 
     python benchmarks/curves.py                        # the whole study, one run at a time
