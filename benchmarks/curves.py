@@ -39,7 +39,6 @@ settings key) are the same, fp32 on both.
 import argparse
 import datetime
 import fcntl
-import json
 import shutil
 import subprocess
 import sys
