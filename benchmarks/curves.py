@@ -20,8 +20,9 @@ a machine that keeps it (``--list`` names the update each unfinished run's check
 reach); on a fresh checkout a run restarts at update 0 and skips the milestones already
 recorded. On a 2-core CPU a 2+2 run to its final 14400 updates takes 2.7-5.4 h, more than a
 3-hour working session leaves for training, and two 6+6 runs side by side reach 2400
-updates in about 2.5 h (the measured rates are in the README). The thread count is how a run was executed, not
-what it computes: it is recorded per line (``torch_threads``) and left out of the settings key.
+updates in about 2.5 h (the measured rates are in the README). The thread count is how a
+run was executed, not what it computes: it is recorded per line (``torch_threads``) and
+left out of the settings key.
 
     python benchmarks/curves.py                        # the whole study, one run at a time
     python benchmarks/curves.py --list                 # what is done, what is missing, what can resume
@@ -73,9 +74,9 @@ ROWS = {**QUALITY_ROWS, **CONTROL_ROWS}
 # seed 2 of every row and seed 3 of post_ln, rskip_ln and sas (to 2400), then seed 2 of
 # post_ln to 19200 (past the final budget, to show the flat curve), of rskip_ln to 12000
 # and sas to 12000 (session 30, from update 0: runs/ had not survived); 2+2 post_ln seed 1
-# on from 4800 to 14400 and rskip_ln seed 1 to 14400 (sessions 27-29); on a GPU, base seed 1 of post_ln to 1200 (diverged), of rskip_ln,
-# pre_ln and the two controls to 3600, sas to 2400, and 6+6 post_ln and rskip_ln seed 1
-# to 3600 (`--milestones 600,...,3600`, beyond the CPU's 2400).
+# on from 4800 to 14400 and rskip_ln seed 1 to 14400 (sessions 27-29); on a GPU, base
+# seed 1 of post_ln to 1200 (diverged), of rskip_ln, pre_ln and the two controls to 3600,
+# sas to 2400, and 6+6 post_ln and rskip_ln seed 1 to 3600 (`--milestones 600,...,3600`, beyond the CPU's 2400).
 # Next: the other 2+2 runs to the final budget of 14400 updates; 6+6 second seeds; on a
 # GPU, 6+6 runs to the 2+2 final budget and base second seeds.
 STUDY_ORDER = (
