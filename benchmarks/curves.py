@@ -76,7 +76,8 @@ ROWS = {**QUALITY_ROWS, **CONTROL_ROWS}
 # and sas to 12000 (session 30, from update 0: runs/ had not survived); 2+2 post_ln seed 1
 # on from 4800 to 14400 and rskip_ln seed 1 to 14400 (sessions 27-29); on a GPU, base
 # seed 1 of post_ln to 1200 (diverged), of rskip_ln, pre_ln and the two controls to 3600,
-# sas to 2400, and 6+6 post_ln and rskip_ln seed 1 to 3600 (`--milestones 600,...,3600`, beyond the CPU's 2400).
+# sas to 2400, and 6+6 post_ln and rskip_ln seed 1 to 3600 (`--milestones 600,...,3600`,
+# beyond the CPU's 2400).
 # Next: the other 2+2 runs to the final budget of 14400 updates; 6+6 second seeds; on a
 # GPU, 6+6 runs to the 2+2 final budget and base second seeds.
 STUDY_ORDER = (
