@@ -89,6 +89,7 @@ STUDY_ORDER = (
     + [("small", r, 2) for r in ("post_ln", "rskip_ln (λ=2)", "sas", "pre_ln", "xskip_ln (λ=2)")]
     + [("small", r, 3) for r in ("post_ln", "rskip_ln (λ=2)", "sas")]
     + [("deep", r, 2) for r in ("post_ln", "rskip_ln (λ=2)", "sas", "pre_ln")]
+    + [("deep", r, 3) for r in ("post_ln", "rskip_ln (λ=2)")]
     + [("base", r, 1) for r in ("post_ln", "rskip_ln (λ=2)", "pre_ln", "sas")]
     + [("base", r, 1) for r in CONTROL_ROWS]
 )
