@@ -152,8 +152,8 @@ Options (environment variables in brackets):
 DEMO_NOTE = """\
 What to expect (measured, README "BLEU against budget and depth"): at this size (2+2
 layers) 2rSkip+LN is about 1 BLEU behind post-LN from 600 to 2400 updates (3 seeds),
-still 0.6-1.0 behind at 4800 to 12000 updates (2 seeds) and 0.8 behind at the final
-budget, 14400 updates (one seed so far). With 6+6 layers the order reverses: rSkip+LN
+still 0.6-1.0 behind at 4800 to 12000 updates (2 seeds) and 0.6 behind at the final
+budget, 14400 updates (2 seeds). With 6+6 layers the order reverses: rSkip+LN
 leads post-LN at every budget from 600 updates on, by up to 15 BLEU (three seeds agree
 to 1200 updates; 3.8 at 3600 updates in one seed, narrowing), where post-LN's lower layers get 5-18x smaller
 gradients; pre-LN and SAS lead by as much, so the gain is repairing deep post-LN, not
