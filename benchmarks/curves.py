@@ -75,10 +75,11 @@ ROWS = {**QUALITY_ROWS, **CONTROL_ROWS}
 # post_ln to 19200 (past the final budget, to show the flat curve), of rskip_ln to 12000
 # and sas to 14400 (sessions 30-31, from update 0: runs/ had not survived), rskip_ln on
 # to 14400 (session 32, from update 0); 2+2 post_ln seed 1 on from 4800 to 14400, rskip_ln
-# seed 1 to 14400 (sessions 27-29) and xskip_ln seed 1 to 14400 (sessions 31-32); on a GPU, base seed 1 of post_ln to 1200 (diverged), of
-# rskip_ln, pre_ln and the two controls to 3600, sas to 2400, 6+6 post_ln and rskip_ln
-# seed 1 to 3600 (`--milestones 600,...,3600`, beyond the CPU's 2400), and 6+6 seed 2 of
-# the four rows and seed 3 of post_ln and rskip_ln to 1200-1800 (one 530 s device call).
+# seed 1 to 14400 (sessions 27-29) and xskip_ln seed 1 to 14400 (sessions 31-32); on a
+# GPU, base seed 1 of post_ln to 1200 (diverged), of rskip_ln, pre_ln and the two controls
+# to 3600, sas to 2400, 6+6 post_ln and rskip_ln seed 1 to 3600 (`--milestones
+# 600,...,3600`, beyond the CPU's 2400), and 6+6 seed 2 of the four rows and seed 3 of
+# post_ln and rskip_ln to 1200-1800 (one 530 s device call).
 # Next: the other 2+2 runs to the final budget of 14400 updates; 6+6 seeds 2-3 to 2400; on
 # a GPU, 6+6 runs to the 2+2 final budget and base second seeds.
 STUDY_ORDER = (

@@ -155,14 +155,14 @@ layers) 2rSkip+LN is about 1 BLEU behind post-LN from 600 to 2400 updates (3 see
 still 0.6-1.0 behind at 4800 to 12000 updates (2 seeds) and 0.6 behind at the final
 budget, 14400 updates (2 seeds). With 6+6 layers the order reverses: rSkip+LN
 leads post-LN at every budget from 600 updates on, by up to 15 BLEU (three seeds agree
-to 1200 updates; 3.8 at 3600 updates in one seed, narrowing), where post-LN's lower layers get 5-18x smaller
-gradients; pre-LN and SAS lead by as much, so the gain is repairing deep post-LN, not
-rSkip's own. With 1000 warm-up updates instead of 300, 6+6 post-LN gets most of the way
-(31.6 at 2400 updates) and rSkip+LN still leads it by 3.4 BLEU (35.0). At the papers'
-base size (6+6, d=512, on a GPU) post-LN diverges under the same schedule while rSkip+LN
-and pre-LN peak at 38.3 and 38.2 (1800 updates); with 1000 warm-up updates post-LN
-trains but stays 14 BLEU behind (24.1 at 3600; one seed each). This demo shows the
-pipeline at a size a CPU trains in minutes, not a paper's win. Curves:
+to 1200 updates; 3.8 at 3600 updates in one seed, narrowing), where post-LN's lower
+layers get 5-18x smaller gradients; pre-LN and SAS lead by as much, so the gain is
+repairing deep post-LN, not rSkip's own. With 1000 warm-up updates instead of 300, 6+6
+post-LN gets most of the way (31.6 at 2400 updates) and rSkip+LN still leads it by 3.4
+BLEU (35.0). At the papers' base size (6+6, d=512, on a GPU) post-LN diverges under the
+same schedule while rSkip+LN and pre-LN peak at 38.3 and 38.2 (1800 updates); with 1000
+warm-up updates post-LN trains but stays 14 BLEU behind (24.1 at 3600; one seed each).
+This demo shows the pipeline at a size a CPU trains in minutes, not a paper's win. Curves:
 docs/figures/curves-bleu.png; longer and deeper runs: benchmarks/curves.py."""
 
 
