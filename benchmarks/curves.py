@@ -79,9 +79,10 @@ ROWS = {**QUALITY_ROWS, **CONTROL_ROWS}
 # GPU, base seed 1 of post_ln to 1200 (diverged), of rskip_ln, pre_ln and the two controls
 # to 3600, sas to 2400, 6+6 post_ln and rskip_ln seed 1 to 3600 (`--milestones
 # 600,...,3600`, beyond the CPU's 2400), and 6+6 seed 2 of the four rows and seed 3 of
-# post_ln and rskip_ln to 1200-1800 (one 530 s device call).
-# Next: the other 2+2 runs to the final budget of 14400 updates; 6+6 seeds 2-3 to 2400; on
-# a GPU, 6+6 runs to the 2+2 final budget and base second seeds.
+# post_ln and rskip_ln to 1200-1800 (one 530 s device call), all six on to 2400 (session
+# 33, from update 0, 553 s).
+# Next: the other 2+2 runs to the final budget of 14400 updates; on a GPU, 6+6 runs to
+# the 2+2 final budget and base second seeds.
 STUDY_ORDER = (
     [("deep", r, 1) for r in ("post_ln", "rskip_ln (λ=2)", "pre_ln", "sas")]
     + [("deep", r, 1) for r in CONTROL_ROWS]

@@ -151,11 +151,11 @@ Options (environment variables in brackets):
 
 DEMO_NOTE = """\
 What to expect (measured, README "BLEU against budget and depth"): at this size (2+2
-layers) 2rSkip+LN is about 1 BLEU behind post-LN from 600 to 2400 updates (3 seeds),
+layers) rSkip+LN λ=2 is about 1 BLEU behind post-LN from 600 to 2400 updates (3 seeds),
 still 0.6-1.0 behind at 4800 to 12000 updates (2 seeds) and 0.6 behind at the final
-budget, 14400 updates (2 seeds). With 6+6 layers the order reverses: rSkip+LN
-leads post-LN at every budget from 600 updates on, by up to 15 BLEU (three seeds agree
-to 1200 updates; 3.8 at 3600 updates in one seed, narrowing), where post-LN's lower
+budget, 14400 updates (2 seeds). With 6+6 layers the order reverses: rSkip+LN leads
+post-LN at every budget from 600 updates on, by up to 15 BLEU (three seeds agree to 2400
+updates, +8.2 there; 3.8 at 3600 updates in one seed, narrowing), where post-LN's lower
 layers get 5-18x smaller gradients; pre-LN and SAS lead by as much, so the gain is
 repairing deep post-LN, not rSkip's own. With 1000 warm-up updates instead of 300, 6+6
 post-LN gets most of the way (31.6 at 2400 updates) and rSkip+LN still leads it by 3.4
