@@ -2,13 +2,16 @@
 
 Load with ``fairseq-train --user-dir resnmt`` (or ``import resnmt``): importing the
 package registers the ``resnmt_transformer`` model, its named architectures
-(``transformer_sas_base`` ...), the ``resnmt_translation`` task, and allow-lists the
-types fairseq checkpoints hold so that they load under torch's ``weights_only``.
+(``transformer_sas_base`` ...) and the ``resnmt_translation`` task, allow-lists the
+types fairseq checkpoints hold so that they load under torch's ``weights_only``, and
+lets a training run that stops mid-epoch exit cleanly (``resnmt.prefetch_exit``).
 """
 from resnmt.version import __version__
 from resnmt.checkpoint_compat import allow_fairseq_checkpoints
+from resnmt.prefetch_exit import park_prefetch_threads_at_exit
 
 allow_fairseq_checkpoints()
+park_prefetch_threads_at_exit()
 
 from resnmt import models  # noqa: E402,F401  (registers the model and archs)
 from resnmt import tasks  # noqa: E402,F401  (registers resnmt_translation)

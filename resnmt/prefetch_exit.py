@@ -1,0 +1,60 @@
+"""Let ``fairseq-train`` exit cleanly when it stops while batches are being prefetched.
+
+fairseq prefetches batches in a daemon thread (``fairseq.data.iterators.BackgroundConsumer``,
+``--data-buffer-size`` batches ahead of training). When training stops before its epoch
+ends (``--max-update``, or a crash elsewhere), that thread is often still collating the
+next batch inside torch's C++ code while the interpreter shuts down. Python 3.11 ends a
+daemon thread that wants the GIL back during shutdown with ``pthread_exit``, and the
+forced unwinding through torch's C++ frames calls ``std::terminate``: the process prints
+"terminate called without an active exception" and dies with SIGABRT (exit -6) *after*
+a successful run, its checkpoints saved, so whatever called it sees a failure.
+
+:func:`park_prefetch_threads` runs at exit, before shutdown begins: each prefetch thread
+finishes the batch it is on and then stops at its next ``put``, waiting on a lock (its
+queue is emptied, so a thread blocked on a full queue gets there too). A thread waiting
+on a lock is ended harmlessly by the shutdown.
+"""
+import atexit
+import threading
+
+# How long the exit waits for one prefetch thread to finish its batch. A batch takes
+# milliseconds to collate; a thread that does not arrive in this time is left as it is.
+PARK_TIMEOUT_S = 30.0
+
+_registered = False
+
+
+def _park(consumer) -> threading.Event:
+    """Make ``consumer`` wait forever at its next ``put``; return the event it sets there."""
+    arrived = threading.Event()
+
+    def put_and_wait(*args, **kwargs):
+        arrived.set()
+        threading.Event().wait()  # never set: the thread waits here until the process ends
+
+    queue = consumer._queue
+    queue.put = put_and_wait  # the instance attribute shadows queue.Queue.put
+    while not queue.empty():  # a thread blocked in the old put on a full queue returns
+        try:
+            queue.get_nowait()
+        except Exception:  # queue.Empty: another reader took the last item
+            break
+    return arrived
+
+
+def park_prefetch_threads(timeout: float = PARK_TIMEOUT_S) -> int:
+    """Stop fairseq's live prefetch threads at their next ``put``; return how many there were."""
+    from fairseq.data.iterators import BackgroundConsumer
+
+    consumers = [t for t in threading.enumerate() if isinstance(t, BackgroundConsumer) and t.is_alive()]
+    for consumer, arrived in [(c, _park(c)) for c in consumers]:
+        arrived.wait(timeout)
+    return len(consumers)
+
+
+def park_prefetch_threads_at_exit() -> None:
+    """Register :func:`park_prefetch_threads` to run at interpreter exit (once)."""
+    global _registered
+    if not _registered:
+        atexit.register(park_prefetch_threads)
+        _registered = True
