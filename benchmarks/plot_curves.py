@@ -3,8 +3,8 @@
 
     python benchmarks/plot_curves.py                   # docs/figures/curves-*.png, table on stdout
 
-Figures (one panel per depth): sacreBLEU against updates per row (the mean over seeds
-where every seed has a point, and each seed's own line) and its difference from post-LN's
+Figures (one panel per depth): sacreBLEU against updates per row (the mean over seeds,
+broken where the set of seeds changes, and each seed's own line) and its difference from post-LN's
 in the same setting, paired by seed, validation loss against updates (the run's newest line holds every validation
 so far), and the diagnostics over training from resnmt-analyze at each milestone
 (rSkip effective skip:residual ratio per layer, block-output gradient norm per layer for
@@ -111,13 +111,25 @@ def save(fig, title: str, out: Path) -> None:
     plt.close(fig)
 
 
-def mean_over_all_seeds(values: dict) -> tuple[list, list]:
-    """``values``: {seed: {updates: value}}. (budgets, mean value) at the budgets that every
-    seed has reached: a mean over fewer seeds further on would jump with the composition
-    of the seeds, not with training (the seeds that go further are drawn as thin lines of
-    their own)."""
-    common = sorted(set.intersection(*(set(per_update) for per_update in values.values())))
-    return common, [statistics.mean(per_update[u] for per_update in values.values()) for u in common]
+def mean_segments(values: dict) -> list[tuple[list, list]]:
+    """``values``: {seed: {updates: value}}. The mean over seeds as [(budgets, means)], one
+    segment per run of consecutive budgets that the same seeds have reached: a line drawn
+    across a change of seeds would jump with their composition, not with training, so it
+    breaks there. A budget that only one seed of several has reached is left to that seed's
+    own thin line."""
+    fewest = min(2, len(values))
+    segments, seeds_of_segment = [], None
+    for u in sorted(set().union(*values.values())):
+        present = frozenset(seed for seed, per_update in values.items() if u in per_update)
+        if len(present) < fewest:
+            seeds_of_segment = None
+            continue
+        if present != seeds_of_segment:
+            segments.append(([], []))
+            seeds_of_segment = present
+        segments[-1][0].append(u)
+        segments[-1][1].append(statistics.mean(values[seed][u] for seed in present))
+    return segments
 
 
 def bleu_of(seeds: dict) -> dict:
@@ -126,9 +138,11 @@ def bleu_of(seeds: dict) -> dict:
 
 
 def _mean_and_seed_lines(ax, values: dict, style: dict, label: str) -> None:
-    """The mean over seeds (thick, labelled) and, with several seeds, each seed's own line (thin)."""
-    xs, means = mean_over_all_seeds(values)
-    ax.plot(xs, means, marker="o", **style, label=label if len(values) == 1 else f"{label} ({len(values)} seeds)")
+    """The mean over seeds (thick, labelled; :func:`mean_segments`) and, with several seeds,
+    each seed's own line (thin)."""
+    for i, (xs, means) in enumerate(mean_segments(values)):
+        legend = label if len(values) == 1 else f"{label} ({len(values)} seeds)"
+        ax.plot(xs, means, marker="o", **style, label=legend if i == 0 else None)
     if len(values) > 1:
         for per_update in values.values():
             us = sorted(per_update)

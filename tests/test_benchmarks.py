@@ -367,20 +367,26 @@ def test_a_control_is_compared_with_post_ln_in_the_same_setting(monkeypatch):
     assert "| post_ln (warm-up 1000) | post_ln | -2.00 (1) |" in table
 
 
-def test_the_mean_line_stops_where_a_seed_stops(monkeypatch):
-    """Seed 1 went on to 4800 updates, seed 2 stopped at 2400: a mean past 2400 would be
-    seed 1 alone, a jump in the line that no training made."""
+def test_the_mean_line_breaks_where_the_seeds_change(monkeypatch):
+    """Three seeds to 2400 updates, two of them to 4800 and 7200, one to 9600: the mean is
+    drawn over three seeds, then over two, never across the change (it would jump with the
+    seeds' composition, not with training), and not past the last budget two seeds reached."""
     monkeypatch.syspath_prepend(str(BENCH))
-    from plot_curves import bleu_of, mean_over_all_seeds, paired_differences
+    from plot_curves import bleu_of, mean_segments, paired_differences
 
     record = lambda bleu: {"bleu": bleu}
-    seeds = {1: {600: record(15.0), 2400: record(30.0), 4800: record(33.0)},
-             2: {600: record(14.0), 2400: record(29.0)}}
-    assert mean_over_all_seeds(bleu_of(seeds)) == ([600, 2400], [14.5, 29.5])
-    assert mean_over_all_seeds(bleu_of({1: seeds[1]})) == ([600, 2400, 4800], [15.0, 30.0, 33.0])
+    seeds = {1: {600: record(15.0), 2400: record(30.0), 4800: record(33.0), 7200: record(35.0),
+                 9600: record(36.0)},
+             2: {600: record(14.0), 2400: record(29.0), 4800: record(32.0), 7200: record(34.0)},
+             3: {600: record(13.0), 2400: record(28.0)}}
+    assert mean_segments(bleu_of(seeds)) == [([600, 2400], [14.0, 29.0]), ([4800, 7200], [32.5, 34.5])]
+    assert mean_segments(bleu_of({1: seeds[1]})) == [([600, 2400, 4800, 7200, 9600], [15.0, 30.0, 33.0, 35.0, 36.0])]
+    # seed 3 missing at 1200 only: the line breaks around it and resumes with all three
+    gappy = {1: {600: 1.0, 1200: 2.0, 2400: 4.0}, 2: {600: 3.0, 1200: 4.0, 2400: 6.0}, 3: {600: 2.0, 2400: 5.0}}
+    assert mean_segments(gappy) == [([600], [2.0]), ([1200], [3.0]), ([2400], [5.0])]
     # the differences pair seed with seed, at the budgets both reached; seed 3 has no post_ln
-    rows = {"post_ln": seeds, "sas": {1: {600: record(16.0), 4800: record(32.0)}, 2: {600: record(13.0)},
-                                      3: {600: record(20.0)}}}
+    rows = {"post_ln": {s: seeds[s] for s in (1, 2)},
+            "sas": {1: {600: record(16.0), 4800: record(32.0)}, 2: {600: record(13.0)}, 3: {600: record(20.0)}}}
     assert paired_differences(rows, "sas") == {1: {600: 1.0, 4800: -1.0}, 2: {600: -1.0}}
     assert paired_differences(rows, "pre_ln") == {}
 
