@@ -70,7 +70,7 @@ ROWS = {**QUALITY_ROWS, **CONTROL_ROWS}
 # The study, most decisive runs first: (size, row, seed). Pairs that compare directly are
 # adjacent, so that `--workers 2 --threads 1` trains them side by side within a session.
 # Done so far: 2+2 seed 1 of post_ln, rskip_ln (to 4800) and sas (to 3600, then from
-# update 0 to 12000 in sessions 32-33); 6+6 seed 1 of every row, the later kinds and the
+# update 0 to 14400 in sessions 32-34); 6+6 seed 1 of every row, the later kinds and the
 # two warm-up controls included (all to 2400); 2+2 seed 2 of every row and seed 3 of
 # post_ln, rskip_ln and sas (to 2400), then seed 2 of post_ln to 19200 (past the final
 # budget, to show the flat curve), of rskip_ln to 12000 and sas to 14400 (sessions 30-31,
@@ -81,8 +81,8 @@ ROWS = {**QUALITY_ROWS, **CONTROL_ROWS}
 # and rskip_ln seed 1 to 3600 (`--milestones 600,...,3600`, beyond the CPU's 2400), and
 # 6+6 seed 2 of the four rows and seed 3 of post_ln and rskip_ln to 1200-1800 (one 530 s
 # device call), all six on to 2400 (session 33, from update 0, 553 s).
-# Next: the other 2+2 runs to the final budget of 14400 updates; on a GPU, 6+6 runs to
-# the 2+2 final budget and base second seeds.
+# Next (beyond the study's must-haves): 2+2 pre_ln and xskip_ln seed 2 to the final
+# budget of 14400 updates; on a GPU, 6+6 runs to that budget and base second seeds.
 STUDY_ORDER = (
     [("deep", r, 1) for r in ("post_ln", "rskip_ln (λ=2)", "pre_ln", "sas")]
     + [("deep", r, 1) for r in CONTROL_ROWS]
