@@ -15,6 +15,7 @@ queue is emptied, so a thread blocked on a full queue gets there too). A thread 
 on a lock is ended harmlessly by the shutdown.
 """
 import atexit
+import queue
 import threading
 
 # How long the exit waits for one prefetch thread to finish its batch. A batch takes
@@ -32,14 +33,13 @@ def _park(consumer) -> threading.Event:
         arrived.set()
         threading.Event().wait()  # never set: the thread waits here until the process ends
 
-    queue = consumer._queue
-    queue.put = put_and_wait  # the instance attribute shadows queue.Queue.put
-    while not queue.empty():  # a thread blocked in the old put on a full queue returns
+    batches = consumer._queue
+    batches.put = put_and_wait  # the instance attribute shadows queue.Queue.put
+    while True:  # emptied, so that a thread blocked in the old put on a full queue returns
         try:
-            queue.get_nowait()
-        except Exception:  # queue.Empty: another reader took the last item
-            break
-    return arrived
+            batches.get_nowait()
+        except queue.Empty:
+            return arrived
 
 
 def park_prefetch_threads(timeout: float = PARK_TIMEOUT_S) -> int:
