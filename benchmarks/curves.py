@@ -81,7 +81,7 @@ ROWS = {**QUALITY_ROWS, **CONTROL_ROWS}
 # and rskip_ln seed 1 to 3600 (`--milestones 600,...,3600`, beyond the CPU's 2400), and
 # 6+6 seed 2 of the four rows and seed 3 of post_ln and rskip_ln to 1200-1800 (one 530 s
 # device call), all six on to 2400 (session 33, from update 0, 553 s); 2+2 pre_ln seed 1
-# and xskip_ln seed 2 from update 0 to 4800 (session 34, side by side).
+# and xskip_ln seed 2 from update 0 to 7200 (session 34, side by side).
 # Next (beyond the study's must-haves): those two and pre_ln seed 2 to the final budget
 # of 14400 updates; on a GPU, 6+6 runs to that budget and base second seeds.
 STUDY_ORDER = (
