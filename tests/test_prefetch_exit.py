@@ -4,7 +4,7 @@ torch's C++ code at shutdown and the process aborts (the CI failure that led to 
 import subprocess
 import sys
 
-from conftest import REPO_ROOT, cli_env
+from conftest import run_cli
 
 # One batch from a BufferedIterator whose source collates slowly (many torch ops per
 # batch, as fairseq's collater does for large batches), then the interpreter exits with
@@ -33,8 +33,7 @@ print(next(batches).shape, flush=True)
 
 
 def stop_mid_epoch(mode: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", STOP_MID_EPOCH, mode], cwd=REPO_ROOT, env=cli_env(),
-                          capture_output=True, text=True, timeout=300)
+    return run_cli([sys.executable, "-c", STOP_MID_EPOCH, mode], check=False, timeout=300)
 
 
 def test_prefetch_thread_busy_at_exit_aborts_without_the_guard():
