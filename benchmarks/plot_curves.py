@@ -4,8 +4,8 @@
     python benchmarks/plot_curves.py                   # docs/figures/curves-*.png, table on stdout
 
 Figures (one panel per depth): sacreBLEU against updates per row (the mean over seeds,
-broken where the set of seeds changes, and each seed's own line) and its difference from post-LN's
-in the same setting, paired by seed, validation loss against updates (the run's newest line holds every validation
+broken where the set of seeds changes, and each seed's own line) and its difference from
+post-LN's in the same setting, paired by seed, validation loss against updates (the run's newest line holds every validation
 so far), and the diagnostics over training from resnmt-analyze at each milestone
 (rSkip effective skip:residual ratio per layer, block-output gradient norm per layer for
 post_ln and rskip_ln; for every row, how much of the gradient reaches the encoder).
@@ -140,8 +140,8 @@ def bleu_of(seeds: dict) -> dict:
 def _mean_and_seed_lines(ax, values: dict, style: dict, label: str) -> None:
     """The mean over seeds (thick, labelled; :func:`mean_segments`) and, with several seeds,
     each seed's own line (thin)."""
+    legend = label if len(values) == 1 else f"{label} ({len(values)} seeds)"
     for i, (xs, means) in enumerate(mean_segments(values)):
-        legend = label if len(values) == 1 else f"{label} ({len(values)} seeds)"
         ax.plot(xs, means, marker="o", **style, label=legend if i == 0 else None)
     if len(values) > 1:
         for per_update in values.values():
