@@ -13,24 +13,16 @@ args, extra_state, optimizer_history, task_state) except the optimizer state
 (``fairseq-generate --path``); to train from it use ``--reset-optimizer``.
 """
 import argparse
-import pickle
-import re
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import torch
 
-from resnmt.atomic import atomic_open
+from resnmt.averaging import AverageError, average_checkpoints, save_atomic, select_checkpoints
 from resnmt.cli.common import OneLineErrorParser
 
 PROG = "resnmt-average"
-EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")
-UPDATE_RE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
-
-
-class AverageError(Exception):
-    """A refusal: printed as one line, exit status 1, nothing written."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,41 +65,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def numbered_checkpoints(directory: Path, by: str, upper_bound: Optional[int] = None) -> List[Tuple[int, Path]]:
-    """``(number, path)`` of the epoch (``by="epoch"``: ``checkpointE.pt``) or update
-    (``by="update"``: ``checkpoint_E_U.pt``, numbered by U) checkpoints in ``directory``
-    numbered at most ``upper_bound``, oldest first."""
-    pattern = EPOCH_RE if by == "epoch" else UPDATE_RE
-    found = []
-    for entry in Path(directory).iterdir() if Path(directory).is_dir() else ():
-        m = pattern.match(entry.name)
-        if m and entry.is_file():
-            number = int(m.group(m.lastindex))  # epoch E, or update U
-            if upper_bound is None or number <= upper_bound:
-                found.append((number, entry))
-    return sorted(found)
-
-
-def select_checkpoints(directory: Path, n: int, by: str, upper_bound: Optional[int] = None) -> List[Path]:
-    """The last ``n`` epoch (``by="epoch"``) or update (``by="update"``) checkpoints, oldest first."""
-    if n <= 0:
-        flag = "--num-epoch-checkpoints" if by == "epoch" else "--num-update-checkpoints"
-        raise AverageError(f"{flag} must be a positive number of checkpoints, got {n}")
-    if not directory.is_dir():
-        raise AverageError(f"{directory} is not a directory (selecting by {by} needs one directory in --inputs)")
-    name = "checkpointE.pt" if by == "epoch" else "checkpoint_E_U.pt"
-    found = numbered_checkpoints(directory, by, upper_bound)
-    bound = f" with {by} <= {upper_bound}" if upper_bound is not None else ""
-    if not found:
-        raise AverageError(f"no {name} checkpoints{bound} in {directory}")
-    if n > len(found):
-        raise AverageError(
-            f"asked for the last {n} {by} checkpoints but {directory} has only {len(found)} {name} "
-            f"files{bound}"
-        )
-    return [path for _, path in found[-n:]]
-
-
 def resolve_inputs(args) -> List[Path]:
     inputs = [Path(p) for p in args.inputs]
     n, by = args.num_epoch_checkpoints, "epoch"
@@ -138,103 +95,6 @@ def resolve_inputs(args) -> List[Path]:
             raise AverageError(f"{path} is given twice in --inputs")
         seen.add(key)
     return inputs
-
-
-def load_checkpoint(path: Path) -> dict:
-    """``torch.load`` with ``weights_only=True`` (fairseq's types allow-listed by resnmt)."""
-    from resnmt.checkpoint_compat import allow_fairseq_checkpoints
-
-    allow_fairseq_checkpoints()
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise AverageError(f"cannot load {path} with weights_only=True: {first}") from None
-    except (OSError, RuntimeError, EOFError) as e:
-        raise AverageError(f"cannot read {path} as a torch checkpoint: {str(e).splitlines()[0]}") from None
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        raise AverageError(f"{path} is not a fairseq checkpoint: expected a dict with a 'model' state dict")
-    return state
-
-
-def average_checkpoints(paths: Sequence[Path], log=None) -> dict:
-    """The newest checkpoint (``paths[-1]``) with its ``model`` averaged over ``paths``.
-
-    Raises AverageError if the checkpoints' model keys, shapes or kinds of dtype differ.
-    """
-    if not paths:
-        raise AverageError("no checkpoints to average")
-    ref_path, ref_sig = None, None
-    sums: Dict[str, torch.Tensor] = {}
-    newest = None
-    for i, path in enumerate(paths, 1):
-        state = load_checkpoint(path)
-        model = state["model"]
-        sig = _signature(model)
-        if ref_sig is None:
-            ref_path, ref_sig = path, sig
-        else:
-            _check_compatible(ref_path, ref_sig, path, sig)
-        for key, value in model.items():
-            if torch.is_tensor(value) and value.is_floating_point():
-                if key in sums:
-                    sums[key].add_(value.detach().to(torch.float64))
-                else:
-                    sums[key] = value.detach().to(torch.float64, copy=True)
-        if log:
-            log(f"[{i}/{len(paths)}] loaded {path} ({len(model)} model entries)")
-        if i == len(paths):
-            newest = state
-        del state, model
-    averaged = {}
-    for key, value in newest["model"].items():
-        if key in sums:
-            averaged[key] = sums[key].div_(len(paths)).to(value.dtype)
-        else:  # integer/bool buffers and any non-tensor entries: the newest checkpoint's
-            averaged[key] = value
-    newest["model"] = averaged
-    newest.pop("last_optimizer_state", None)
-    newest["resnmt_averaged_from"] = [str(p) for p in paths]
-    return newest
-
-
-def _signature(model: dict) -> Dict[str, tuple]:
-    """Per key: (type name, shape, is floating point, dtype name); what must agree across inputs."""
-    sig = {}
-    for key, value in model.items():
-        if torch.is_tensor(value):
-            sig[key] = ("Tensor", tuple(value.shape), value.is_floating_point(), str(value.dtype).replace("torch.", ""))
-        else:
-            sig[key] = (type(value).__name__, None, None, None)
-    return sig
-
-
-def _check_compatible(ref_path, ref_sig, path, sig) -> None:
-    for key in ref_sig:
-        if key not in sig:
-            raise AverageError(f"{path} has no model key '{key}' (present in {ref_path})")
-    for key in sig:
-        if key not in ref_sig:
-            raise AverageError(f"{path} has model key '{key}' that {ref_path} does not have")
-    for key, (kind, shape, is_float, dtype) in sig.items():
-        ref_kind, ref_shape, ref_float, ref_dtype = ref_sig[key]
-        if kind != ref_kind:
-            raise AverageError(f"{path}: model key '{key}' is a {kind}, expected a {ref_kind} as in {ref_path}")
-        if kind != "Tensor":
-            continue
-        if shape != ref_shape:
-            raise AverageError(f"{path}: model key '{key}' has shape {shape}, expected {ref_shape} as in {ref_path}")
-        if is_float != ref_float:
-            raise AverageError(
-                f"{path}: model key '{key}' has dtype {dtype}, expected a "
-                f"{'floating-point' if ref_float else 'non-floating-point'} dtype like {ref_path}'s {ref_dtype}"
-            )
-
-
-def save_atomic(state: dict, output: Path) -> None:
-    """``torch.save`` to ``output`` atomically (flushed to disk before the rename)."""
-    with atomic_open(output, "wb", fsync=True) as f:
-        torch.save(state, f)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
