@@ -28,6 +28,20 @@ KIND_ARGS = {
     "admin": ["--residual", "admin"],
     "xskip_ln_learned": ["--residual", "xskip_ln", "--skip-lambda", "1.5", "--skip-lambda-learned"],
     "mixed": ["--encoder-residual", "rskip_ln", "--decoder-residual", "sas", "--sas-gate-dim", "4"],
+    "peri_ln": ["--residual", "peri_ln"],
+    "b2t": ["--residual", "b2t"],
+    "b2t_rescaled": ["--residual", "b2t", "--b2t-rescale-init"],
+    "resi_dual": ["--residual", "resi_dual"],
+    "resi_dual_scaled": ["--residual", "resi_dual", "--resi-dual-scale", "0.5", "--resi-dual-alpha", "0.7"],
+    "dlcl": ["--residual", "dlcl"],
+    "dlcl_window": ["--residual", "dlcl", "--dlcl-window", "2", "--encoder-layers", "3"],
+    "dlcl_post": ["--residual", "dlcl_post"],
+    "mixed_streams": ["--encoder-residual", "dlcl", "--decoder-residual", "resi_dual"],
+    "pre_ln_rms_norm": ["--residual", "pre_ln", "--normalization", "rms_norm"],
+    "post_ln_dyt": ["--residual", "post_ln", "--normalization", "dyt", "--dyt-alpha-init", "0.8"],
+    "dlcl_post_dyt": ["--residual", "dlcl_post", "--normalization", "dyt"],
+    "resi_dual_rms_norm": ["--residual", "resi_dual", "--normalization", "rms_norm"],
+    "sas_rms_norm": ["--residual", "sas", "--normalization", "rms_norm"],
 }
 
 

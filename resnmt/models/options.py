@@ -20,10 +20,16 @@ from resnmt.modules.connections import (  # noqa: F401  (positive_*: argparse ty
     positive_int,
 )
 from resnmt.modules.fused import require_compile
+from resnmt.modules.norms import DEFAULT_DYT_ALPHA, DEFAULT_NORMALIZATION, NORMALIZATIONS
 from resnmt.modules.normalized_activation import KINDS, PAPER, SIDES, STATS_MODES, ActivationSpec
 
 # every connection flag's default, read from the registered kinds
-DEFAULTS = {"residual": "post_ln", **{dest: flag.default for dest, flag in CONNECTION_FLAGS.items()}}
+DEFAULTS = {
+    "residual": "post_ln",
+    "normalization": DEFAULT_NORMALIZATION,
+    "dyt_alpha_init": DEFAULT_DYT_ALPHA,
+    **{dest: flag.default for dest, flag in CONNECTION_FLAGS.items()},
+}
 
 # fairseq options whose code paths the resnmt layers do not implement
 UNSUPPORTED_FAIRSEQ_FLAGS = {
@@ -49,6 +55,17 @@ def add_connection_args(parser) -> None:
     for side in ("encoder", "decoder"):
         parser.add_argument(f"--{side}-residual", choices=CONNECTION_KINDS, metavar="KIND",
                             help=f"connection of the {side}'s sublayers (default: --residual)")
+    parser.add_argument(
+        "--normalization", choices=NORMALIZATIONS, metavar="NORM",
+        help="every normalization the connections and the stacks own: layer_norm (fairseq's LayerNorm), "
+        "rms_norm (x/sqrt(mean(x^2)+eps)*g, Zhang and Sennrich 2019) or dyt (g*tanh(a*x)+b, a a learned "
+        "scalar, Zhu et al. 2025); kinds without a normalization (xskip, highway, rezero) refuse a change "
+        f"(default: {DEFAULT_NORMALIZATION})",
+    )
+    parser.add_argument(
+        "--dyt-alpha-init", type=positive_float, metavar="A",
+        help=f"initial alpha of every DyT with --normalization dyt (default: {DEFAULT_DYT_ALPHA:g}, the DyT paper's)",
+    )
     for flag in CONNECTION_FLAGS.values():
         flag.add_to(parser)
 
@@ -96,6 +113,8 @@ def side_connection_spec(cfg, side: str) -> ConnectionSpec:
         decoder_layers=num_layers(cfg, "decoder"),
         export=bool(get("export") or False),
         fused=bool(getattr(cfg, "fused_connections", None) or False),
+        normalization=get("normalization"),
+        dyt_alpha_init=get("dyt_alpha_init"),
         **{flag.dest: get(flag.dest) for flag in own_flags},  # a side holds its own kind's flags
     )
 
@@ -104,6 +123,13 @@ def check_model_args(args) -> None:
     """Raise ConnectionConfigError (a ValueError) for any connection option out of range,
     or a fairseq option the resnmt layers do not implement."""
     specs = [side_connection_spec(args, side) for side in ("encoder", "decoder")]  # each validates itself
+    for spec in specs:
+        layerdrop = float(getattr(args, f"{spec.side}_layerdrop", 0) or 0)
+        if layerdrop > 0 and CONNECTION_CLASSES[spec.kind].crosses_layers():
+            raise ConnectionConfigError(
+                f"--{spec.side}-layerdrop {layerdrop:g} is invalid for --residual {spec.kind}: its residual stream "
+                "combines the layers' outputs by their position in the stack (use 0)"
+            )
     check_flags_used([spec.kind for spec in specs], {dest: getattr(args, dest, None) for dest in CONNECTION_FLAGS})
     for key, flag in UNSUPPORTED_FAIRSEQ_FLAGS.items():
         if getattr(args, key, False):

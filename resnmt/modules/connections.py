@@ -30,7 +30,18 @@ highway    t*F + (1-t)*x, t = sigmoid(x W_T + b_T)               Srivastava et a
 deepnorm   LN(alpha*x + F), beta-scaled Xavier init              Wang et al. 2022
 rezero     x + a*F, a a learned scalar starting at 0             Bachlechner et al. 2020
 admin      LN(omega (.) x + F), omega a learned vector           Liu et al. 2020
+peri_ln    x + LN_out(F(LN_in(x))), final LN after the stack     Kim et al. 2025
+b2t        post-LN; a layer's last LN: LN(h + F(h) + x_0)        Takase et al. 2023
+resi_dual  post-LN, d += F; stack output x_N + LN(d_N)           Xie et al. 2023
+dlcl       pre-LN; layer input sum_k W_k LN(y_k)                 Wang et al. 2019
+dlcl_post  post-LN; layer input LN(sum_k W_k y_k)                Wang et al. 2019
 =========  ====================================================  ==========================
+
+Every normalization a kind owns is ``--normalization`` (LayerNorm, RMSNorm or DyT;
+:mod:`resnmt.modules.norms`). The last four kinds cross layers: B2T's last connection of
+a layer also reads the layer's input (``reads_layer_input``); ResiDual and DLCL add a
+:class:`~resnmt.modules.streams.ResidualStream` that the stack carries from layer to
+layer (``build_stream``).
 """
 import argparse
 import math
@@ -43,6 +54,8 @@ from torch import Tensor, nn
 
 from resnmt.modules.fused import fused_sas_output, require_compile
 from resnmt.modules.gates import ScalarGates
+from resnmt.modules.streams import DLCLStream, ResiDualStream, ResidualStream
+from resnmt.modules.norms import DEFAULT_DYT_ALPHA, DEFAULT_NORMALIZATION, NORMALIZATIONS, build_norm, is_layer_norm
 
 
 class ConnectionConfigError(ValueError):
@@ -153,14 +166,19 @@ class ConnectionSpec:
         encoder_layers, decoder_layers: the stacks' depths N and M.
         export: fairseq's ``--export`` (use torch's LayerNorm).
         fused: ``--fused-connections`` (SAS's combination compiled, :mod:`resnmt.modules.fused`).
+        normalization: ``--normalization`` (:mod:`resnmt.modules.norms`): what every norm
+            the connections and the stack own is (layer_norm, rms_norm or dyt).
+        dyt_alpha_init: ``--dyt-alpha-init``, DyT's initial alpha.
         **options: values of the kinds' flags by ``dest`` (``skip_lambda=2.0``,
             ``sas_gate_dim=64``, ...); a flag left out takes its default.
     """
 
-    __slots__ = ("kind", "side", "encoder_layers", "decoder_layers", "export", "fused", "options")
+    __slots__ = ("kind", "side", "encoder_layers", "decoder_layers", "export", "fused", "normalization",
+                 "dyt_alpha_init", "options")
 
     def __init__(self, kind: str = "post_ln", *, side: str = "encoder", encoder_layers: int = 6,
-                 decoder_layers: int = 6, export: bool = False, fused: bool = False, **options):
+                 decoder_layers: int = 6, export: bool = False, fused: bool = False,
+                 normalization: str = DEFAULT_NORMALIZATION, dyt_alpha_init: float = DEFAULT_DYT_ALPHA, **options):
         unknown = sorted(set(options) - set(CONNECTION_FLAGS))
         if unknown:
             raise TypeError(f"ConnectionSpec got unknown options {unknown}; flags are {sorted(CONNECTION_FLAGS)}")
@@ -168,7 +186,8 @@ class ConnectionSpec:
         values.update({k: v for k, v in options.items() if v is not None or CONNECTION_FLAGS[k].default is None})
         for name, value in (("kind", kind), ("side", side), ("encoder_layers", int(encoder_layers)),
                             ("decoder_layers", int(decoder_layers)), ("export", bool(export)),
-                            ("fused", bool(fused)), ("options", tuple(sorted(values.items())))):
+                            ("fused", bool(fused)), ("normalization", normalization),
+                            ("dyt_alpha_init", float(dyt_alpha_init)), ("options", tuple(sorted(values.items())))):
             object.__setattr__(self, name, value)
         check_connection_spec(self)
 
@@ -182,11 +201,11 @@ class ConnectionSpec:
 
     def __reduce__(self):  # copy, deepcopy and pickle rebuild (and re-validate) through __init__
         return (_rebuild_spec, (self.kind, self.side, self.encoder_layers, self.decoder_layers, self.export,
-                                self.fused, dict(self.options)))
+                                self.fused, dict(self.options), self.normalization, self.dyt_alpha_init))
 
     def _key(self):
         return (self.kind, self.side, self.encoder_layers, self.decoder_layers, self.export, self.fused,
-                self.options)
+                self.normalization, self.dyt_alpha_init, self.options)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, ConnectionSpec) and self._key() == other._key()
@@ -197,8 +216,13 @@ class ConnectionSpec:
     def __repr__(self) -> str:
         own = {flag.dest for flag in connection_class(self.kind).flags} if self.kind in CONNECTION_CLASSES else set()
         shown = ", ".join(f"{k}={v!r}" for k, v in self.options if k in own)
+        norm = "" if self.normalization == DEFAULT_NORMALIZATION else f", normalization={self.normalization!r}"
         return (f"ConnectionSpec(kind={self.kind!r}, side={self.side!r}, layers={self.encoder_layers}+"
-                f"{self.decoder_layers}{', ' + shown if shown else ''})")
+                f"{self.decoder_layers}{norm}{', ' + shown if shown else ''})")
+
+    def norm(self, dim: int) -> nn.Module:
+        """A new normalization of ``dim`` features, of this spec's ``--normalization``."""
+        return build_norm(dim, self.normalization, export=self.export, dyt_alpha_init=self.dyt_alpha_init)
 
     @property
     def has_final_norm(self) -> bool:
@@ -211,9 +235,11 @@ class ConnectionSpec:
         return 2 * self.encoder_layers if self.side == "encoder" else 3 * self.decoder_layers
 
 
-def _rebuild_spec(kind, side, encoder_layers, decoder_layers, export, fused, options) -> ConnectionSpec:
+def _rebuild_spec(kind, side, encoder_layers, decoder_layers, export, fused, options,
+                  normalization=DEFAULT_NORMALIZATION, dyt_alpha_init=DEFAULT_DYT_ALPHA) -> ConnectionSpec:
     return ConnectionSpec(kind, side=side, encoder_layers=encoder_layers, decoder_layers=decoder_layers,
-                          export=export, fused=fused, **options)
+                          export=export, fused=fused, normalization=normalization, dyt_alpha_init=dyt_alpha_init,
+                          **options)
 
 
 def check_connection_spec(spec: ConnectionSpec) -> None:
@@ -225,6 +251,17 @@ def check_connection_spec(spec: ConnectionSpec) -> None:
     if spec.side not in ("encoder", "decoder"):
         raise ConnectionConfigError(f"connection side {spec.side!r}: choose encoder or decoder")
     cls = connection_class(spec.kind)
+    if spec.normalization not in NORMALIZATIONS:
+        raise ConnectionConfigError(
+            f"--normalization {spec.normalization!r}: choose one of {', '.join(NORMALIZATIONS)}"
+        )
+    if spec.normalization != DEFAULT_NORMALIZATION and not cls.normalized:
+        raise ConnectionConfigError(
+            f"--normalization {spec.normalization} is invalid for --residual {spec.kind}: it has no normalization "
+            f"to replace (kinds with one: {', '.join(k for k, c in CONNECTION_CLASSES.items() if c.normalized)})"
+        )
+    if not spec.dyt_alpha_init > 0:
+        raise ConnectionConfigError(f"--dyt-alpha-init {spec.dyt_alpha_init:g} is invalid: it must be a real number > 0")
     cls.check_spec(spec)  # the kind's own rules first: their messages name the kind
     for flag in cls.flags:
         flag.validate(getattr(spec, flag.dest))
@@ -262,7 +299,12 @@ class SublayerConnection(nn.Module):
     * ``final_norm``: the stack ends with a LayerNorm (pre-LN);
     * ``statistics``: the :class:`Statistic` s :meth:`measure` returns;
     * ``arch_family``, ``arch_options``: named archs ``transformer_<family>_{base,big}``
-      and the flag values they choose (no family: no named arch).
+      and the flag values they choose (no family: no named arch);
+    * ``normalized``: the kind owns normalizations (``--normalization`` replaces them);
+    * ``reads_layer_input``: :meth:`forward` of the layer's last sublayer also takes the
+      layer's input (B2T);
+    * :meth:`build_stream`: the :class:`~resnmt.modules.streams.ResidualStream` the stack
+      carries from layer to layer besides ``x`` (ResiDual, DLCL; None: plain stacking).
     """
 
     kind: ClassVar[str]
@@ -273,10 +315,22 @@ class SublayerConnection(nn.Module):
     statistics: ClassVar[Tuple[Statistic, ...]] = ()
     arch_family: ClassVar[Optional[str]] = None
     arch_options: ClassVar[Mapping[str, Any]] = {}
+    normalized: ClassVar[bool] = True
+    reads_layer_input: ClassVar[bool] = False
 
     @classmethod
     def check_spec(cls, spec: ConnectionSpec) -> None:
         """Kind-specific checks beyond each flag's own (raise ConnectionConfigError)."""
+
+    @classmethod
+    def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
+        """The stack's residual stream for this kind; None: the layers are simply stacked."""
+        return None
+
+    @classmethod
+    def crosses_layers(cls) -> bool:
+        """Whether the kind's stack carries a residual stream (overrides :meth:`build_stream`)."""
+        return cls.build_stream.__func__ is not SublayerConnection.build_stream.__func__
 
     def prenorm(self, x: Tensor) -> Tensor:
         return x
@@ -363,7 +417,7 @@ class PostLNConnection(SublayerConnection):
 
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__()
-        self.norm = LayerNorm(dim, export=spec.export)
+        self.norm = spec.norm(dim)
 
     def forward(self, x: Tensor, fx: Tensor) -> Tensor:
         return self.norm(x + fx)
@@ -381,7 +435,7 @@ class PreLNConnection(SublayerConnection):
 
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__()
-        self.norm = LayerNorm(dim, export=spec.export)
+        self.norm = spec.norm(dim)
 
     def prenorm(self, x: Tensor) -> Tensor:
         return self.norm(x)
@@ -404,6 +458,7 @@ class XSkipConnection(SublayerConnection):
     equation = "lambda*x+F"
     source = "rSkip eq.2"
     flags = (SKIP_LAMBDA, SKIP_LAMBDA_LEARNED)
+    normalized = False
     statistics = (
         SKIP_RATIO,
         Statistic("skip_lambda", "skip_lambda", "learned lambda: skip scale, mean over features", "mean lambda"),
@@ -472,10 +527,11 @@ class XSkipLNConnection(XSkipConnection):
     source = "rSkip eq.3"
     arch_family = "xskip"
     arch_options = {"skip_lambda": 2.0}
+    normalized = True
 
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__(dim, spec)
-        self.norm = LayerNorm(dim, export=spec.export)
+        self.norm = spec.norm(dim)
 
     def forward(self, x: Tensor, fx: Tensor) -> Tensor:
         return self.norm(self.scaled_sum(x, fx))
@@ -501,7 +557,7 @@ class RSkipLNConnection(SublayerConnection):
 
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__()
-        self.norms = nn.ModuleList(LayerNorm(dim, export=spec.export) for _ in range(int(spec.skip_lambda)))
+        self.norms = nn.ModuleList(spec.norm(dim) for _ in range(int(spec.skip_lambda)))
 
     @classmethod
     def check_spec(cls, spec: ConnectionSpec) -> None:
@@ -515,6 +571,10 @@ class RSkipLNConnection(SublayerConnection):
         for norm in self.norms:
             y = norm(x + y)
         return y
+
+    def measured_statistics(self) -> Tuple[Statistic, ...]:
+        """The ratio's derivation divides by each LayerNorm's sigma: LayerNorm only."""
+        return self.statistics if is_layer_norm(self.norms[0]) else ()
 
     def measure(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
         """Effective skip : residual ratio (rSkip paper, appendix A), per position.
@@ -581,6 +641,14 @@ class SASConnection(SublayerConnection):
     )
     arch_family = "sas"
 
+    @classmethod
+    def check_spec(cls, spec: ConnectionSpec) -> None:
+        if spec.fused and spec.normalization != "layer_norm":
+            raise ConnectionConfigError(
+                f"--fused-connections is invalid with --normalization {spec.normalization} for --residual sas: "
+                "the fused combination computes a LayerNorm (use --normalization layer_norm)"
+            )
+
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__()
         self.gamma_from_gate = spec.sas_gamma == "gate"
@@ -592,7 +660,7 @@ class SASConnection(SublayerConnection):
             hidden_dim=None if spec.sas_gate == "single_layer" else (spec.sas_gate_dim or dim),
             bias_init=bias_init,
         )
-        self.norm = LayerNorm(dim, export=spec.export)
+        self.norm = spec.norm(dim)
         self.fused = spec.fused
         if spec.fused:
             require_compile()
@@ -647,6 +715,7 @@ class HighwayConnection(SublayerConnection):
         Statistic("highway_gate", "hw_gate", "highway transform gate t (weight of F)", "mean transform gate t", True),
     )
     arch_family = "highway"
+    normalized = False
 
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__()
@@ -726,6 +795,7 @@ class ReZeroConnection(SublayerConnection):
     source = "Bachlechner et al. 2020, arXiv:2003.04887"
     statistics = (Statistic("rezero_a", "rezero_a", "ReZero a: weight of the residual F", "a (weight of F)"),)
     arch_family = "rezero"
+    normalized = False
 
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__()
@@ -788,9 +858,141 @@ class AdminConnection(XSkipLNConnection):
         return True
 
 
+@register_connection
+class PeriLNConnection(SublayerConnection):
+    """Peri-LN: ``x + LN_out(F(LN_in(x)))`` and a final LN after the stack: the sublayer's
+    input and output are normalized, the identity path is not (Kim et al. 2025,
+    arXiv:2502.02732)."""
+
+    kind = "peri_ln"
+    equation = "x+LN_out(F(LN_in(x))) and a final LN"
+    source = "Kim et al. 2025, arXiv:2502.02732"
+    final_norm = True
+    arch_family = "periln"
+
+    def __init__(self, dim: int, spec: ConnectionSpec):
+        super().__init__()
+        self.input_norm = spec.norm(dim)
+        self.output_norm = spec.norm(dim)
+
+    def prenorm(self, x: Tensor) -> Tensor:
+        return self.input_norm(x)
+
+    def forward(self, x: Tensor, fx: Tensor) -> Tensor:
+        return x + self.output_norm(fx)
+
+
+@register_connection
+class B2TConnection(PostLNConnection):
+    """B2T, bottom-to-top: post-LN whose layer's last LN also receives the layer's input
+    ``x_0``: ``h = LN(x_0 + F_1(x_0))`` ... and ``y = LN(h + F_last(h) + x_0)`` (encoder: after
+    self-attention and FFN; decoder: after self-, cross-attention and FFN) (Takase et al.,
+    Findings of ACL 2023, arXiv:2206.00330). With ``--b2t-rescale-init`` every projection
+    of the layer starts scaled by ``L^-0.5`` (L the side's layers), the paper's option for
+    deep stacks."""
+
+    kind = "b2t"
+    equation = "post-LN, last LN of a layer LN(h+F(h)+x_layer_input)"
+    source = "Takase et al. 2023, Findings of ACL, arXiv:2206.00330"
+    flags = (
+        Flag("b2t_rescale_init", False, switch=True, owners_only=True,
+             help="b2t: scale every attention and FFN projection's initial weights by L^-0.5, L the side's "
+             "layers (the B2T paper's rescaling for deep stacks) (default: fairseq's init)"),
+    )
+    arch_family = "b2t"
+    reads_layer_input = True
+
+    def __init__(self, dim: int, spec: ConnectionSpec):
+        super().__init__(dim, spec)
+        layers = spec.encoder_layers if spec.side == "encoder" else spec.decoder_layers
+        self.rescale = layers ** -0.5 if spec.b2t_rescale_init else None
+
+    def forward(self, x: Tensor, fx: Tensor, layer_input: Optional[Tensor] = None) -> Tensor:
+        if layer_input is None:
+            return self.norm(x + fx)
+        return self.norm(x + fx + layer_input)
+
+    def initialize_sublayer(self, projections: Mapping[str, nn.Module]) -> None:
+        if self.rescale is None:
+            return
+        with torch.no_grad():
+            for linear in projections.values():
+                linear.weight.mul_(self.rescale)
+
+
+RESI_DUAL_FLAGS = (
+    Flag("resi_dual_scale", 1.0, check=positive_float, metavar="S",
+         help="resi_dual: scale s of the dual stream, d_0 = s*x_0, d_{k+1} = d_k + s*F_k (default: 1, the paper's)"),
+    Flag("resi_dual_alpha", 1.0, check=float, metavar="A",
+         help="resi_dual: the stack's output alpha*x_N + LN(d_N) (default: 1, the paper's)"),
+)
+
+
+@register_connection
+class ResiDualConnection(PostLNConnection):
+    """ResiDual: post-LN sublayers plus an unnormalized dual stream that adds up the same
+    sublayer outputs; the stack's output is ``alpha*x_N + LN(d_N)``
+    (:class:`~resnmt.modules.streams.ResiDualStream`; Xie et al. 2023, arXiv:2304.14802)."""
+
+    kind = "resi_dual"
+    equation = "x_{k+1}=LN(x_k+F_k), d_{k+1}=d_k+F_k, output x_N+LN(d_N)"
+    source = "Xie et al. 2023, arXiv:2304.14802"
+    flags = RESI_DUAL_FLAGS
+    arch_family = "resi_dual"
+
+    @classmethod
+    def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
+        return ResiDualStream(dim, spec)
+
+
+DLCL_WINDOW = Flag(
+    "dlcl_window", None, check=positive_int, metavar="N",
+    help="dlcl/dlcl_post: each layer combines only the N most recent of the earlier layers' outputs "
+    "(the embedding counts as one) (default: all of them, the DLCL paper's)",
+)
+
+
+@register_connection
+class DLCLConnection(PreLNConnection):
+    """DLCL, pre-norm: pre-LN layers whose input is a learned linear combination of all
+    earlier layers' normalized outputs, ``x_{l+1} = sum_{k<=l} W_k LN(y_k)``
+    (:class:`~resnmt.modules.streams.DLCLStream`; Wang et al., ACL 2019, arXiv:1906.01787)."""
+
+    kind = "dlcl"
+    equation = "pre-LN layers, x_{l+1}=sum_k W[l+1,k] LN(y_k), W from the average"
+    source = "Wang et al. 2019, ACL, arXiv:1906.01787"
+    flags = (DLCL_WINDOW,)
+    arch_family = "dlcl"
+
+    @classmethod
+    def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
+        return DLCLStream(dim, spec, pre_norm=True)
+
+
+@register_connection
+class DLCLPostConnection(PostLNConnection):
+    """DLCL, post-norm: post-LN layers whose input is the normalized learned combination
+    of all earlier layers' outputs, ``x_{l+1} = LN(sum_{k<=l} W_k y_k)``."""
+
+    kind = "dlcl_post"
+    equation = "post-LN layers, x_{l+1}=LN(sum_k W[l+1,k] y_k), W from the average"
+    source = "Wang et al. 2019, ACL, arXiv:1906.01787"
+    flags = (DLCL_WINDOW,)
+    arch_family = "dlcl_post"
+
+    @classmethod
+    def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
+        return DLCLStream(dim, spec, pre_norm=False)
+
+
 CONNECTION_KINDS = tuple(CONNECTION_CLASSES)
 
 
 def build_connection(dim: int, spec: ConnectionSpec) -> SublayerConnection:
     """The one place that chooses among connection kinds."""
     return CONNECTION_CLASSES[spec.kind](dim, spec)
+
+
+def build_stream(dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
+    """The residual stream of ``spec``'s stack (None: fairseq's plain stacking)."""
+    return CONNECTION_CLASSES[spec.kind].build_stream(dim, spec)

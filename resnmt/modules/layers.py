@@ -76,10 +76,25 @@ class ConnectedSublayers:
         if getattr(self, "encoder_attn", None) is not None:
             yield self.encoder_attn, self.encoder_attn_connection
 
-    def connect(self, connection: SublayerConnection, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        """``connection(x, dropout(sublayer(connection.prenorm(x))))``."""
+    def connect(self, connection: SublayerConnection, x: Tensor, sublayer: Callable[[Tensor], Tensor],
+                outputs: Optional[List[Tensor]] = None, layer_input: Optional[Tensor] = None) -> Tensor:
+        """``connection(x, dropout(sublayer(connection.prenorm(x))))``; the dropout(F) is
+        appended to ``outputs`` when given (a residual stream reads them), and the layer's
+        input is passed on to a connection that reads it (B2T's last one)."""
         fx = self.dropout_module(sublayer(connection.prenorm(x)))
+        if outputs is not None:
+            outputs.append(fx)
+        if layer_input is not None and connection.reads_layer_input:
+            return connection(x, fx, layer_input)
         return connection(x, fx)
+
+    @staticmethod
+    def residual_sum(outputs: List[Tensor]) -> Tensor:
+        """The sum of a layer's sublayer outputs dropout(F), for a residual stream."""
+        total = outputs[0]
+        for fx in outputs[1:]:
+            total = total + fx
+        return total
 
     def feed_forward(self, x: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
         """fc2(act_dropout(activation(fc1(x)))), before the output dropout."""
@@ -117,16 +132,22 @@ class ResidualEncoderLayer(ConnectedSublayers, TransformerEncoderLayerBase):
         super().upgrade_state_dict_named(state_dict, name)  # fairseq's layer_norms.N renames
         self._upgrade_norm_names(state_dict, name)
 
-    def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
+    def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None,
+                return_residual_sum: bool = False):
         """
         Args:
             x: ``(seq_len, batch, embed_dim)``
             encoder_padding_mask: ``(batch, seq_len)``, True at padding, or None
             attn_mask: ``(seq_len, seq_len)``, 1 where attention is forbidden, or None
+            return_residual_sum: also return the sum of the sublayers' dropout(F)
+                (for a residual stream, :mod:`resnmt.modules.streams`)
 
         Returns:
-            ``(seq_len, batch, embed_dim)``; with ``return_fc`` also the fc2 output.
+            ``(seq_len, batch, embed_dim)``; with ``return_fc`` also the fc2 output; with
+            ``return_residual_sum`` always ``(x, fc2 output or None, residual sum)``.
         """
+        layer_input = x
+        outputs: Optional[List[Tensor]] = [] if return_residual_sum else None
         if attn_mask is not None:  # same masking values as fairseq
             attn_mask = attn_mask.masked_fill(attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4)
 
@@ -135,7 +156,7 @@ class ResidualEncoderLayer(ConnectedSublayers, TransformerEncoderLayerBase):
                 query=h, key=h, value=h, key_padding_mask=encoder_padding_mask, need_weights=False, attn_mask=attn_mask
             )[0]
 
-        x = self.connect(self.self_attn_connection, x, self_attention)
+        x = self.connect(self.self_attn_connection, x, self_attention, outputs)
 
         fc_result: List[Tensor] = []
 
@@ -144,7 +165,9 @@ class ResidualEncoderLayer(ConnectedSublayers, TransformerEncoderLayerBase):
             fc_result.append(out)
             return out
 
-        x = self.connect(self.ffn_connection, x, ffn)
+        x = self.connect(self.ffn_connection, x, ffn, outputs, layer_input)
+        if outputs is not None:
+            return x, (fc_result[0] if self.return_fc else None), self.residual_sum(outputs)
         if self.return_fc and not torch.jit.is_scripting():
             return x, fc_result[0]
         return x
@@ -189,6 +212,7 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
         self_attn_padding_mask: Optional[Tensor] = None,
         need_attn: bool = False,
         need_head_weights: bool = False,
+        return_residual_sum: bool = False,
     ):
         """
         Args:
@@ -198,10 +222,15 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
             incremental_state: fairseq's per-layer key/value cache
             self_attn_mask: causal mask ``(tgt_len, tgt_len)``
             self_attn_padding_mask: ``(batch, tgt_len)``, True at padding
+            return_residual_sum: return the sum of the sublayers' dropout(F) in place of
+                the ``None`` (for a residual stream, :mod:`resnmt.modules.streams`)
 
         Returns:
-            ``(x, attn, None)`` as fairseq's decoder layer.
+            ``(x, attn, None)`` as fairseq's decoder layer (``None``: the residual sum
+            with ``return_residual_sum``).
         """
+        layer_input = x
+        outputs: Optional[List[Tensor]] = [] if return_residual_sum else None
         if prev_self_attn_state is not None or prev_attn_state is not None:
             raise NotImplementedError("resnmt decoder layers do not take prev_*_attn_state; use incremental_state")
         if need_head_weights:
@@ -218,7 +247,7 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
                 attn_mask=self_attn_mask,
             )[0]
 
-        x = self.connect(self.self_attn_connection, x, self_attention)
+        x = self.connect(self.self_attn_connection, x, self_attention, outputs)
 
         attn: Optional[Tensor] = None
         if self.encoder_attn is not None and encoder_out is not None:
@@ -238,8 +267,9 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
                 attn_weights.append(weights)
                 return out
 
-            x = self.connect(self.encoder_attn_connection, x, encoder_attention)
+            x = self.connect(self.encoder_attn_connection, x, encoder_attention, outputs)
             attn = attn_weights[0]
 
-        x = self.connect(self.ffn_connection, x, lambda h: self.feed_forward(h, self_attn_padding_mask))
-        return x, attn, None
+        x = self.connect(self.ffn_connection, x, lambda h: self.feed_forward(h, self_attn_padding_mask), outputs,
+                         layer_input)
+        return x, attn, (self.residual_sum(outputs) if outputs is not None else None)

@@ -1,0 +1,163 @@
+"""Residual streams: what a stack carries from layer to layer besides the hidden state ``x``.
+
+A sublayer connection (:mod:`resnmt.modules.connections`) sees one sublayer's ``x`` and
+``F``. Methods that cross layers need more: ResiDual adds every sublayer's ``F`` into a
+second, unnormalized stream; DLCL feeds each layer a learned combination of all earlier
+layers' outputs. Such a method is a :class:`ResidualStream`, named by its connection kind
+(``stream``), built once per stack, and driven by the stack's loop
+(:mod:`resnmt.models.encoder_decoder`)::
+
+    state = stream.begin(x)                      # x: the embedded input (T, B, C)
+    for i, layer in enumerate(layers):
+        x = stream.layer_input(state, i, x)
+        x, residual_sum = layer(x, ...)          # residual_sum: the layer's sum of its
+        state = stream.after_layer(state, i, x, residual_sum)   # sublayers' dropout(F)
+    x = stream.end(state, x)                     # then the kind's final norm, if any
+
+The state is a tuple of tensors and every method is pure (it returns a new state), so
+activation checkpointing recomputes the same values, and every operation is per
+position, so one step of incremental decoding computes what the full forward computes at
+that position. Kinds without a stream (``stream = None``) run fairseq's own loop.
+
+========  ===============================================================  =====================
+stream    what it carries                                                  source
+========  ===============================================================  =====================
+ResiDual  d_0 = s*x_0, d_{k+1} = d_k + s*F_k; output alpha*x_N + LN(d_N)   Xie et al. 2023
+DLCL      y_0..y_l; layer l+1 reads sum_k W[l+1,k] LN(y_k) (pre-norm)       Wang et al., ACL 2019
+          or LN(sum_k W[l+1,k] y_k) (post-norm); W from the average
+========  ===============================================================  =====================
+"""
+from typing import TYPE_CHECKING, ClassVar, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:  # pragma: no cover
+    from resnmt.modules.connections import ConnectionSpec
+
+State = Tuple[Tensor, ...]
+
+
+class ResidualStream(nn.Module):
+    """Base class: plain stacking (each layer reads the previous layer's output).
+
+    ``reads_sublayer_outputs``: the stack asks each layer for the sum of its sublayers'
+    ``dropout(F)`` (passed to :meth:`after_layer` as ``residual_sum``).
+    """
+
+    reads_sublayer_outputs: ClassVar[bool] = False
+
+    def begin(self, x: Tensor) -> State:
+        return ()
+
+    def layer_input(self, state: State, index: int, x: Tensor) -> Tensor:
+        return x
+
+    def after_layer(self, state: State, index: int, y: Tensor, residual_sum: Optional[Tensor]) -> State:
+        return state
+
+    def end(self, state: State, x: Tensor) -> Tensor:
+        return x
+
+
+class ResiDualStream(ResidualStream):
+    """ResiDual (Xie et al. 2023, arXiv:2304.14802): beside the post-LN stream
+    ``x_{k+1} = LN(x_k + F_k)``, an unnormalized stream ``d`` that adds up the same
+    sublayer outputs, ``d_0 = s*x_0``, ``d_{k+1} = d_k + s*F_k``; the stack's output is
+    ``alpha*x_N + LN(d_N)`` (s = ``--resi-dual-scale``, alpha = ``--resi-dual-alpha``,
+    both 1 in the paper; the LN is this stream's own, of ``--normalization``)."""
+
+    reads_sublayer_outputs = True
+
+    def __init__(self, dim: int, spec: "ConnectionSpec"):
+        super().__init__()
+        self.scale = float(spec.resi_dual_scale)
+        self.alpha = float(spec.resi_dual_alpha)
+        self.norm = spec.norm(dim)
+
+    def begin(self, x: Tensor) -> State:
+        return (x * self.scale if self.scale != 1.0 else x,)
+
+    def after_layer(self, state: State, index: int, y: Tensor, residual_sum: Optional[Tensor]) -> State:
+        (d,) = state
+        return (torch.add(d, residual_sum, alpha=self.scale),)
+
+    def end(self, state: State, x: Tensor) -> Tensor:
+        (d,) = state
+        return torch.add(self.norm(d), x, alpha=self.alpha)
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale:g}, alpha={self.alpha:g}"
+
+
+def dlcl_initial_weights(num_layers: int, window: Optional[int]) -> Tensor:
+    """DLCL's combination weights at the start: row l (the input of layer l, l = N the
+    stack's output) averages the ``window`` most recent of y_0..y_l (all of them without a
+    window); entries outside the window, and above the diagonal, are 0 and stay 0."""
+    n = num_layers + 1
+    rows = torch.arange(n).unsqueeze(1)
+    cols = torch.arange(n).unsqueeze(0)
+    mask = cols <= rows
+    if window:
+        mask &= cols > rows - window
+    weights = mask.double()
+    return (weights / weights.sum(dim=1, keepdim=True)).float()
+
+
+class DLCLStream(ResidualStream):
+    """DLCL, dynamic linear combination of layers (Wang et al., ACL 2019, arXiv:1906.01787).
+
+    With y_0 the embedded input and y_k the output of layer k, layer l reads
+
+    * pre-norm: ``x_l = sum_{k<l} W[l,k] * LN_k(y_k)`` (y_0 not normalized), the stack's
+      output ``sum_{k<=N} W[N,k] LN_k(y_k)`` then the stack's final LN;
+    * post-norm: ``x_l = LN_l(sum_{k<l} W[l,k] * y_k)`` (layer 0 reads ``W[0,0] y_0``), the
+      output ``LN_N(sum_{k<=N} W[N,k] y_k)``;
+
+    W a learned (N+1) x (N+1) lower-triangular matrix starting at the average
+    (:func:`dlcl_initial_weights`), optionally limited to a window of the most recent
+    outputs; LN_k the stream's own norms (one per layer, of ``--normalization``).
+    """
+
+    def __init__(self, dim: int, spec: "ConnectionSpec", pre_norm: bool):
+        super().__init__()
+        self.num_layers = spec.encoder_layers if spec.side == "encoder" else spec.decoder_layers
+        self.pre_norm = pre_norm
+        self.window = spec.dlcl_window
+        initial = dlcl_initial_weights(self.num_layers, self.window)
+        self.weights = nn.Parameter(initial)
+        self.register_buffer("mask", initial > 0, persistent=False)
+        self.norms = nn.ModuleList(spec.norm(dim) for _ in range(self.num_layers))
+
+    def combination(self) -> Tensor:
+        """The weights as used: W with the entries outside the window and above the diagonal at 0."""
+        return self.weights * self.mask
+
+    def _combine(self, state: State, row: int) -> Tensor:
+        first = max(0, row + 1 - self.window) if self.window else 0
+        weights = self.weights[row, first:row + 1]
+        sources = state[first:row + 1]
+        out = sources[0] * weights[0].to(sources[0].dtype)
+        for weight, source in zip(weights[1:], sources[1:]):
+            out = torch.addcmul(out, source, weight.to(source.dtype))
+        return out
+
+    def begin(self, x: Tensor) -> State:
+        return (x,)
+
+    def layer_input(self, state: State, index: int, x: Tensor) -> Tensor:
+        combined = self._combine(state, index)
+        if self.pre_norm or index == 0:
+            return combined
+        return self.norms[index - 1](combined)
+
+    def after_layer(self, state: State, index: int, y: Tensor, residual_sum: Optional[Tensor]) -> State:
+        return state + ((self.norms[index](y) if self.pre_norm else y),)
+
+    def end(self, state: State, x: Tensor) -> Tensor:
+        combined = self._combine(state, self.num_layers)
+        return combined if self.pre_norm else self.norms[self.num_layers - 1](combined)
+
+    def extra_repr(self) -> str:
+        window = f", window={self.window}" if self.window else ""
+        return f"{'pre' if self.pre_norm else 'post'}-norm, layers={self.num_layers}{window}"
