@@ -20,7 +20,7 @@ a machine that keeps it (``--list`` names the update each unfinished run's check
 reach); on a fresh checkout a run restarts at update 0 and skips the milestones already
 recorded. On a 2-core CPU a 2+2 run to its final 14400 updates takes 2.7-5.4 h, more than a
 3-hour working session leaves for training, and two 6+6 runs side by side reach 2400
-updates in about 2.5 h (the measured rates are in the README). The thread count is how a
+updates in about 2.5 h (the measured rates are in docs/study.md). The thread count is how a
 run was executed, not what it computes: it is recorded per line (``torch_threads``) and
 left out of the settings key.
 

@@ -10,9 +10,10 @@
   mean sacreBLEU, standard deviation and the seeds, and the planned rows still missing.
 
     python benchmarks/make_tables.py                    # print the tables
-    python benchmarks/make_tables.py --write docs/benchmarks.md --write README.md
-        # replace the text between <!-- speed-table:begin --> / <!-- speed-table:end -->
-        # and <!-- quality-table:begin --> / <!-- quality-table:end --> in that file
+    python benchmarks/make_tables.py --write docs/benchmarks.md --write docs/study.md --write README.md
+        # replace the text between each table's markers (<!-- speed-table:begin --> /
+        # <!-- speed-table:end -->, quality-table, fp16-table, fp16-headroom-table,
+        # speed-glance) in the file that holds them
 """
 import argparse
 import math
@@ -52,6 +53,7 @@ MARKERS = {
     "quality": ("<!-- quality-table:begin -->", "<!-- quality-table:end -->"),
     "fp16": ("<!-- fp16-table:begin -->", "<!-- fp16-table:end -->"),
     "fp16-headroom": ("<!-- fp16-headroom-table:begin -->", "<!-- fp16-headroom-table:end -->"),
+    "speed-glance": ("<!-- speed-glance:begin -->", "<!-- speed-glance:end -->"),
 }
 
 
@@ -97,6 +99,32 @@ def speed_tables(records):
                 )
         parts.append("")
     return "\n".join(parts) if parts else "_no speed results yet_"
+
+
+GLANCE_ROWS = ("pre_ln", "rskip_ln (λ=2)", "deepnorm", "sas (gate h)", "sas (gate 64)", "nswish vs swish")
+GLANCE_GROUPS = (("cpu", "fp32", "CPU"), ("cuda", "bf16", "GPU bf16"))
+
+
+def speed_glance(records, rows=GLANCE_ROWS, groups=GLANCE_GROUPS):
+    """Speed at a glance: a few rows of the speed tables (the latest run that measured each
+    row, per device and dtype), training and decoding throughput and peak memory as ratios
+    to the row's reference."""
+    latest = {}
+    for r in sorted(records, key=lambda r: r["run_id"]):
+        latest[(r["settings"]["device"], r["settings"].get("dtype", "fp32"), r["row"])] = r
+    present = [g for g in groups if any((g[0], g[1], row) in latest for row in rows)]
+    if not present:
+        return "_no speed results yet_"
+    head = " | ".join(f"{name} train | {name} decode | {name} memory" for _, _, name in present)
+    lines = [f"| row (ratio to its reference) | {head} |", "|---|" + "---:|" * (3 * len(present))]
+    for row in rows:
+        cells = []
+        for device, dtype, _ in present:
+            r = latest.get((device, dtype, row))
+            cells += ([f"{r[k]['median']:.2f}" for k in ("train_ratio", "decode_ratio", "memory_ratio")]
+                      if r else ["", "", ""])
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def quality_table(records, settings_key=None):
@@ -207,7 +235,7 @@ def main(argv=None):
     p.add_argument("--quality-settings", metavar="KEY",
                    help="settings key of the quality runs to tabulate (default: the key with the most runs)")
     p.add_argument("--write", metavar="MD", action="append", default=[],
-                   help="replace the tables between the marker comments in this file (repeatable)")
+                   help="replace each table whose marker comments this file holds (repeatable)")
     a = p.parse_args(argv)
     records = []
     for path in sorted(Path(a.results).glob("*.jsonl")):
@@ -216,12 +244,14 @@ def main(argv=None):
     quality = quality_table([r for r in records if r.get("benchmark") == "quality"], a.quality_settings)
     fp16 = fp16_tables([r for r in records if r.get("benchmark") == "fp16"])
     headroom = headroom_tables([r for r in records if r.get("benchmark") == "fp16-headroom"])
-    for path in a.write:
+    glance = speed_glance([r for r in records if r.get("benchmark") == "speed"])
+    tables = {"speed": speed, "quality": quality, "fp16": fp16, "fp16-headroom": headroom, "speed-glance": glance}
+    for path in a.write:  # each file gets the tables whose markers it holds (each table lives in one file)
         text = Path(path).read_text(encoding="utf-8")
-        text = replace_between(text, *MARKERS["speed"], speed)
-        text = replace_between(text, *MARKERS["quality"], quality)
-        text = replace_between(text, *MARKERS["fp16"], fp16, required=False)  # docs/benchmarks.md only
-        text = replace_between(text, *MARKERS["fp16-headroom"], headroom, required=False)
+        if not any(begin in text for begin, _ in MARKERS.values()):
+            p.error(f"--write {path}: it holds none of the tables' markers ({', '.join(MARKERS)})")
+        for name, body in tables.items():
+            text = replace_between(text, *MARKERS[name], body, required=False)
         Path(path).write_text(text, encoding="utf-8")
     print("## Speed and memory\n\n" + speed + "\n\n## Quality\n\n" + quality + "\n\n## Half precision\n\n" + fp16
           + "\n\n" + headroom)

@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Figures and a table from benchmarks/results/curves.jsonl (written by curves.py).
 
-    python benchmarks/plot_curves.py                   # docs/figures/curves-*.png, table on stdout
+    python benchmarks/plot_curves.py                   # docs/figures/curves-*.png, tables on stdout
+    python benchmarks/plot_curves.py --write docs/study.md --write README.md
+        # the study's tables (docs/study.md) and the results at a glance (README.md)
 
 Figures (one panel per depth): sacreBLEU against updates per row (the mean over seeds,
 broken where the set of seeds changes, and each seed's own line) and its difference from
@@ -18,6 +20,7 @@ import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib
 
@@ -352,7 +355,78 @@ def difference_table(runs, baseline: str = "post_ln") -> str:
     return "\n".join(lines)
 
 
+class Claim(NamedTuple):
+    """One row of the results-at-a-glance table: a paper's claim, measured as ``row`` minus
+    its reference row (:func:`reference_of`), paired by seed, at ``updates`` updates."""
+    claim: str
+    papers: str
+    device: str
+    size: str
+    row: str
+    updates: int
+    note: str = ""
+
+
+SIZE_SHORT = {"small": "2+2, d=128", "deep": "6+6, d=128", "base": "6+6, d=512"}
+# The papers' numbers are IWSLT'15 EN-VI BLEU at base size, trained to convergence; the
+# study's are Multi30k EN-DE sacreBLEU, so only the direction compares. The 2+2 rows are
+# measured at the final budget; the 6+6 rows at the last budget most of their seeds reach.
+CLAIMS = (
+    Claim("SAS > post-LN", "32.0 vs 30.9", "cpu", "small", "sas", 14400,
+          "half the paper's gain, at the final budget only"),
+    Claim("rSkip+LN λ=2 > post-LN", "30.49 vs 30.04 (2 layers)", "cpu", "small", "rskip_ln (λ=2)", 14400,
+          "higher training loss: fits less"),
+    Claim("xSkip+LN λ=2 > post-LN", "30.99 vs 30.31", "cpu", "small", "xskip_ln (λ=2)", 14400),
+    Claim("rSkip+LN λ=2 > post-LN", "31.45 vs 30.31", "cuda", "deep", "rskip_ln (λ=2)", 2400,
+          "but pre-LN repairs post-LN as much"),
+    Claim("SAS > post-LN", "32.0 vs 30.9", "cpu", "deep", "sas", 2400, "as much as pre-LN"),
+    Claim("(control) pre-LN > post-LN", "—", "cpu", "deep", "pre_ln", 2400),
+    Claim("DeepNorm > post-LN", "— (stable deep training)", "cpu", "deep", "deepnorm", 2400),
+    Claim("Admin > post-LN", "— (stable deep training)", "cpu", "deep", "admin", 2400),
+    Claim("ReZero > post-LN", "— (faster convergence, in LM)", "cpu", "deep", "rezero", 2400,
+          "but the slowest of the repairs"),
+    Claim("rSkip+LN λ=2 > post-LN, both warm-up 1000", "31.45 vs 30.31", "cuda", "base",
+          "rskip_ln (λ=2, warm-up 1000)", 3600, "post-LN diverges with 300 warm-up updates"),
+)
+
+
+def verdict(diffs: list) -> str:
+    """``yes`` when every seed is ahead, ``no`` when every seed is behind, else ``mixed``;
+    ``(1 seed)`` where one seed is all there is."""
+    word = "yes" if all(d > 0 for d in diffs) else "no" if all(d < 0 for d in diffs) else "mixed"
+    return word + (" (1 seed)" if len(diffs) == 1 else "")
+
+
+def glance_table(runs, claims=CLAIMS, baseline: str = "post_ln") -> str:
+    """Results at a glance: per claim, the paper's number, the row's and its reference's
+    sacreBLEU over the seeds both have at the claim's budget (mean ± std), their paired
+    difference with n, and a verdict from the seeds' signs (:func:`verdict`)."""
+    lines = ["| claim | setting | papers (EN-VI) | measured (Multi30k EN-DE): row vs reference, difference (n seeds) "
+             "| holds? |", "|---|---|---|---|---|"]
+    for c in claims:
+        rows = runs.get((c.device, c.size), {})
+        ref = reference_of(c.row, baseline)
+        diffs = {seed: d[c.updates] for seed, d in paired_differences(rows, c.row, baseline).items() if c.updates in d}
+        if not diffs:
+            continue
+        seeds = sorted(diffs)
+        own = [rows[c.row][s][c.updates]["bleu"] for s in seeds]
+        other = [rows[ref][s][c.updates]["bleu"] for s in seeds]
+
+        def mean_std(values):
+            return (f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}" if len(values) > 1
+                    else f"{values[0]:.2f}")
+
+        measured = (f"{mean_std(own)} vs {mean_std(other)}, "
+                    f"{_mean_std([diffs[s] for s in seeds]).replace(f' ({len(seeds)})', '')} ({len(seeds)})")
+        setting = f"{SIZE_SHORT.get(c.size, c.size)}, {c.updates} updates{', GPU' if c.device == 'cuda' else ''}"
+        answer = verdict([diffs[s] for s in seeds]) + (f"; {c.note}" if c.note else "")
+        lines.append(f"| {c.claim} | {setting} | {c.papers} | {measured} | {answer} |")
+    return "\n".join(lines)
+
+
 MARKERS = ("<!-- curves-table:begin -->", "<!-- curves-table:end -->")
+GLANCE_MARKERS = ("<!-- glance-table:begin -->", "<!-- glance-table:end -->")
 
 
 def main(argv=None):
@@ -360,8 +434,9 @@ def main(argv=None):
     p.add_argument("--results", default=str(REPO_ROOT / "benchmarks" / "results" / "curves.jsonl"))
     p.add_argument("--figures", default=str(REPO_ROOT / "docs" / "figures"), help="output directory of the PNGs")
     p.add_argument("--write", metavar="MD", action="append", default=[],
-                   help="replace the tables between <!-- curves-table:begin --> and <!-- curves-table:end --> "
-                   "in this file (repeatable)")
+                   help="replace the study's tables between <!-- curves-table:begin --> and "
+                   "<!-- curves-table:end -->, and the results at a glance between <!-- glance-table:begin --> and "
+                   "<!-- glance-table:end -->, in this file, whichever it holds (repeatable)")
     a = p.parse_args(argv)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
     runs = load(Path(a.results))
@@ -376,11 +451,16 @@ def main(argv=None):
     plot_diagnostics(curves, figures / "curves-diagnostics.png")
     plot_gradient_share(curves, figures / "curves-gradient-share.png")
     tables = table(runs) + "\n" + difference_table(runs)
-    for path in a.write:
+    glance = glance_table(runs)
+    for path in a.write:  # each file gets the tables whose markers it holds
         path = Path(path)
-        path.write_text(replace_between(path.read_text(encoding="utf-8"), *MARKERS, tables.strip() + "\n"),
-                        encoding="utf-8")
-    print(tables)
+        text = path.read_text(encoding="utf-8")
+        if MARKERS[0] not in text and GLANCE_MARKERS[0] not in text:
+            p.error(f"--write {path}: neither {MARKERS[0]} nor {GLANCE_MARKERS[0]} is in it")
+        text = replace_between(text, *MARKERS, tables.strip() + "\n", required=False)
+        text = replace_between(text, *GLANCE_MARKERS, glance, required=False)
+        path.write_text(text, encoding="utf-8")
+    print(tables + "\n" + glance)
     return 0
 
 

@@ -398,3 +398,84 @@ def test_encoder_gradient_share_by_hand(monkeypatch):
     record = {"analysis": {"statistics": {"grad_norm": {"encoder": {"output": [0.1, 0.2, 0.6]},
                                                          "decoder": {"output": [0.5, 0.8]}}}}}
     assert encoder_gradient_share(record) == pytest.approx((0.1 + 0.2 + 0.6) / 3 / 0.8)
+
+
+# Where each generated table lives: exactly one document of the repository.
+TABLE_HOMES = {
+    "speed-table": "docs/benchmarks.md", "fp16-table": "docs/benchmarks.md",
+    "fp16-headroom-table": "docs/benchmarks.md", "quality-table": "docs/study.md",
+    "curves-table": "docs/study.md", "glance-table": "README.md", "speed-glance": "README.md",
+}
+
+
+def test_each_generated_table_lives_in_one_document(monkeypatch):
+    """Every marker pair of make_tables.py and plot_curves.py is in exactly one of README.md
+    and docs/*.md, the one named in TABLE_HOMES (no generated table is copied twice)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import make_tables
+    import plot_curves
+
+    begins = [begin for begin, _ in make_tables.MARKERS.values()] + [plot_curves.MARKERS[0],
+                                                                      plot_curves.GLANCE_MARKERS[0]]
+    names = {re.match(r"<!-- (.+):begin -->", b).group(1) for b in begins}
+    assert names == set(TABLE_HOMES)
+    docs = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+    for name in names:
+        holders = [d.relative_to(REPO_ROOT).as_posix() for d in docs
+                   if f"<!-- {name}:begin -->" in d.read_text(encoding="utf-8")]
+        assert holders == [TABLE_HOMES[name]], (name, holders)
+        text = (REPO_ROOT / TABLE_HOMES[name]).read_text(encoding="utf-8")
+        assert text.count(f"<!-- {name}:begin -->") == 1 and text.count(f"<!-- {name}:end -->") == 1
+
+
+def test_readme_glance_tables_are_generated(monkeypatch):
+    """The README's results and speed at a glance are what the generators write from the
+    committed results (regenerate with plot_curves.py / make_tables.py --write README.md)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import make_tables
+    import plot_curves
+
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    glance = plot_curves.glance_table(plot_curves.load(BENCH / "results" / "curves.jsonl"))
+    assert f"{plot_curves.GLANCE_MARKERS[0]}\n{glance}\n{plot_curves.GLANCE_MARKERS[1]}" in readme
+    speed = [json.loads(x) for x in (BENCH / "results" / "speed.jsonl").read_text(encoding="utf-8").splitlines()]
+    speed = [r for r in speed if r.get("benchmark") == "speed"]
+    begin, end = make_tables.MARKERS["speed-glance"]
+    assert f"{begin}\n{make_tables.speed_glance(speed)}\n{end}" in readme
+
+
+def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
+    """Paired by seed at the claim's budget; the verdict follows the seeds' signs; --write
+    fills the glance markers and refuses a file with no marker of plot_curves.py."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import plot_curves
+
+    def line(row, seed, updates, bleu):
+        return {"benchmark": "curves", "size": {"name": "small"}, "row": row, "seed": seed, "updates": updates,
+                "bleu": bleu, "device": "cpu"}
+
+    lines = [line("post_ln", s, u, b) for s, u, b in ((1, 100, 10.0), (2, 100, 11.0), (1, 200, 20.0), (2, 200, 21.0))]
+    lines += [line("sas", 1, 200, 21.0), line("sas", 2, 200, 20.5), line("sas", 3, 200, 30.0),
+              line("pre_ln", 1, 200, 21.0), line("pre_ln", 2, 200, 22.0)]
+    results = tmp_path / "curves.jsonl"
+    results.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    claims = (plot_curves.Claim("SAS > post-LN", "32.0 vs 30.9", "cpu", "small", "sas", 200),
+              plot_curves.Claim("pre-LN > post-LN", "—", "cpu", "small", "pre_ln", 200, "a note"),
+              plot_curves.Claim("not run", "—", "cpu", "small", "rezero", 200))
+    table = plot_curves.glance_table(plot_curves.load(results), claims)
+    # seed 3 of sas has no post_ln partner: left out
+    assert "| SAS > post-LN | 2+2, d=128, 200 updates | 32.0 vs 30.9 | 20.75 ± 0.35 vs 20.50 ± 0.71, +0.25 ± 1.06 (2) | mixed |" in table
+    assert "| pre-LN > post-LN | 2+2, d=128, 200 updates | — | 21.50 ± 0.71 vs 20.50 ± 0.71, +1.00 ± 0.00 (2) | yes; a note |" in table
+    assert "not run" not in table
+    # --write, from the committed results: a file gets the tables whose markers it holds
+    doc = tmp_path / "doc.md"
+    doc.write_text("a\n<!-- glance-table:begin -->\nstale\n<!-- glance-table:end -->\nb\n", encoding="utf-8")
+    bare = tmp_path / "bare.md"
+    bare.write_text("no markers\n", encoding="utf-8")
+    argv = [sys.executable, BENCH / "plot_curves.py", "--figures", tmp_path / "fig", "--write", doc]
+    run_cli(argv)
+    text = doc.read_text(encoding="utf-8")
+    assert text.startswith("a\n<!-- glance-table:begin -->\n| claim |") and "stale" not in text and text.endswith("b\n")
+    assert "curves-table" not in text and "sacreBLEU mean ± std over seeds" not in text
+    bad = run_cli([*argv[:-1], bare], check=False)
+    assert bad.returncode == 2 and "neither" in bad.stderr
