@@ -3,15 +3,19 @@
 Load with ``fairseq-train --user-dir resnmt`` (or ``import resnmt``): importing the
 package registers the ``resnmt_transformer`` model, its named architectures
 (``transformer_sas_base`` ...) and the ``resnmt_translation`` task, allow-lists the
-types fairseq checkpoints hold so that they load under torch's ``weights_only``, and
-lets a training run that stops mid-epoch exit cleanly (``resnmt.prefetch_exit``).
+types fairseq checkpoints hold so that they load under torch's ``weights_only``,
+lets a training run that stops mid-epoch exit cleanly (``resnmt.prefetch_exit``), and
+keeps the float32 master weights of ``--fp16``/``--bf16`` runs in their checkpoints so
+that a resumed run continues exactly (``resnmt.bf16``).
 """
 from resnmt.version import __version__
 from resnmt.checkpoint_compat import allow_fairseq_checkpoints
 from resnmt.prefetch_exit import park_prefetch_threads_at_exit
+from resnmt.bf16 import keep_fp32_master_weights
 
 allow_fairseq_checkpoints()
 park_prefetch_threads_at_exit()
+keep_fp32_master_weights()
 
 from resnmt import models  # noqa: E402,F401  (registers the model and archs)
 from resnmt import tasks  # noqa: E402,F401  (registers resnmt_translation)

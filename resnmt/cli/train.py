@@ -6,7 +6,9 @@ flags are added, so it never shows them (for fairseq's own ``transformer`` neith
 Transformer flags plus resnmt's ``--residual``, ``--skip-lambda``, ``--sas-*``,
 ``--highway-bias-init``, ``--normalized-activation*`` ...) before printing help.
 Otherwise it is exactly ``fairseq-train``, with ``--user-dir`` set to the installed
-resnmt package (absolute, so checkpoints load from any directory) unless given.
+resnmt package (absolute, so checkpoints load from any directory) unless given, and
+one difference: ``--bf16`` trains in bf16 on this machine's device (CUDA, or the CPU
+with ``--cpu``) where fairseq 0.12 would send it to a TPU (see resnmt/bf16.py).
 """
 import os
 import sys
@@ -43,10 +45,32 @@ def with_user_dir(argv):
 
 
 def main():
+    """``fairseq_cli.train.cli_main`` with bf16 untied from TPUs between parsing and training."""
+    import torch
+    from fairseq import options
+    from fairseq.distributed import utils as distributed_utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq_cli import train
 
-    sys.argv = [sys.argv[0], *with_user_dir(sys.argv[1:])]
-    train.cli_main(modify_parser=add_model_flags_for_help)
+    from resnmt.bf16 import untie_bf16_from_tpu
+
+    argv = with_user_dir(sys.argv[1:])
+    sys.argv = [sys.argv[0], *argv]
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, modify_parser=add_model_flags_for_help)
+    untie_bf16_from_tpu(args, argv)
+    cfg = convert_namespace_to_omegaconf(args)
+    if cfg.common.use_plasma_view:
+        from fairseq.data.plasma_utils import PlasmaStore
+
+        server = PlasmaStore(path=cfg.common.plasma_path)
+        train.logger.info(f"Started plasma server pid {server.server.pid} {cfg.common.plasma_path}")
+    if args.profile:
+        with torch.cuda.profiler.profile():
+            with torch.autograd.profiler.emit_nvtx():
+                distributed_utils.call_main(cfg, train.main)
+    else:
+        distributed_utils.call_main(cfg, train.main)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig, TransformerModel
 
 from resnmt.analysis.training_log import add_log_connection_stats_args
+from resnmt.bf16 import check_bf16_device
 from resnmt.models.encoder_decoder import ResidualTransformerDecoder, ResidualTransformerEncoder
 from resnmt.models.options import add_activation_args, add_connection_args, add_fused_args, check_model_args
 
@@ -26,6 +27,7 @@ class ResidualTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        check_bf16_device(args)  # stock fairseq-train --bf16 without torch_xla: one line naming resnmt-train
         check_model_args(args)
         return super().build_model(args, task)  # no hooks: the task attaches them in training
 

@@ -34,6 +34,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from resnmt.analysis.training_log import attach_training_logger, training_level
+from resnmt.bf16 import check_bf16_device
 from resnmt.sequence_generator import LENPEN_FORMS, with_gnmt_penalty
 
 
@@ -58,6 +59,12 @@ class ResNMTTranslationTask(TranslationTask):
 
     cfg: ResNMTTranslationConfig
     connection_stats = None  # the --log-connection-stats hooks, attached when training begins
+
+    def build_model(self, cfg, from_checkpoint=False):
+        """fairseq's; first, stock fairseq-train's --bf16 without torch_xla stops with one
+        line naming resnmt-train (resnmt/bf16.py), whatever the --arch."""
+        check_bf16_device(cfg)
+        return super().build_model(cfg, from_checkpoint)
 
     def begin_epoch(self, epoch, model):
         """Attach the ``--log-connection-stats`` hooks once, at the first training epoch
