@@ -2,7 +2,8 @@
 
 Load with ``fairseq-train --user-dir resnmt`` (or ``import resnmt``): importing the
 package registers the ``resnmt_transformer`` model, its named architectures
-(``transformer_sas_base`` ...) and the ``resnmt_translation`` task, allow-lists the
+(``transformer_sas_base`` ...), the ``resnmt_translation`` task and the ``adam_fused``
+optimizer (fairseq's ``adam`` in multi-tensor kernels), allow-lists the
 types fairseq checkpoints hold so that they load under torch's ``weights_only``,
 lets a training run that stops mid-epoch exit cleanly (``resnmt.prefetch_exit``), and
 keeps the float32 master weights of ``--fp16``/``--bf16`` runs in their checkpoints so
@@ -19,3 +20,4 @@ keep_fp32_master_weights()
 
 from resnmt import models  # noqa: E402,F401  (registers the model and archs)
 from resnmt import tasks  # noqa: E402,F401  (registers resnmt_translation)
+from resnmt import optim  # noqa: E402,F401  (registers --optimizer adam_fused)
