@@ -18,6 +18,11 @@ CHECKPOINTS = {
     "deepnorm_rezero": ["--encoder-residual", "deepnorm", "--decoder-residual", "rezero"],
     "admin_xskip_ln_learned": ["--encoder-residual", "admin", "--decoder-residual", "xskip_ln", "--skip-lambda", "1.5",
                                "--skip-lambda-learned"],
+    "b2t_resi_dual": ["--encoder-residual", "b2t", "--decoder-residual", "resi_dual", "--resi-dual-scale", "0.5"],
+    "peri_ln_dlcl_rms_norm": ["--encoder-residual", "peri_ln", "--decoder-residual", "dlcl", "--decoder-layers", "2",
+                              "--normalization", "rms_norm"],
+    "dlcl_post_dyt": ["--residual", "dlcl_post", "--encoder-layers", "3", "--dlcl-window", "2",
+                      "--normalization", "dyt"],
 }
 
 

@@ -49,3 +49,22 @@ def test_learned_connection_parameters_are_restored():
             torch.testing.assert_close(loaded[key], state[key], rtol=0, atol=0)
         if suffix == "residual_weight":
             assert all(0 < abs(float(state[k])) < 0.1 for k in keys)
+
+
+def test_streams_and_normalizations_are_restored():
+    """DLCL's combination weights and DyT's alpha come back as trained (3 updates moved
+    them off the average and 0.5); the normalization is the one the checkpoint chose."""
+    from resnmt.modules.norms import DynamicTanh
+    from resnmt.modules.streams import dlcl_initial_weights
+
+    state = torch.load(FIXTURES / "dlcl_post_dyt.pt", weights_only=True)["model"]
+    model = load(FIXTURES / "dlcl_post_dyt.pt")
+    weights = model.encoder.residual_stream.weights.detach()
+    torch.testing.assert_close(weights, state["encoder.residual_stream.weights"], rtol=0, atol=0)
+    assert not torch.allclose(weights, dlcl_initial_weights(3, 2))
+    alphas = [k for k in state if k.endswith(".alpha")]
+    assert alphas and all(abs(float(state[k]) - 0.5) > 0 for k in alphas)
+    assert all(isinstance(m, DynamicTanh) for m in model.encoder.residual_stream.norms)
+    rms = load(FIXTURES / "peri_ln_dlcl_rms_norm.pt")
+    assert isinstance(rms.decoder.layer_norm, torch.nn.RMSNorm)
+    assert isinstance(rms.encoder.layers[0].ffn_connection.output_norm, torch.nn.RMSNorm)
