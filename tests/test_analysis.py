@@ -259,15 +259,17 @@ def train_cmd(data, save_dir, arch, *extra):
 
 @pytest.fixture(scope="module")
 def trained(tiny_bin, tmp_path_factory):
-    """Three short fairseq-train runs, side by side: an SAS+NReLU model logging per-layer
-    statistics, an Admin-encoder/ReZero-decoder model logging per side, and a post-LN
-    model without the flag. {name: (save_dir, log text)}."""
+    """Four short fairseq-train runs, side by side: an SAS+NReLU model logging per-layer
+    statistics, an Admin-encoder/ReZero-decoder model logging per side, a post-LN model
+    without the flag, and a DLCL (pre-norm encoder, post-norm decoder with a window)
+    model. {name: (save_dir, log text)}."""
     jobs = {
         "sas": ("transformer_sas_base", "--normalized-activation", "nrelu", "--log-connection-stats", "layer",
                 "--task", "resnmt_translation"),
         "admin_rezero": ("transformer_admin_base", "--decoder-residual", "rezero", "--log-connection-stats",
                          "--task", "resnmt_translation"),
         "postln": ("transformer_postln_base",),
+        "dlcl": ("transformer_dlcl_base", "--decoder-residual", "dlcl_post", "--dlcl-window", "2"),
     }
     procs = {}
     for name, (arch, *extra) in jobs.items():
@@ -423,3 +425,26 @@ def test_bad_paths_give_one_line_and_exit_1(trained, tiny_bin, tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(expected), err
     assert not (tmp_path / "out").exists()
+
+
+def test_analyze_dlcl_checkpoint_reports_and_draws_the_combination_weights(trained, tiny_bin, tmp_path):
+    """The weights as trained (3 updates moved them off the average), with the cells
+    outside the decoder's window of 2 at 0, and their heat map."""
+    save_dir, _ = trained["dlcl"]
+    ckpt = save_dir / "checkpoint_last.pt"
+    out = tmp_path / "out"
+    assert analyze_main([str(ckpt), "--data", str(tiny_bin), "--split", "valid", "--num-sentences", "8",
+                         "--out", str(out), "--no-progress-bar"]) == 0
+    result = json.loads((out / "analysis.json").read_text())
+    assert result["connections"] == {"encoder": "dlcl", "decoder": "dlcl_post"}
+    weights = result["streams"]["dlcl_weights"]
+    state = torch.load(ckpt, weights_only=False)["model"]
+    for side in ("encoder", "decoder"):
+        trained_w = state[f"{side}.residual_stream.weights"]
+        assert torch.tensor(weights[side]).shape == (3, 3)  # 2 layers: rows 0, 1 and the output
+        assert not torch.allclose(trained_w.tril(), torch.tensor([[1, 0, 0], [.5, .5, 0], [1 / 3, 1 / 3, 1 / 3]]))
+    torch.testing.assert_close(torch.tensor(weights["encoder"]), state["encoder.residual_stream.weights"].tril())
+    assert weights["decoder"][2][0] == 0 and weights["decoder"][2][1] == pytest.approx(
+        float(state["decoder.residual_stream.weights"][2, 1]))
+    assert set(result["statistics"]) == {"grad_norm"}
+    assert png_size(out / "dlcl_weights.png") == (920, 400)

@@ -74,3 +74,39 @@ def plot_all(statistics: dict, title: str, out_dir: Path, kinds: Dict[str, str])
         for name in STATISTICS
         if name in statistics
     ]
+
+
+STREAM_LABELS = {  # learned stream weights -> (title, colour bar label)
+    "dlcl_weights": ("DLCL combination weights W[l, k]", "weight"),
+}
+
+
+def plot_stream_weights(name: str, per_side: Dict[str, List[List[float]]], title: str, path: Path) -> Path:
+    """Write ``path`` (PNG): one heat map per side of a stream's learned matrix, row l =
+    the input of layer l (the last row: the stack's output), column k = the output of
+    layer k (0: the embedding); cells the stream never reads are blank."""
+    import numpy as np
+
+    sides = [side for side in SIDES if side in per_side]
+    fig, axes = plt.subplots(1, len(sides), figsize=(4.6 * len(sides), 4.0), constrained_layout=True, squeeze=False)
+    heading, bar = STREAM_LABELS.get(name, (name, "value"))
+    for ax, side in zip(axes[0], sides):
+        matrix = np.array(per_side[side], dtype=float)
+        shown = np.ma.masked_where(matrix == 0, matrix)
+        image = ax.imshow(shown, cmap="viridis", origin="upper")
+        n = matrix.shape[0]
+        for row in range(n):
+            for col in range(n):
+                if matrix[row, col] != 0 and n <= 13:
+                    ax.text(col, row, f"{matrix[row, col]:.2f}", ha="center", va="center", fontsize=7, color="w")
+        ax.set_title(side)
+        ax.set_xlabel("output of layer k (0 = embedding)")
+        ax.set_ylabel(f"input of layer l ({n - 1} = stack output)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.colorbar(image, ax=ax, label=bar, shrink=0.8)
+    fig.suptitle(f"{title}: {heading}", fontsize=11)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

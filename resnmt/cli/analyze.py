@@ -146,7 +146,7 @@ def analyze(args) -> dict:
 
     from resnmt.analysis.gradients import BlockOutputs, block_gradient_norms
     from resnmt.analysis.hooks import Accumulator, StatsCollector, side_kinds
-    from resnmt.analysis.plotting import plot_all
+    from resnmt.analysis.plotting import plot_all, plot_stream_weights
 
     logging.getLogger().setLevel(logging.WARNING)  # fairseq's INFO lines would bury the summary
     # emitted by fairseq's attention on every batch; not actionable here
@@ -209,6 +209,7 @@ def analyze(args) -> dict:
         },
         "descriptions": {name: STATISTICS[name].description for name in statistics},
         "statistics": statistics,
+        "streams": stream_weights(model),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
@@ -217,8 +218,21 @@ def analyze(args) -> dict:
     size = f"{num_layers['encoder']}+{num_layers['decoder']} layers, d={model.encoder.embed_tokens.embedding_dim}"
     title = f"{arch} ({size}; {args.split}, {n} sentences)"
     written = plot_all(statistics, title, args.out, kinds)
+    written += [plot_stream_weights(name, sides, title, args.out / f"{name}.png")
+                for name, sides in result["streams"].items()]
     print_summary(result, args.out, written)
     return result
+
+
+def stream_weights(model) -> Dict[str, Dict[str, list]]:
+    """``{name: {side: matrix}}``: the learned weights of each side's residual stream (DLCL's
+    combination weights), for the sides that have one."""
+    out: Dict[str, Dict[str, list]] = {}
+    for side in ("encoder", "decoder"):
+        stream = getattr(getattr(model, side), "residual_stream", None)
+        for name, matrix in (stream.learned() if stream is not None else {}).items():
+            out.setdefault(name, {})[side] = matrix
+    return out
 
 
 def move_to(sample, device):

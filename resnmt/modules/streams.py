@@ -27,7 +27,7 @@ DLCL      y_0..y_l; layer l+1 reads sum_k W[l+1,k] LN(y_k) (pre-norm)       Wang
           or LN(sum_k W[l+1,k] y_k) (post-norm); W from the average
 ========  ===============================================================  =====================
 """
-from typing import TYPE_CHECKING, ClassVar, Optional, Tuple
+from typing import TYPE_CHECKING, ClassVar, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -58,6 +58,10 @@ class ResidualStream(nn.Module):
 
     def end(self, state: State, x: Tensor) -> Tensor:
         return x
+
+    def learned(self) -> Dict[str, List[List[float]]]:
+        """What ``resnmt-analyze`` reports of the stream's learned weights, by name (a matrix each)."""
+        return {}
 
 
 class ResiDualStream(ResidualStream):
@@ -132,6 +136,11 @@ class DLCLStream(ResidualStream):
     def combination(self) -> Tensor:
         """The weights as used: W with the entries outside the window and above the diagonal at 0."""
         return self.weights * self.mask
+
+    def learned(self) -> Dict[str, List[List[float]]]:
+        """``dlcl_weights``: row l = the weights layer l (row N: the stack's output) gives
+        y_0 (the embedding) ... y_l."""
+        return {"dlcl_weights": self.combination().detach().float().cpu().tolist()}
 
     def _combine(self, state: State, row: int) -> Tensor:
         first = max(0, row + 1 - self.window) if self.window else 0
