@@ -92,8 +92,9 @@ def write_probe(directory: Path) -> Path:
     return path
 
 
-def probe_train_args(probe, data, save_dir, arch_args, *extra):
-    """Tiny model, no dropout (so ranks and a single process see the same masks)."""
+def probe_train_args(probe, data, save_dir, arch_args, *extra, cpu=True):
+    """Tiny model, no dropout (so ranks and a single process see the same masks); on
+    the CPU unless ``cpu`` is False (then on the CUDA device)."""
     return [
         sys.executable, probe, data, "--user-dir", USER_DIR, "--task", "resnmt_translation",
         *arch_args, *TINY, "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
@@ -101,7 +102,7 @@ def probe_train_args(probe, data, save_dir, arch_args, *extra):
         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", "600", "--save-dir", save_dir, "--no-progress-bar", "--log-format", "json",
-        "--log-interval", "1", "--seed", "3", "--num-workers", "0", "--cpu", *extra,
+        "--log-interval", "1", "--seed", "3", "--num-workers", "0", *(["--cpu"] if cpu else []), *extra,
     ]
 
 
@@ -120,7 +121,9 @@ def read_losses(path: Path) -> dict:
     return out
 
 
-def run_two_ranks(probe, data, save_dir, out, arch_args, max_update):
+def run_two_ranks(probe, data, save_dir, out, arch_args, max_update, *extra, cpu=True):
+    """Two ranks over gloo, each its own process (``--device-id 0`` for both: on a GPU
+    they share it)."""
     port = free_port()
     procs = []
     for rank in range(2):
@@ -129,6 +132,7 @@ def run_two_ranks(probe, data, save_dir, out, arch_args, max_update):
             "--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo",
             "--distributed-world-size", "2", "--distributed-num-procs", "1", "--distributed-rank", str(rank),
             "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn", "--device-id", "0",
+            *extra, cpu=cpu,
         )
         procs.append(subprocess.Popen(
             [str(a) for a in args], cwd=str(REPO_ROOT), env=cli_env(PROBE_OUT=str(out)),
@@ -189,6 +193,37 @@ def test_two_cpu_ranks_train_in_lockstep(tiny_bin, tmp_path, name):
         single = torch.load(single_out / "state.rank0.pt", weights_only=True)["model"]
         for key in trained:
             torch.testing.assert_close(params[0][key], single[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/gpu_job.sh runs it)")
+
+
+@pytest.mark.parametrize("device, mode", [
+    ("cpu", "bf16"), pytest.param("cuda", "fp32", marks=CUDA), pytest.param("cuda", "bf16", marks=CUDA)])
+def test_two_ranks_on_one_device_train_in_lockstep(tiny_bin, tmp_path, device, mode):
+    """Two processes on one device (the CPU, or one GPU shared over gloo) with the user-dir
+    plugin: fp32 through fairseq-train, or bf16 with --optimizer adam_fused through
+    resnmt-train (its bf16 kept off the TPU in every rank). Both ranks end identical."""
+    from test_bf16 import write_resnmt_train_probe
+
+    max_update = 4
+    if mode == "bf16":
+        probe, extra = write_resnmt_train_probe(tmp_path), ("--bf16", "--optimizer", "adam_fused")
+    else:
+        probe, extra = write_probe(tmp_path), ()
+    out = tmp_path / "out"
+    logs = run_two_ranks(probe, tiny_bin, tmp_path / "ckpt", out, ARCHS["sas"], max_update, *extra,
+                         cpu=device == "cpu")
+    assert all(("distributed init (rank %d)" % r) in log for r, log in enumerate(logs))
+    states = [torch.load(out / f"state.rank{r}.pt", weights_only=True) for r in range(2)]
+    assert states[0]["num_updates"] == states[1]["num_updates"] == max_update
+    trained = [k for k, _ in _named_parameters(states[0]["model"])]
+    assert trained
+    for key in trained:
+        value = states[0]["model"][key]
+        assert value.dtype == (torch.bfloat16 if mode == "bf16" else torch.float32), key
+        assert torch.equal(value, states[1]["model"][key]), f"{key} differs between the ranks"
+    assert read_losses(out / "loss.rank0.jsonl") == read_losses(out / "loss.rank1.jsonl")
 
 
 def _named_parameters(state):

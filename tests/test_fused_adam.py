@@ -34,21 +34,21 @@ def config(optimizer, *extra):
     return convert_namespace_to_omegaconf(args)
 
 
-def make_params(dtype=torch.float32):
+def make_params(dtype=torch.float32, device="cpu"):
     gen = torch.Generator().manual_seed(0)
     shapes = [(7, 5), (5,), (3, 4, 2), (1,), (64,)]
-    return [torch.nn.Parameter((torch.randn(s, generator=gen) * 0.5).to(dtype)) for s in shapes]
+    return [torch.nn.Parameter((torch.randn(s, generator=gen) * 0.5).to(device=device, dtype=dtype)) for s in shapes]
 
 
 def gradients(params, update):
     gen = torch.Generator().manual_seed(100 + update)
     # one very small gradient: where eps dominates sqrt(v), eps's placement matters
-    return [torch.randn(p.shape, generator=gen) * (1e-7 if i == 3 else 1.0) for i, p in enumerate(params)]
+    return [(torch.randn(p.shape, generator=gen) * (1e-7 if i == 3 else 1.0)).to(p.device) for i, p in enumerate(params)]
 
 
-def train(optimizer, *extra, wrapper=None, dtype=torch.float32):
+def train(optimizer, *extra, wrapper=None, dtype=torch.float32, device="cpu"):
     cfg = config(optimizer, *extra)
-    params = make_params(dtype)
+    params = make_params(dtype, device)
     if wrapper is None:
         opt = optim.build_optimizer(cfg.optimizer, params)
     else:
@@ -98,6 +98,19 @@ def test_equals_fairseq_adam_under_the_bf16_wrappers(kernel, wrapper):
                 torch.testing.assert_close(x, y, rtol=0, atol=1e-6, msg=f"update {update + 1}")
             else:  # bf16 weights: the same to one rounding of bf16
                 torch.testing.assert_close(x, y, rtol=2 ** -7, atol=1e-6, msg=f"update {update + 1}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/gpu_job.sh runs it)")
+@pytest.mark.parametrize("kernel", ["auto", "fused", "foreach"])
+def test_equals_fairseq_adam_on_cuda(kernel):
+    """On the GPU: fairseq's adam (its Python loop, or its FusedAdam where apex or
+    fairseq's CUDA extension is installed) against adam_fused's kernels, float32."""
+    _, ref = train("adam", device="cuda")
+    opt, got = train("adam_fused", "--adam-kernel", kernel, device="cuda")
+    assert opt.optimizer.kernel_for(torch.device("cuda"), torch.float32) == ("foreach" if kernel == "foreach" else "fused")
+    for update, (a, b) in enumerate(zip(got, ref)):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=0, atol=1e-6, msg=f"update {update + 1}")
 
 
 def test_unknown_kernel_is_refused_by_the_parser(capsys):

@@ -1,0 +1,64 @@
+"""benchmarks/gpu_train.py in its CPU smoke mode: configurations built from fairseq-train
+command lines and trained through fairseq's Trainer, interleaved rounds, ratios to the
+reference rows, FLOPs counted, a profile of one update, and a whole fairseq-train
+process whose wps is read from fairseq's own log. (The GPU run: benchmarks/gpu_job.sh.)"""
+import json
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT, run_cli
+
+SCRIPT = REPO_ROOT / "benchmarks" / "gpu_train.py"
+
+
+def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
+    out, profile = tmp_path / "rows.jsonl", tmp_path / "profile.json"
+    proc = run_cli([sys.executable, SCRIPT, "--smoke", "--cpu", "--data", tiny_bin, "--out", out,
+                    "--rows", "transformer,post_ln", "--tokens", "600", "--warmup", "1", "--updates", "2",
+                    "--rounds", "2", "--batches", "3", "--profile", profile, "--whole-process",
+                    "--whole-runs", "stock_fairseq_train_fp16", "--whole-updates", "4", "--whole-interval", "1",
+                    "--whole-skip", "1", "--whole-tokens", "600"])
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    env = records[0]
+    assert env["kind"] == "environment" and env["device"] == "cpu" and env["bf16_tflops"] > 0
+    rows = {(r["config"], r["dtype"]): r for r in records if r["kind"] == "row"}
+    assert set(rows) == {("transformer", "fp32"), ("post_ln", "fp32"), ("stock_fp16", "fp32"), ("recipe", "fp32")}
+    post_ln, recipe = rows[("post_ln", "fp32")], rows[("recipe", "fp32")]
+    assert post_ln["reference"] == "transformer/fp32" and post_ln["rounds"] == 2 and post_ln["target"] == "0.98-1.02"
+    assert post_ln["ratio_min"] <= post_ln["ratio"] <= post_ln["ratio_max"]
+    assert recipe["reference"] == "stock_fp16/fp32" and recipe["flags"] == ["--optimizer", "adam_fused"]
+    for r in rows.values():
+        assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"] and r["tokens_per_s"] > 0
+        assert 0 < r["mfu"] < 1 and r["flops_per_update"] > 0 and r["target_tokens_per_update"] > 0
+    # the same model, the same math: the same FLOPs
+    assert post_ln["flops_per_update"] == rows[("transformer", "fp32")]["flops_per_update"]
+    assert "| post_ln | fp32 | 600 |" in proc.stdout and "same-math pair post_ln/transformer" in proc.stdout
+
+    prof = json.loads(profile.read_text())["profiles"]
+    assert set(prof) == {"stock_fp16/fp32", "recipe/fp32"}
+    assert prof["stock_fp16/fp32"]["item_calls"] > 0 and prof["recipe/fp32"]["top_cpu_ops"]
+
+    whole = [r for r in records if r["kind"] == "whole_process"]
+    assert len(whole) == 1 and "error" not in whole[0], whole
+    assert whole[0]["run"] == "stock_fairseq_train_fp16" and whole[0]["updates"] == 4 and whole[0]["wps_median"] > 0
+    assert whole[0]["argv"][:4] == ["-m", "fairseq_cli.train", "--arch", "transformer"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rows", "post_ln,nope"], "--rows nope: unknown; choose from transformer, post_ln"),
+    (["--dtypes", "fp8"], "--dtypes fp8: choose from fp16, bf16"),
+])
+def test_bad_input_is_one_line(tiny_bin, tmp_path, args, message):
+    proc = run_cli([sys.executable, SCRIPT, "--smoke", "--cpu", "--data", tiny_bin, "--out", tmp_path / "x.jsonl", *args],
+                   check=False)
+    assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1]
+
+
+def test_without_a_gpu_it_says_so(tiny_bin, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    proc = run_cli([sys.executable, SCRIPT, "--data", tiny_bin, "--out", tmp_path / "x.jsonl"], check=False)
+    assert proc.returncode == 2 and "no CUDA device here" in proc.stderr.strip().splitlines()[-1]
