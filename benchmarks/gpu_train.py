@@ -369,9 +369,13 @@ def whole_process(a, out: Path, deadline: float):
         argv += list(SMOKE_SIZE) if a.smoke else []
         argv += ["--cpu"] if a.cpu else [dtype[name]]
         t0 = time.perf_counter()
-        proc = subprocess.run(argv, capture_output=True, text=True, cwd=str(REPO_ROOT),
-                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                                  [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])))
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, cwd=str(REPO_ROOT), timeout=a.whole_timeout,
+                                  env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                                      [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])))
+        except subprocess.TimeoutExpired:
+            write(out, {"kind": "whole_process", "run": name, "error": f"timed out after {a.whole_timeout} s"})
+            continue
         wall = time.perf_counter() - t0
         inner = [json.loads(line[line.index("{"):]) for line in (proc.stdout + proc.stderr).splitlines()
                  if "train_inner" in line and '"num_updates"' in line]
@@ -415,13 +419,15 @@ def main(argv=None):
     p.add_argument("--profile", help="write a torch.profiler summary of one update (stock fp16, recipe) to this JSON file")
     p.add_argument("--whole-process", action="store_true", help="also time whole fairseq-train processes")
     p.add_argument("--whole-runs", default=WHOLE_RUNS, help=f"comma-separated whole-process runs (default: {WHOLE_RUNS})")
+    p.add_argument("--whole-timeout", type=float, default=300, help="seconds a whole-process run may take (default: 300)")
     p.add_argument("--whole-updates", type=int, default=300, help="updates per whole-process run (default: 300)")
     p.add_argument("--whole-tokens", type=int, default=4096, help="--max-tokens of the whole-process runs (default: 4096)")
     p.add_argument("--whole-interval", type=int, default=10, help="fairseq's --log-interval in the whole-process runs "
                    "(default: 10; each logged wps and loss covers that many updates)")
     p.add_argument("--whole-skip", type=int, default=20, help="updates left out of the whole-process wps as warm-up "
                    "(default: 20)")
-    p.add_argument("--deadline", type=float, default=0, help="seconds after which no new phase or round starts (0: none)")
+    p.add_argument("--deadline", type=float, default=None, help="seconds after which no new run or round starts "
+                   "(the first round of each token setting always runs; default: none)")
     p.add_argument("--smoke", action="store_true", help="tiny model (2+2, d=64) for a quick check")
     p.add_argument("--cpu", action="store_true", help="run on the CPU (with --smoke: the test suite's check; fp32)")
     a = p.parse_args(argv)
@@ -455,7 +461,7 @@ def main(argv=None):
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    deadline = start + a.deadline if a.deadline else float("inf")
+    deadline = start + a.deadline if a.deadline is not None else float("inf")
 
     device = "cpu" if a.cpu else torch.cuda.get_device_name(0)
     env = {"kind": "environment", "device": device, "torch": torch.__version__, "python": platform.python_version(),

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+# RESNMT_TEST_DATA: another copy of it (the GPU job carries one: benchmarks/gpu_job.sh)
+SHARED_DATA = Path(os.environ.get("RESNMT_TEST_DATA") or REPO_ROOT.parent / "shared" / "data")
 BIN_DIR = Path(sys.executable).parent  # the venv's bin: fairseq-train & co. live here
 
 
