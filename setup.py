@@ -41,6 +41,7 @@ setup(
             "resnmt-evaluate=resnmt.cli.evaluate:main",
             "resnmt-analyze=resnmt.cli.analyze:main",
             "resnmt-experiment=resnmt.cli.experiment:main",
+            "resnmt-prepare=resnmt.cli.prepare:main",
         ]
     },
     classifiers=[

@@ -1,3 +1,3 @@
 #!/usr/bin/env bash
-# Prepare iwslt15-en-vi for fairseq (see docs/data-prep.md, or --help); the work is data-prep/prepare.py.
-exec "${PYTHON:-python3}" "$(dirname "${BASH_SOURCE[0]}")/prepare.py" iwslt15-en-vi "$@"
+# Prepare iwslt15-en-vi for fairseq: the same as `resnmt-prepare iwslt15-en-vi` (--help; docs/data-prep.md).
+exec bash "$(dirname "${BASH_SOURCE[0]}")/prepare.sh" iwslt15-en-vi "$@"

@@ -1,3 +1,3 @@
 #!/usr/bin/env bash
-# Prepare multi30k for fairseq (see docs/data-prep.md, or --help); the work is data-prep/prepare.py.
-exec "${PYTHON:-python3}" "$(dirname "${BASH_SOURCE[0]}")/prepare.py" multi30k "$@"
+# Prepare multi30k for fairseq: the same as `resnmt-prepare multi30k` (--help; docs/data-prep.md).
+exec bash "$(dirname "${BASH_SOURCE[0]}")/prepare.sh" multi30k "$@"

@@ -1,3 +1,3 @@
 #!/usr/bin/env bash
-# Prepare wmt14-en-de for fairseq (see docs/data-prep.md, or --help); the work is data-prep/prepare.py.
-exec "${PYTHON:-python3}" "$(dirname "${BASH_SOURCE[0]}")/prepare.py" wmt14-en-de "$@"
+# Prepare wmt14-en-de for fairseq: the same as `resnmt-prepare wmt14-en-de` (--help; docs/data-prep.md).
+exec bash "$(dirname "${BASH_SOURCE[0]}")/prepare.sh" wmt14-en-de "$@"

@@ -1,4 +1,4 @@
-"""Miniature mirrors of the published corpora, for the data-prep tests.
+"""Miniature mirrors of the published corpora, and a corpus of one's own, for the data-prep tests.
 
 Each mirror holds files under their published names with the published internal
 paths (archive members), filled with a few hundred real sentences from the
@@ -135,3 +135,22 @@ def build_iwslt_mirror(dest: Path) -> Path:
         for name in ("tst2012", "tst2013"):
             os.symlink(src / f"{name}.{lang}", dest / f"{name}.{lang}")
     return dest
+
+
+def write_corpus(dest: Path, n_train: int = 3000, n_valid: int = 100, n_test: int = 100) -> dict:
+    """A corpus of one's own: the first lines of real Multi30k EN-DE, raw, as train/dev/test
+    PREFIX.{en,de}; returns {split: PREFIX}."""
+    dest.mkdir(parents=True, exist_ok=True)
+    prefixes = {}
+    for split, (name, n) in {"train": ("train", n_train), "valid": ("val", n_valid),
+                             "test": ("test_2016_flickr", n_test)}.items():
+        prefixes[split] = dest / {"train": "train", "valid": "dev", "test": "test"}[split]
+        for lang in ("en", "de"):
+            Path(f"{prefixes[split]}.{lang}").write_text("".join(x + "\n" for x in multi30k_lines(name, lang)[:n]),
+                                                         encoding="utf-8")
+    return prefixes
+
+
+def custom_args(prefixes: dict, *more) -> list:
+    return ["--train", prefixes["train"], "--valid", prefixes["valid"], "--test", prefixes["test"],
+            "--source-lang", "en", "--target-lang", "de", *more]

@@ -1,5 +1,6 @@
-"""data-prep/prepare-*.sh (data-prep/prepare.py) end to end through --mirror: real Multi30k and IWSLT'15
-test sets, miniature WMT'14 mirrors with the published archive names and layout.
+"""resnmt-prepare (resnmt/cli/prepare.py, through the data-prep/prepare-*.sh wrappers) end to end
+through --mirror: real Multi30k and IWSLT'15 test sets, miniature WMT'14 mirrors with the
+published archive names and layout; and resnmt-prepare custom on a slice of real Multi30k.
 
 Checks the outputs against the inputs (line counts, checksums, references byte for
 byte, reversible segmentation, the binarized data as fairseq loads it), failures
@@ -10,10 +11,12 @@ import functools
 import gzip
 import hashlib
 import http.server
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -22,7 +25,11 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN_DIR, REPO_ROOT, cli_env, run_cli, shared_data_dir
-from data_prep_mirror import PLANTED_BAD, build_iwslt_mirror, build_wmt14_mirror
+from data_prep_mirror import PLANTED_BAD, build_iwslt_mirror, build_wmt14_mirror, custom_args, write_corpus
+from model_utils import TINY
+
+from resnmt.cli import prepare as prepare_cli
+from resnmt.data.manifest import read_manifest
 
 DATA_PREP = REPO_ROOT / "data-prep"
 SCRIPTS = ["prepare-multi30k.sh", "prepare-iwslt15-en-vi.sh", "prepare-wmt14-en-de.sh", "prepare-wmt14-en-fr.sh"]
@@ -102,9 +109,7 @@ class HTTPMirror:
 
 def check_no_work_on_rerun(script, args, out: Path):
     before = output_mtimes(out)
-    t0 = time.time()
     proc = prepare(script, *args, out)
-    assert time.time() - t0 < 15
     assert "nothing to do" in proc.stderr, proc.stderr
     assert proc.stderr.count("skipping") >= 5
     assert output_mtimes(out) == before
@@ -112,18 +117,39 @@ def check_no_work_on_rerun(script, args, out: Path):
 
 # ----------------------------------------------------------------------- options
 
+def call_prepare(capsys, *args):
+    """``(exit status, stdout, stderr)`` of resnmt-prepare ARGS, in-process (each refusal is
+    a check before any work; a subprocess would spend its time importing torch)."""
+    capsys.readouterr()
+    code = prepare_cli.main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_help_and_option_errors(script, tmp_path):
+def test_help_through_the_wrapper(script):
+    """Each data-prep/prepare-DATASET.sh runs resnmt-prepare DATASET, whose help names
+    the installed command (no path into the repository)."""
+    name = script[len("prepare-"):-len(".sh")]
     proc = prepare(script, "--help")
-    assert proc.stdout.startswith(f"Usage: data-prep/{script}")
-    for word in ("--mirror", "--checksums", "--workers", "--bpe-size", "OUTDIR/bin", "OUTDIR/raw/test"):
+    assert proc.stdout.startswith(f"Usage: resnmt-prepare {name} [options]")
+    for word in ("--mirror", "--checksums", "--workers", "--bpe-size", "OUTDIR/bin", "OUTDIR/raw/test",
+                 "prepared.json"):
         assert word in proc.stdout, word
+    assert "data-prep" not in proc.stdout
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_option_errors(script, tmp_path, capsys):
+    name = script[len("prepare-"):-len(".sh")]
 
     def fails(args, *words, rc=2):
-        p = prepare(script, *args, check=False)
-        assert p.returncode == rc, (args, p.returncode, p.stderr)
+        code, _, err = call_prepare(capsys, name, *args)
+        assert code == rc, (args, code, err)
+        last = err.rstrip("\n").split("\n")[-1]
+        assert last.startswith(f"[prepare-{name}] error: "), err  # the error is the last line
         for w in words:
-            assert w in p.stderr, (args, w, p.stderr)
+            assert w in last, (args, w, err)
 
     out = tmp_path / "out"
     fails(["--frobnicate", out], "unknown option '--frobnicate'")
@@ -141,25 +167,51 @@ def test_help_and_option_errors(script, tmp_path):
     assert not out.exists()
 
 
-def test_missing_tool_and_python_module(tmp_path):
-    """A clear error before any work: a missing fairseq-preprocess, a python without sacremoses."""
+def test_overview_and_unknown_dataset(capsys):
+    code, out, _ = call_prepare(capsys, "--help")
+    assert code == 0 and out.startswith("Usage: resnmt-prepare DATASET [options] OUTDIR")
+    assert all(name in out for name in ("multi30k", "iwslt15-en-vi", "wmt14-en-de", "wmt14-en-fr", "custom"))
+    code, _, err = call_prepare(capsys, "wmt16-en-de", "out")
+    assert code == 2 and err.rstrip().split("\n")[-1] == (
+        "[resnmt-prepare] error: unknown DATASET 'wmt16-en-de'; choose one of: "
+        "multi30k iwslt15-en-vi wmt14-en-de wmt14-en-fr custom")
+
+
+def test_missing_tool_and_python_module(tmp_path, capsys, monkeypatch):
+    """A clear error before any work: no fairseq-preprocess on PATH nor beside this Python;
+    the wrappers' Python without resnmt's requirements (here: one started with -S)."""
     bare = tmp_path / "bin"
     bare.mkdir()
-    os.symlink(BIN_DIR / "python", bare / "python3")
-    path = f"{bare}:/usr/bin:/bin"
+    monkeypatch.setenv("PATH", f"{bare}:/usr/bin:/bin")
+    monkeypatch.setattr(sys, "executable", str(bare / "python3"))
     out = tmp_path / "out"
-    proc = prepare("prepare-wmt14-en-de.sh", "--mirror", tmp_path, out, check=False, PATH=path)
-    assert proc.returncode == 1
-    assert "'fairseq-preprocess' not found on PATH" in proc.stderr
+    code, _, err = call_prepare(capsys, "wmt14-en-de", "--mirror", tmp_path, out)
+    assert code == 1 and err.rstrip().split("\n")[-1].startswith(
+        "[prepare-wmt14-en-de] error: 'fairseq-preprocess' not found on PATH nor beside")
     assert not out.exists()
+    monkeypatch.undo()
 
-    os.symlink(BIN_DIR / "fairseq-preprocess", bare / "fairseq-preprocess")
     no_site = tmp_path / "python-without-packages"
     no_site.write_text(f'#!/bin/sh\nexec "{BIN_DIR / "python"}" -S "$@"\n')
     no_site.chmod(0o755)
-    proc = prepare("prepare-wmt14-en-de.sh", "--mirror", tmp_path, out, check=False, PATH=path, PYTHON=str(no_site))
+    proc = prepare("prepare-wmt14-en-de.sh", "--mirror", tmp_path, out, check=False, PYTHON=str(no_site))
     assert proc.returncode == 1
-    assert "python module(s) missing" in proc.stderr and "sacremoses" in proc.stderr
+    assert proc.stderr.startswith(f"[prepare-wmt14-en-de] error: python module(s) missing in {no_site}: ")
+    assert "torch fairseq (install resnmt" in proc.stderr
+    assert not out.exists()
+
+
+def test_missing_python_module_is_named(tmp_path, capsys, monkeypatch):
+    """A text library this dataset needs (sacremoses for WMT's Moses tokenization) missing:
+    one line naming it, before any work."""
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "sacremoses" else real_find_spec(name, *a))
+    out = tmp_path / "out"
+    code, _, err = call_prepare(capsys, "wmt14-en-de", "--mirror", tmp_path, out)
+    assert code == 1 and "python module(s) missing in" in err and ": sacremoses (pip install resnmt" in err
     assert not out.exists()
 
 
@@ -193,11 +245,20 @@ def test_multi30k_full_corpus(multi30k):
     assert decoded == [" ".join(x.split()) for x in lines(out / "raw" / "test.de")]
     n_types = len(lines(out / "bin" / "dict.en.txt"))
     assert 7000 < n_types <= 8000  # joint 8k vocabulary
+    manifest = read_manifest(out / "bin")  # OUTDIR/bin names its OUTDIR, as fairseq-generate's DATA does
+    assert (manifest.directory, manifest.dataset, manifest.source_lang, manifest.target_lang) == \
+        (out, "multi30k", "en", "de")
+    assert (manifest.subword, manifest.subword_model, manifest.detok) == ("sentencepiece", "spm/spm.model", "none")
+    assert manifest.reference() == out / "raw" / "test.de"
 
 
 def test_multi30k_second_run_does_nothing(multi30k):
     out, mirror, _ = multi30k
     check_no_work_on_rerun("prepare-multi30k.sh", ["--mirror", mirror], out)
+    # a directory prepared before the manifest existed gets one, and nothing else changes
+    (out / "prepared.json").unlink()
+    check_no_work_on_rerun("prepare-multi30k.sh", ["--mirror", mirror], out)
+    assert read_manifest(out).subword == "sentencepiece" and (out / "prepared.json").is_file()
     proc = prepare("prepare-multi30k.sh", "--mirror", mirror, "--bpe-size", "4000", out, check=False)
     assert proc.returncode == 1
     assert "prepared with other options" in proc.stderr and "--bpe-size=8000" in proc.stderr
@@ -228,7 +289,7 @@ def test_multi30k_checksum_mismatch(tmp_path):
     proc = prepare("prepare-multi30k.sh", "--mirror", mirror, out, check=False)
     assert proc.returncode == 1
     assert "checksum mismatch for val.en.gz" in proc.stderr
-    assert "pinned in prepare-multi30k.sh" in proc.stderr
+    assert "pinned in resnmt's table of multi30k" in proc.stderr
     assert not (out / "bin").exists()
 
     shutil.copy(shared_data_dir("multi30k") / "val.en.gz", mirror / "val.en.gz")
@@ -446,3 +507,109 @@ def test_wmt14_en_fr_sentencepiece(tmp_path):
     assert "valid (newstest2012+newstest2013): 120 pairs" in proc.stderr
     check_wmt(out, "fr", info, 5 * 100)
     assert (out / "spm" / "spm.model").is_file()
+
+
+# ------------------------------------------------------------------- your own corpus
+
+def test_custom_bad_input_is_one_line_before_any_work(tmp_path, capsys):
+    """A missing file, parallel files of different lengths, a language code of the wrong
+    shape: one error line (the last) naming the bad value, exit status 2, no OUTDIR."""
+    prefixes = write_corpus(tmp_path / "corpus", n_train=20, n_valid=10, n_test=10)
+    out = tmp_path / "out"
+    short = tmp_path / "short"  # dev with its last German line missing
+    Path(f"{short}.en").write_bytes(Path(f"{prefixes['valid']}.en").read_bytes())
+    Path(f"{short}.de").write_text("".join(Path(f"{prefixes['valid']}.de").read_text(encoding="utf-8")
+                                           .splitlines(keepends=True)[:-1]), encoding="utf-8")
+    cases = [
+        (custom_args({**prefixes, "test": tmp_path / "nowhere"}),
+         f"--test {tmp_path / 'nowhere'}: no such readable file {tmp_path / 'nowhere'}.en"),
+        (custom_args({**prefixes, "valid": short}), f"--valid {short}: {short}.en has 10 lines but {short}.de has 9"),
+        ([*custom_args(prefixes)[:-4], "--source-lang", "english", "--target-lang", "de"],
+         "--source-lang 'english' is not a language code of 2-3 lowercase letters (e.g. en, de, vi), "
+         "optionally with _REGION (e.g. pt_br)"),
+        ([*custom_args(prefixes)[:-4], "--source-lang", "en", "--target-lang", "de-AT"], "--target-lang 'de-AT' is not"),
+        ([*custom_args(prefixes)[:-4], "--source-lang", "de", "--target-lang", "de"],
+         "--source-lang and --target-lang are both 'de'"),
+        (custom_args(prefixes)[2:], "missing --train PREFIX (the files PREFIX.en and PREFIX.de)"),
+        (custom_args(prefixes, "--bpe-size", "5"), "--bpe-size 5 is too small (expected an integer >= 10)"),
+    ]
+    for args, message in cases:
+        code, _, err = call_prepare(capsys, "custom", *args, out)
+        last = err.rstrip("\n").split("\n")[-1]
+        assert code == 2 and last.startswith("[prepare-custom] error: ") and message in last, (args, err)
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def custom_corpus(tmp_path_factory):
+    """3000 real Multi30k pairs prepared as a corpus of one's own by the installed
+    resnmt-prepare console script: (OUTDIR, {split: PREFIX}, its stderr)."""
+    root = tmp_path_factory.mktemp("custom")
+    prefixes = write_corpus(root / "corpus")
+    out = root / "data" / "my-corpus"
+    proc = run_cli([BIN_DIR / "resnmt-prepare", "custom", *custom_args(prefixes, "--bpe-size", "1000", "--workers", "1"),
+                    out], timeout=600)
+    return out, prefixes, proc.stderr
+
+
+def test_custom_corpus(custom_corpus, tmp_path):
+    """Joint sentencepiece model, joined dictionary, the references kept byte for byte, the
+    manifest; a second run does nothing, other input files for the same OUTDIR are refused."""
+    out, prefixes, err = custom_corpus
+    assert "step 1/6: link the 6 files of your corpus" in err and "step 6/6: fairseq-preprocess" in err
+    assert "kept 3,000 of 3,000 pairs" in err
+    for split in ("valid", "test"):
+        for lang in ("en", "de"):
+            assert (out / "raw" / f"{split}.{lang}").read_bytes() == Path(f"{prefixes[split]}.{lang}").read_bytes()
+    assert (out / "orig" / "train.en").resolve() == Path(f"{prefixes['train']}.en").resolve()
+    check_binarized(out, "en", "de", {"train": 3000, "valid": 100, "test": 100})
+    decoded = spm_decode(out / "spm" / "spm.model", out / "text" / "test.de")
+    assert decoded == [" ".join(x.split()) for x in lines(out / "raw" / "test.de")]
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(out / "spm" / "spm.model"))
+    assert sp.get_piece_size() == 1000  # --bpe-size
+    # fairseq pads the dictionary to a multiple of 8 with madeupwordNNNN
+    words = {line.split()[0] for line in lines(out / "bin" / "dict.en.txt") if not line.startswith("madeupword")}
+    pieces = {sp.id_to_piece(i) for i in range(sp.get_piece_size())}
+    assert len(words & pieces) > 900  # one joint vocabulary; beside it only characters train never saw
+    assert all(len(w.lstrip("▁")) == 1 for w in words - pieces), words - pieces
+    manifest = read_manifest(out)
+    assert (manifest.dataset, manifest.source_lang, manifest.target_lang, manifest.subword, manifest.detok) == \
+        ("custom", "en", "de", "sentencepiece", "none")
+
+    args = ["custom", *custom_args(prefixes, "--bpe-size", "1000", "--workers", "1")]
+    before = output_mtimes(out)
+    again = run_cli([BIN_DIR / "resnmt-prepare", *args, out]).stderr
+    assert "nothing to do" in again and output_mtimes(out) == before
+    other = dict(prefixes, train=prefixes["valid"])
+    refused = run_cli([BIN_DIR / "resnmt-prepare", "custom", *custom_args(other, "--bpe-size", "1000"), out],
+                      check=False)
+    assert refused.returncode == 1 and "prepared with other options" in refused.stderr
+    assert f"before: --train={prefixes['train']}" in refused.stderr
+    assert refused.stderr.rstrip().endswith(f"use a new OUTDIR, or delete {out} to start over")
+
+
+def test_custom_corpus_end_to_end(custom_corpus, tmp_path):
+    """resnmt-experiment on the prepared directory of one's own corpus: a tiny model
+    trained a few dozen updates, its epoch checkpoints averaged, the test set decoded with
+    the sentencepiece post-processing the manifest names, and scored against the raw
+    references."""
+    out, prefixes, _ = custom_corpus
+    save_dir, results = tmp_path / "run", tmp_path / "results.jsonl"
+    proc = run_cli([BIN_DIR / "resnmt-experiment", out, "transformer_rskip_base", "--preset", "cpu", "--max-epoch", "2",
+                    "--max-tokens", "2000", "--save-dir", save_dir, "--results", results, "--average", "2",
+                    "--gen-args", "--max-len-b 10", "--", *TINY, "--num-workers", "0", "--no-progress-bar"],
+                   cwd=tmp_path, timeout=600)
+    assert f"step 1/5: prepare: {out}/bin exists, skipped" in proc.stderr
+    assert "step 3/5: average the last 2 epoch checkpoints" in proc.stderr and "decoded 100 sentences" in proc.stderr
+    record = json.loads(results.read_text().splitlines()[-1])
+    assert (record["dataset"], record["arch"], record["averaged"], record["epochs"]) == \
+        ("my-corpus", "transformer_rskip_base", 2, 2)
+    assert record["n_sentences"] == 100 and record["ref"] == str(out / "raw" / "test.de")
+    assert 0 <= record["bleu"] <= 100 and record["signature"].startswith("nrefs:1")
+    generated = (save_dir / "gen.test.avg2.beam4.lenpen0.6.gen-max-len-b10.out").read_text(encoding="utf-8")
+    hypotheses = [line.split("\t")[2] for line in generated.splitlines() if line.startswith("D-")]
+    assert len(hypotheses) == 100 and not any("\u2581" in h for h in hypotheses)  # the pieces were joined
+    train_cmd = (save_dir / "train.cmd").read_text()
+    assert f"{out}/bin" in train_cmd and "--source-lang en --target-lang de" in train_cmd

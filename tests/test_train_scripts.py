@@ -4,7 +4,6 @@ the batch arithmetic of the presets, launchers, and a tiny experiment end to end
 import json
 import os
 import shlex
-import subprocess
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ from conftest import REPO_ROOT, run_cli
 from model_utils import TINY
 
 from resnmt.cli import experiment as cli
+from resnmt.experiment import presets
 
 TRAIN = ["bash", str(REPO_ROOT / "scripts" / "train.sh")]
 EXPERIMENT = ["bash", str(REPO_ROOT / "scripts" / "run_experiment.sh")]
@@ -36,7 +36,7 @@ def train_sh(capsys, monkeypatch, tmp_path):
     stdout, stderr)``, run in ``tmp_path`` with no GPU visible. In-process because each
     bad option is a one-line check: a subprocess would spend its time importing torch."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli.ex, "count_gpus", lambda: 0)
+    monkeypatch.setattr(presets, "count_gpus", lambda: 0)
 
     return lambda *args: call_main(cli.train_main, args, capsys)
 
@@ -70,7 +70,7 @@ def test_help(script, words):
 
 @pytest.mark.parametrize("args, code, message", [
     (["wmt15-en-de", "transformer_sas_base"], 2,
-     "DATASET 'wmt15-en-de' is not one of: iwslt15-en-vi wmt14-en-de wmt14-en-fr multi30k"),
+     "DATASET 'wmt15-en-de' is not one of: multi30k iwslt15-en-vi wmt14-en-de wmt14-en-fr, nor a directory"),
     (["multi30k", "transformer_sas_huge"], 2, "ARCH 'transformer_sas_huge' is not a resnmt_transformer arch"),
     (["multi30k", "lstm"], 2, "allowed: resnmt_transformer transformer_admin_base"),
     (["--gpus", "two", "multi30k", "transformer"], 2, "--gpus 'two': must be an integer >= 0"),
@@ -128,16 +128,16 @@ def test_paper_presets_batch_arithmetic_and_multi_gpu_commands(dry_run):
     assert (flag(cmd, "--max-tokens"), flag(cmd, "--update-freq")) == ("2048", "1")
 
 
-def cksum(text):
-    """What `printf '%s' TEXT | cksum` prints first (POSIX CRC), as run_experiment.sh keys --gen-args."""
-    return subprocess.run(["cksum"], input=text.encode(), capture_output=True, check=True).stdout.split()[0].decode()
-
-
 def write_data_root(tiny_bin, root):
-    """A prepared-dataset layout (bin/, raw/test.de) around the shared tiny corpus."""
+    """A prepared-dataset layout (bin/, raw/test.de, the manifest) around the shared tiny
+    corpus; its words are whole (no subwords), so subword_nmt's post-processing keeps them."""
+    from resnmt.data.corpora import DATASETS
+    from resnmt.data.manifest import write_manifest
+
     (root / "raw").mkdir(parents=True)
     os.symlink(tiny_bin, root / "bin")
     (root / "raw" / "test.de").write_text((tiny_bin.parent / "text" / "test.de").read_text())
+    write_manifest(root, DATASETS["multi30k"], "subword_nmt", "bpe/bpe.codes")
     return root
 
 
@@ -168,7 +168,7 @@ def test_experiment_end_to_end_then_nothing_to_redo(tiny_bin, tmp_path):
     assert rec["checkpoint"] == str(save_dir / "checkpoint.avg3.pt")
     avg = torch.load(save_dir / "checkpoint.avg3.pt", weights_only=True)
     assert [os.path.basename(p) for p in avg["resnmt_averaged_from"]] == [f"checkpoint{e}.pt" for e in (1, 2, 3)]
-    key = f"avg3.beam4.lenpen0.6.gen{cksum('--max-len-b 20')}"
+    key = "avg3.beam4.lenpen0.6.gen-max-len-b20"
     assert rec == json.loads((save_dir / f"result.{key}.json").read_text())
     gen = (save_dir / f"gen.test.{key}.out").read_text()
     assert gen.count("\nD-") + gen.startswith("D-") == 60
@@ -194,7 +194,7 @@ def test_experiment_end_to_end_then_nothing_to_redo(tiny_bin, tmp_path):
     assert [json.loads(x)["averaged"] for x in results.read_text().splitlines()] == [3, 2]
     latest = json.loads((save_dir / "result.json").read_text())
     assert (latest["averaged"], latest["beam"]) == (2, 2)
-    assert latest == json.loads((save_dir / f"result.avg2.beam2.lenpen0.6.gen{cksum('--max-len-b 20')}.json").read_text())
+    assert latest == json.loads((save_dir / "result.avg2.beam2.lenpen0.6.gen-max-len-b20.json").read_text())
     assert json.loads((save_dir / f"result.{key}.json").read_text()) == rec
 
     # a checkpoint_last.pt truncated by a kill during fairseq's copy is replaced, and training resumes
@@ -219,7 +219,7 @@ def test_experiment_bad_options_stop_before_any_work(tmp_path, monkeypatch, caps
 
     code, err = run_experiment("--results", tmp_path / "r.jsonl", "multi30k", "transformer_nope_base")
     assert code == 1 and "ARCH 'transformer_nope_base' is not" in err
-    assert "train.sh refused the training options" in err
+    assert err.rstrip().endswith("error: the training options were refused (message above)")
     code, err = run_experiment("--average", "0", "multi30k", "transformer")
     assert code == 2 and "--average '0': must be an integer >= 1" in err
     assert os.listdir(tmp_path) == []

@@ -6,8 +6,10 @@
 * ``scripts/demo.sh`` (``make demo``): two small models on Multi30k and a BLEU table.
 
 The scripts are one-line wrappers of ``python -m resnmt.cli.experiment {train,run,demo}``.
-Messages go to stderr as ``[NAME] ...``; a bad option is one ``[NAME] error:`` line and
-exit status 2, a failed step exit status 1.
+The options are declared once, in ``resnmt.experiment.presets.TrainRequest`` and
+``resnmt.experiment.pipeline.ExperimentRequest``; the parsers and the help lists below
+are built from them. Messages go to stderr as ``[NAME] ...``; a bad option is one
+``[NAME] error:`` line (the last) and exit status 2, a failed step exit status 1.
 """
 import argparse
 import concurrent.futures
@@ -15,52 +17,41 @@ import os
 import shlex
 import shutil
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from resnmt import experiment as ex
+from resnmt.atomic import atomic_write_text
+from resnmt.data.corpora import DATASETS
+from resnmt.experiment import presets, steps
+from resnmt.experiment.errors import ExperimentError, UsageError
+from resnmt.experiment.options import add_options, check_choice, given, options_help
+from resnmt.experiment.pipeline import EXPERIMENT_OPTIONS, Experiment, ExperimentRequest
+from resnmt.experiment.runtime import format_seconds, tool_env, which
 
-TRAIN_OPTIONS_HELP = """\
-  --seed S              random seed (default 1)
-  --max-update N        stop after N updates (overrides the preset's)
-  --max-epoch N         stop after N epochs (without --max-update it replaces the
-                        preset's update limit)
-  --max-tokens N        tokens per GPU per batch (overrides the preset's)
-  --tokens-per-update N the effective batch the preset aims at; the script picks
-                        --update-freq = max(1, round(N / (nodes*gpus*max-tokens)));
-                        if one step over all GPUs already exceeds 4/3 N, it uses
-                        --max-tokens ceil(N / (nodes*gpus)) and --update-freq 1"""
+TRAIN_OPTIONS = ("data", "save_dir", *presets.SHARED_TRAIN_OPTIONS, *presets.TRAIN_ONLY_OPTIONS[2:])
+RUN_OPTIONS = ("save_dir", *presets.SHARED_TRAIN_OPTIONS)
+
+DATASET_HELP = f"""\
+DATASET   {textwrap.fill(', '.join(f"{d.name} ({d.src}->{d.tgt})" for d in DATASETS.values()) + ':', 78,
+                         subsequent_indent=' ' * 10)}
+          the built-in corpora (resnmt-prepare DATASET prepares them); or the
+          directory of a corpus of your own, prepared by resnmt-prepare custom
+          (it holds prepared.json; trained with the iwslt15-en-vi budget)
+ARCH      a registered arch of model resnmt_transformer (resnmt_transformer, or
+          transformer_FAMILY_{{base,big}} for each connection kind's family, e.g.
+          transformer_sas_base; python -m resnmt.cli.arch_table lists them all), or
+          fairseq's 'transformer' for a baseline"""
 
 TRAIN_HELP = f"""\
 Train ARCH on DATASET with fairseq-train --user-dir resnmt. Re-running the same
 command resumes from SAVE_DIR/checkpoint_last.pt (fairseq's default restore file).
 
-DATASET   iwslt15-en-vi (en->vi), wmt14-en-de (en->de), wmt14-en-fr (en->fr),
-          multi30k (en->de); data from data-prep/prepare-DATASET.sh
-ARCH      a registered arch of model resnmt_transformer (resnmt_transformer, or
-          transformer_FAMILY_{{base,big}} for each connection kind's family, e.g.
-          transformer_sas_base; python -m resnmt.cli.arch_table lists them all), or
-          fairseq's 'transformer' for a baseline
+{DATASET_HELP}
 
 Options:
-  --data DIR            binarized data (default: data/DATASET/bin)
-  --save-dir DIR        checkpoints, train.log (the output of every run, appended)
-                        and train.cmd (the commands used) (default: runs/DATASET/ARCH[-TAG])
-  --tag TAG             suffix of the default save dir (e.g. seed1)
-  --preset P            paper: the papers' settings for DATASET and the arch's size
-                        (default with GPUs); small: 2+2 layers d=128 FFN 512 for CPU
-                        runs and demos (default without GPUs); cpu: small, forced
-                        onto the CPU
-  --gpus N              GPUs per node (default: all visible; 0 = CPU)
-  --nodes N             nodes (default 1; N > 1 needs --launcher torchrun or slurm)
-  --launcher L          none (default; fairseq spawns one process per GPU),
-                        torchrun (run this script once per node with --node-rank),
-                        slurm (run inside an allocation: srun, one task per node)
-  --node-rank R         this node's rank, torchrun only (default 0)
-  --master-addr HOST    torchrun rendezvous host (default 127.0.0.1)
-  --master-port PORT    torchrun rendezvous / slurm port (default 29500)
-{TRAIN_OPTIONS_HELP}
+{options_help(presets.TrainRequest, TRAIN_OPTIONS)}
   --dry-run             print the command and exit (nothing is checked on disk
                         beyond the options, nothing is written)
   -h, --help            this help
@@ -84,8 +75,8 @@ EXPERIMENT_HELP = f"""\
 Runs the papers' pipeline for one model, each step skipped when its output exists
 (re-running the same command resumes an interrupted experiment or does nothing):
 
-  1. prepare  data-prep/prepare-DATASET.sh DATA_ROOT     (skipped if DATA_ROOT/bin exists)
-  2. train    the presets of scripts/train.sh (resumes from checkpoint_last.pt)
+  1. prepare  resnmt-prepare DATASET DATA_ROOT           (skipped if DATA_ROOT/bin exists)
+  2. train    the papers' presets (below; resumes from checkpoint_last.pt)
                                                                     -> SAVE_DIR/train.done
   3. average  resnmt-average, the last N update checkpoints (checkpoint_E_U.pt,
               saved by the paper presets every 1000 updates) or, without them, the
@@ -96,34 +87,35 @@ Runs the papers' pipeline for one model, each step skipped when its output exist
               the same JSON object appended as one line to the --results file, and
               copied to SAVE_DIR/result.json (the latest settings' result)
 
-KEY names the decoding settings, e.g. avg10.beam4.lenpen0.6 (plus .genNNN, a checksum,
-with --gen-args): re-running with another --average, --beam, --lenpen or --gen-args
-averages, decodes and scores again, keeping the earlier outputs.
+KEY names the decoding settings, e.g. avg10.beam4.lenpen0.6 (plus .gen-FLAGS with
+--gen-args, e.g. .gen-max-len-b50): re-running with another --average, --beam, --lenpen
+or --gen-args averages, decodes and scores again, keeping the earlier outputs.
 
-DATASET and ARCH as for scripts/train.sh (--help there for the training options).
+{DATASET_HELP}
+
+Your own corpus:
+  resnmt-prepare custom --train corpus/train --valid corpus/dev --test corpus/test \\
+      --source-lang en --target-lang de data/my-corpus
+  resnmt-experiment data/my-corpus transformer_rskip_base
 
 Options:
-  --data-root DIR     prepared dataset directory (default: data/DATASET)
-  --mirror DIR        local copy of the published files for the prepare script (offline
-                      machines); without it the prepare script downloads them (multi30k:
-                      reads ../shared/data/multi30k instead when that exists)
-  --prep-args "A B"   more options for the prepare script (e.g. "--bpe-size 8000")
-  --save-dir DIR      (default: runs/DATASET/ARCH[-TAG])
-  --tag TAG, --preset P, --gpus N
-                      as for scripts/train.sh
-{TRAIN_OPTIONS_HELP}
-  --average N         checkpoints to average (default 10; fewer if fewer exist, with a note)
-  --beam K            beam size (default 4)
-  --lenpen A          GNMT length penalty alpha (default 0.6)
-  --batch-size N      decoding batch size in sentences (default 128)
-  --gen-args "A B"    more fairseq-generate flags (e.g. "--max-len-b 50")
-  --results FILE      JSON lines file of all runs (default: runs/results.jsonl)
-  -h, --help          this help
+{options_help(ExperimentRequest, EXPERIMENT_OPTIONS)}
+{options_help(presets.TrainRequest, RUN_OPTIONS)}
+  --dry-run             check the options, print what each step would run, and exit
+                        (nothing is run or written)
+  -h, --help            this help
 
-Scoring: sentencepiece data (multi30k, or --bpe sentencepiece) is decoded with
---post-process sentencepiece, BPE data with --post-process subword_nmt;
-wmt14-en-de adds --detok moses --lang de --compound-split, wmt14-en-fr
---detok moses --lang fr (see docs/decoding-and-evaluation.md for the three BLEUs).
+Flags after -- go to fairseq-train after the preset's (see Presets), e.g.
+-- --lr 1e-3 --skip-lambda 3.
+
+Presets: paper (the default with GPUs) trains the papers' settings for DATASET; small
+and cpu train 2+2 layers, d=128, FFN 512, 4096 tokens per update, lr 1e-3, 500 warm-up
+updates, 2000 updates.
+
+Scoring: the data's subword model, read from DATA_ROOT/prepared.json, is undone by
+fairseq-generate --post-process (sentencepiece or subword_nmt); wmt14-en-de adds
+--detok moses --lang de --compound-split, wmt14-en-fr --detok moses --lang fr (the
+three BLEUs it reports: resnmt-evaluate --help).
 To redo a step, delete its output (e.g. SAVE_DIR/train.done after raising --max-update).
 """
 
@@ -146,11 +138,13 @@ Options (environment variables in brackets):
   --archs "A B"     the models (default "transformer_postln_base transformer_rskip_base")
   --out DIR         runs, results.jsonl and table.md (default runs/demo) [DEMO_OUT]
   --data-root DIR   prepared Multi30k (default data/multi30k) [DEMO_DATA]
+  --mirror DIR      the published Multi30k files (default: ../shared/data/multi30k when it
+                    exists, else they are downloaded) [DEMO_MIRROR]
   -h, --help        this help
 """
 
 DEMO_NOTE = """\
-What to expect (measured, README "BLEU against budget and depth"): at this size (2+2
+What to expect (measured, docs/study.md): at this size (2+2
 layers) rSkip+LN λ=2 is about 1 BLEU behind post-LN from 600 to 2400 updates (3 seeds),
 still 0.6-1.0 behind at 4800 to 12000 updates (2 seeds) and 0.6 behind at the final
 budget, 14400 updates (2 seeds). With 6+6 layers the order reverses: rSkip+LN leads
@@ -187,7 +181,7 @@ class Parser(argparse.ArgumentParser):
 
 def usage_error(prog: str, message: str):
     name = Path(prog).stem
-    print(f"[{name}] error: {message}\nRun {prog} --help for the options.", file=sys.stderr)
+    print(f"[{name}] error: {message} (see {prog} --help)", file=sys.stderr)
     sys.exit(2)
 
 
@@ -210,36 +204,26 @@ def parse(parser: Parser, argv: Sequence[str]):
     return args
 
 
-def add_string_options(parser: Parser, *flags: str, **defaults) -> None:
-    for flag in flags:
-        parser.add_argument(flag, default=defaults.get(flag.lstrip("-").replace("-", "_")))
-
-
-TRAIN_FLAGS = ("--tag", "--preset", "--gpus", "--seed", "--max-update", "--max-epoch", "--max-tokens",
-               "--tokens-per-update")
-
-
 def positional_dataset_arch(args) -> Tuple[str, str]:
     if len(args.positional) != 2:
-        raise ex.UsageError(f"expected DATASET and ARCH, got {len(args.positional)} argument(s): "
-                            f"{' '.join(args.positional) or 'none'}")
+        raise UsageError(f"expected DATASET and ARCH, got {len(args.positional)} argument(s): "
+                         f"{' '.join(args.positional) or 'none'}")
     return args.positional[0], args.positional[1]
 
 
-def train_request(args, **paths) -> ex.TrainRequest:
+def train_request(args, names: Sequence[str]) -> presets.TrainRequest:
     dataset, arch = positional_dataset_arch(args)
-    given = {f.lstrip("-").replace("-", "_"): getattr(args, f.lstrip("-").replace("-", "_")) for f in TRAIN_FLAGS}
-    return ex.TrainRequest(dataset=dataset, arch=arch, extra=args.extra,
-                           **{k: v for k, v in {**given, **paths}.items() if v is not None})
+    return presets.TrainRequest(dataset=dataset, arch=arch, extra=args.extra,
+                                **given(args, presets.TrainRequest, names))
 
 
 def run_guarded(prog: str, body: Callable[[], int]) -> int:
     """``body()``, with a UsageError as a usage error and an ExperimentError as one error line."""
     try:
         return body()
-    except ex.UsageError as e:
+    except UsageError as e:
         usage_error(prog, str(e))
-    except ex.ExperimentError as e:
+    except ExperimentError as e:
         print(f"[{Path(prog).stem}] error: {e}", file=sys.stderr)
         return 1
 
@@ -248,21 +232,18 @@ def run_guarded(prog: str, body: Callable[[], int]) -> int:
 
 def train_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/train.sh") -> int:
     p = Parser(prog, f"{prog} [options] DATASET ARCH [-- FAIRSEQ-TRAIN FLAGS...]", TRAIN_HELP)
-    add_string_options(p, "--data", "--save-dir", "--nodes", "--launcher", "--node-rank", "--master-addr",
-                       "--master-port", *TRAIN_FLAGS)
+    add_options(p, presets.TrainRequest, TRAIN_OPTIONS)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("positional", nargs="*")
     args = parse(p, sys.argv[1:] if argv is None else argv)
     log = logger("train")
 
     def body():
-        fixed = {k: getattr(args, k) for k in ("data", "save_dir", "nodes", "launcher", "node_rank", "master_addr",
-                                               "master_port")}
-        plan = ex.plan_training(train_request(args, **fixed), log, dry_run=args.dry_run)
+        plan = presets.plan_training(train_request(args, TRAIN_OPTIONS), log, dry_run=args.dry_run)
         if args.dry_run:
             print(shlex.join(plan.cmd))
             return 0
-        ex.train(plan, log)
+        steps.train(plan, log)
         return 0
 
     return run_guarded(prog, body)
@@ -272,10 +253,9 @@ def train_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/train.
 
 def experiment_parser(prog: str) -> Parser:
     p = Parser(prog, f"{prog} [options] DATASET ARCH [-- FAIRSEQ-TRAIN FLAGS...]", EXPERIMENT_HELP)
-    add_string_options(p, "--data-root", "--mirror", "--save-dir", *TRAIN_FLAGS)
-    defaults = ex.ExperimentRequest(train=None)
-    for flag in ("--prep-args", "--average", "--beam", "--lenpen", "--batch-size", "--gen-args", "--results"):
-        p.add_argument(flag, default=getattr(defaults, flag.lstrip("-").replace("-", "_")))
+    add_options(p, ExperimentRequest, EXPERIMENT_OPTIONS)
+    add_options(p, presets.TrainRequest, RUN_OPTIONS)
+    p.add_argument("--dry-run", action="store_true")
     p.add_argument("positional", nargs="*")
     return p
 
@@ -285,14 +265,15 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "resnmt-experiment") 
     log = logger(Path(prog).stem)
 
     def body():
-        req = ex.ExperimentRequest(
-            train=train_request(args, save_dir=args.save_dir), data_root=args.data_root, mirror=args.mirror,
-            prep_args=args.prep_args, average=args.average, beam=args.beam, lenpen=args.lenpen,
-            batch_size=args.batch_size, gen_args=args.gen_args, results=args.results)
+        req = ExperimentRequest(train=train_request(args, RUN_OPTIONS),
+                                **given(args, ExperimentRequest, EXPERIMENT_OPTIONS))
         started = time.time()
-        experiment = ex.Experiment(req, log, logger("train"))
+        experiment = Experiment(req, log, logger("train"))
+        if args.dry_run:
+            print("\n".join(experiment.plan()))
+            return 0
         experiment.run()
-        log(f"done in {ex.format_seconds(time.time() - started)}: {experiment.save_dir}/result.json")
+        log(f"done in {format_seconds(time.time() - started)}: {experiment.save_dir}/result.json")
         return 0
 
     return run_guarded(prog, body)
@@ -310,6 +291,7 @@ def demo_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/demo.sh
     p.add_argument("--archs", default="transformer_postln_base transformer_rskip_base")
     p.add_argument("--out", default=env("DEMO_OUT", "runs/demo"))
     p.add_argument("--data-root", default=env("DEMO_DATA", "data/multi30k"))
+    p.add_argument("--mirror", default=env("DEMO_MIRROR") or None)
     args = parse(p, sys.argv[1:] if argv is None else argv)
     if args.extra:
         p.error("unknown argument '--'")
@@ -318,10 +300,13 @@ def demo_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/demo.sh
 
 
 def demo(args, log) -> int:
-    ex.check_choice("--budget", args.budget, ("full", "tiny"))
+    check_choice("--budget", args.budget, ("full", "tiny"))
     archs = args.archs.split()
     if not archs:
-        raise ex.UsageError("--archs is empty")
+        raise UsageError("--archs is empty")
+    # the published files on this project's machines (a sibling checkout's shared/data)
+    sibling_mirror = Path("../shared/data/multi30k")
+    mirror = args.mirror or (sibling_mirror if sibling_mirror.is_dir() else None)
     gen_args = ""
     if args.budget == "tiny":
         if args.max_update is None and args.max_epoch is None:
@@ -329,7 +314,7 @@ def demo(args, log) -> int:
         gen_args = "--max-len-a 1.2 --max-len-b 10"
     if args.max_epoch is None and args.max_update is None:
         args.max_epoch = 6
-    gpus = min(ex.count_gpus(), 1)  # a model this small gains nothing from more
+    gpus = min(presets.count_gpus(), 1)  # a model this small gains nothing from more
     cores = os.cpu_count() or 1
     # On the CPU the models train side by side, each with its share of the cores: a model
     # this small uses a second thread poorly (1.96 updates/s with 2 threads, 1.37 with 1, and
@@ -338,11 +323,11 @@ def demo(args, log) -> int:
     threads = cores // len(archs) if side_by_side else None
     out = Path(args.out)
     experiments = [  # every option is checked here, before any work
-        ex.Experiment(ex.ExperimentRequest(
-            train=ex.TrainRequest("multi30k", arch, save_dir=out / arch, preset="small", gpus=gpus,
-                                  max_epoch=args.max_epoch, max_update=args.max_update),
-            data_root=args.data_root, average=args.average, gen_args=gen_args, results=out / "results.jsonl",
-            threads=threads),
+        Experiment(ExperimentRequest(
+            train=presets.TrainRequest("multi30k", arch, save_dir=out / arch, preset="small", gpus=gpus,
+                                       max_epoch=args.max_epoch, max_update=args.max_update),
+            data_root=args.data_root, mirror=mirror, average=args.average, gen_args=gen_args,
+            results=out / "results.jsonl", threads=threads),
             logger(f"run_experiment {arch}" if side_by_side else "run_experiment"),
             logger(f"train {arch}" if side_by_side else "train"),
             label=f"[{arch}] " if side_by_side else "")
@@ -365,10 +350,10 @@ def demo(args, log) -> int:
             log(f"model {i}/{len(archs)}: {experiment.req.train.arch}")
             records.append(experiment.run())
     table = demo_table(records)
-    ex.atomic_write_text(out / "table.md", table + "\n")
+    atomic_write_text(out / "table.md", table + "\n")
     analyze_demo_models(records, out, Path(args.data_root), log)
     print(f"\n{table}\n\n{DEMO_NOTE}", flush=True)
-    log(f"done in {ex.format_seconds(time.time() - started)}; table in {out}/table.md, results in {out}/results.jsonl")
+    log(f"done in {format_seconds(time.time() - started)}; table in {out}/table.md, results in {out}/results.jsonl")
     return 0
 
 
@@ -390,7 +375,7 @@ def demo_table(records: Sequence[dict]) -> str:
 
 def analyze_demo_models(records: Sequence[dict], out: Path, data_root: Path, log) -> None:
     """resnmt-analyze of each model on test (learned gates, skip ratios); a failure only warns."""
-    if ex.which("resnmt-analyze") is None:
+    if which("resnmt-analyze") is None:
         log("note: resnmt-analyze is not available here; no plot of the learned gates/ratios")
         return
     for r in records:
@@ -400,9 +385,8 @@ def analyze_demo_models(records: Sequence[dict], out: Path, data_root: Path, log
             continue
         tmp = final.with_name(final.name + ".tmp")
         try:
-            ex.run_logged(["resnmt-analyze", r["checkpoint"], "--data", data_root / "bin", "--split", "test",
-                           "--out", tmp], None, ex.tool_env())
-        except ex.ExperimentError:
+            steps.analyze(r["checkpoint"], data_root / "bin", tmp, None, tool_env(), split="test", num_sentences=None)
+        except ExperimentError:
             shutil.rmtree(tmp, ignore_errors=True)
             log(f"warning: resnmt-analyze failed on {r['checkpoint']}; the table above is unaffected")
             continue

@@ -1,12 +1,16 @@
-"""The corpora data-prep/prepare.py knows: one declarative `Dataset` per corpus.
+"""The one table of corpora: a declarative `Dataset` per built-in corpus (``DATASETS``),
+and `custom` for a corpus of one's own.
 
 A dataset names its published files (URL, sha256 when a verified hash is known), where
-each split's parallel text lies in them, its languages and its subword and cleaning
-defaults. The steps that turn it into fairseq data are in pipeline.py, written once for
-all datasets.
+each split's parallel text lies in them, its languages, its subword and cleaning
+defaults, the papers' training budget for it and how its test set is scored. The steps
+that turn it into fairseq data are in resnmt.data.pipeline, written once for all
+datasets; ``resnmt-prepare NAME`` runs them.
 """
+import re
 from dataclasses import dataclass, field
-from typing import Optional
+from pathlib import Path
+from typing import Dict, Optional
 
 
 @dataclass(frozen=True)
@@ -17,6 +21,7 @@ class Published:
     name: str
     url: str
     sha256: Optional[str] = None
+    local: Optional[str] = None  # a file of one's own (resnmt-prepare custom): linked, never downloaded
 
 
 @dataclass(frozen=True)
@@ -43,9 +48,14 @@ def both(template: str, src: str, tgt: str, archive: Optional[str] = None) -> Te
     return Text(tuple((lang, template.format(lang=lang)) for lang in (src, tgt)), archive)
 
 
+def papers_budget(base: int, big: int) -> Dict[str, int]:
+    """Updates the papers trained base and big models for."""
+    return {"base": base, "big": big}
+
+
 @dataclass(frozen=True)
 class Dataset:
-    name: str  # the entry point is data-prep/prepare-NAME.sh
+    name: str  # the entry point is resnmt-prepare NAME (data-prep/prepare-NAME.sh in a checkout)
     summary: str  # the --help description
     src: str
     tgt: str
@@ -64,6 +74,19 @@ class Dataset:
     max_len: Optional[int] = 250  # --max-len default; None: no cleaning step
     ratio: Optional[str] = None  # --ratio default; None: no --ratio, no ratio test
     max_train_lines: bool = True  # has --max-train-lines
+    # training (the paper preset of resnmt-experiment): tokens per update, updates per model size
+    tokens_per_update: int = 4096
+    max_update: Dict[str, int] = field(default_factory=lambda: papers_budget(50000, 50000))
+    # scoring: Moses detokenization of the hypotheses (and compound splitting) for WMT
+    detok: str = "none"
+    compound_split: bool = False
+
+    @property
+    def score_options(self) -> dict:
+        """The scoring keywords (resnmt.scoring) of this dataset's test set."""
+        if self.detok == "none":
+            return {}
+        return {"detok": self.detok, "lang": self.tgt, "compound_split": self.compound_split}
 
     @property
     def archives(self) -> bool:
@@ -181,6 +204,10 @@ def wmt14(tgt: str, tgt_name: str, train: list, dev_sets: list, extra_files: lis
         subword_size_help="BPE merge operations, or sentencepiece vocabulary size; 32000 is "
         f"the papers' tensor2tensor 32k vocabulary, fairseq's prepare-wmt14en2{tgt}.sh uses 40000",
         ratio="1.5",  # as fairseq's prepare-wmt14en2{de,fr}.sh
+        tokens_per_update=32768,
+        max_update=papers_budget(100000, 300000),
+        detok="moses",
+        compound_split=tgt == "de",  # the WMT'14 EN-DE convention
     )
 
 
@@ -209,3 +236,44 @@ WMT14_EN_FR = wmt14(
 )
 
 DATASETS = {d.name: d for d in (MULTI30K, IWSLT15_EN_VI, WMT14_EN_DE, WMT14_EN_FR)}
+
+# ------------------------------------------------------------------ your own corpus
+
+CUSTOM = "custom"
+LANG_RE = re.compile(r"[a-z]{2,3}(_[A-Za-z0-9]+)?")
+LANG_HELP = "a language code of 2-3 lowercase letters (e.g. en, de, vi), optionally with _REGION (e.g. pt_br)"
+
+
+def custom(src: str = "S", tgt: str = "T", prefixes: Optional[Dict[str, str]] = None) -> Dataset:
+    """A corpus of one's own: PREFIX.{src,tgt} per split (``prefixes``: split -> PREFIX),
+    raw untokenized text, one sentence per line. Like Multi30k: one joint sentencepiece
+    model on train.src + train.tgt, the references kept as given; training pairs with an
+    empty side or more than --max-len pieces are dropped. Without ``prefixes``: the
+    template that resnmt-prepare custom's --help describes."""
+    prefixes = prefixes or {}
+    files = tuple(Published(f"{split}.{lang}", "", local=str(Path(f"{prefixes[split]}.{lang}").absolute()))
+                  for split in prefixes for lang in (src, tgt))
+    return Dataset(
+        name=CUSTOM,
+        summary="A parallel corpus of your own: --train/--valid/--test PREFIX name the files\n"
+        "PREFIX.S and PREFIX.T (raw untokenized text, one sentence per line, UTF-8). One\n"
+        "joint sentencepiece model is trained on the training text of both languages, every\n"
+        "split is segmented with it and binarized with fairseq-preprocess\n"
+        "--joined-dictionary (so --share-all-embeddings works); the valid and test text is\n"
+        "kept as given in OUTDIR/raw (the references for sacreBLEU). Training pairs with an\n"
+        "empty side or more than --max-len pieces are dropped; valid and test are kept whole.",
+        src=src,
+        tgt=tgt,
+        files=files,
+        train=(both("train.{lang}", src, tgt),),
+        valid=(both("valid.{lang}", src, tgt),),
+        test=(both("test.{lang}", src, tgt),),
+        files_help="Files: your own, linked into OUTDIR/orig (their sha256 in OUTDIR/orig/SHA256SUMS).\n"
+        "Train a model on it: resnmt-experiment OUTDIR ARCH (or fairseq-train OUTDIR/bin ...).",
+        test_help="your test set as given (the references for sacreBLEU), and valid.*",
+        subword_methods=("sentencepiece",),
+        subword_size=8000,
+        subword_min_size=10,
+        subword_size_help="sentencepiece vocabulary size (lower it for a small corpus)",
+        ratio="0",
+    )

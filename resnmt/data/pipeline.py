@@ -1,14 +1,16 @@
-"""The steps that turn a corpus of corpora.py into fairseq data, and the runner that
-skips finished steps, resumes interrupted runs and refuses changed options.
+"""The steps that turn a corpus of resnmt.data.corpora into fairseq data, and the runner
+that skips finished steps, resumes interrupted runs and refuses changed options.
 
 OUTDIR layout: orig/ (published files), raw/ (valid/test text as published), work/
 (intermediate, removed after success unless --keep-work), bpe/ or spm/ (subword model),
-text/ (segmented text), bin/ (fairseq data), .stamps/ (config + NN-STEP.done), .lock.
+text/ (segmented text), bin/ (fairseq data), prepared.json (the manifest,
+resnmt.data.manifest), .stamps/ (config + NN-STEP.done), .lock.
 """
 import contextlib
 import fcntl
 import hashlib
 import importlib.metadata
+import os
 import re
 import shutil
 import signal
@@ -25,10 +27,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from textproc import (DataPrepError, apply_subword, atomic_write_text, clean_pairs, copy_bytes, count_lines,
-                      learn_subword, moses_tokenize, normalize_space, read_lines, same_line_count, sgm_segments,
-                      write_lines)
 from tqdm import tqdm
+
+from resnmt.atomic import atomic_write_text
+from resnmt.data.manifest import write_manifest
+from resnmt.data.textproc import (DataPrepError, apply_subword, clean_pairs, copy_bytes, count_lines, learn_subword,
+                                  moses_tokenize, normalize_space, read_lines, same_line_count, sgm_segments,
+                                  write_lines)
+from resnmt.experiment.runtime import format_seconds
 
 SPLITS = ("train", "valid", "test")
 
@@ -46,9 +52,15 @@ class Step:
     reads_work: bool = False  # needs OUTDIR/work, removed after a complete run
 
 
-def format_seconds(s: float) -> str:
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as e:
+        raise DataPrepError(f"cannot read {path}: {e.strerror}") from None
+    return digest.hexdigest()
 
 
 class Preparation:
@@ -59,7 +71,7 @@ class Preparation:
         self.out = Path(args.outdir).absolute()
         self.orig, self.work, self.stamps = self.out / "orig", self.out / "work", self.out / ".stamps"
         self.model = self.out / ("spm/spm.model" if args.bpe == "sentencepiece" else "bpe/bpe.codes")
-        self.sha256 = {f.name: (f.sha256, f"pinned in {tag}.sh's table, data-prep/corpora.py")
+        self.sha256 = {f.name: (f.sha256, f"pinned in resnmt's table of {ds.name}, resnmt.data.corpora")
                        for f in ds.files if f.sha256}
         # the options that change the output, in the order of their stamp
         self.config = [("bpe", args.bpe)] if len(ds.subword_methods) > 1 else []
@@ -67,6 +79,9 @@ class Preparation:
         self.config += [("max-len", args.max_len)] if ds.max_len is not None else []
         self.config += [("ratio", args.ratio)] if ds.ratio is not None else []
         self.config += [("max-train-lines", args.max_train_lines)] if ds.max_train_lines else []
+        # resnmt-prepare custom: the input files, as their --train/--valid/--test PREFIX
+        self.config += [(f.name.split(".")[0], f.local[:-len(ds.src) - 1]) for f in ds.files
+                        if f.local and f.name.endswith(f".{ds.src}")]
 
     def log(self, msg: str) -> None:
         print(f"[{self.tag}] {msg}", file=sys.stderr, flush=True)
@@ -110,9 +125,11 @@ class Preparation:
         before = stamp.read_text().strip("\n").split("\n")
         now = config.strip("\n").split("\n")
         if before != now:
-            diff = [f"  before: --{x}" for x in before if x not in now] + [f"  now:    --{x}" for x in now if x not in before]
-            raise DataPrepError(f"{self.out} was prepared with other options:\n" + "\n".join(diff)
-                                + f"\nuse a new OUTDIR, or delete {self.out} to start over")
+            for line in [f"  before: --{x}" for x in before if x not in now] + [f"  now:    --{x}" for x in now
+                                                                                 if x not in before]:
+                self.log(line)
+            raise DataPrepError(f"{self.out} was prepared with other options (above): use a new OUTDIR, or delete "
+                                f"{self.out} to start over")
 
     def read_checksums(self) -> None:
         if not self.args.checksums:
@@ -139,7 +156,9 @@ class Preparation:
             return tuple(f"{directory}/{s}.{l}" for s in splits for l in langs)
 
         method, size = self.args.bpe, self.args.bpe_size
-        steps = [Step("fetch", f"fetch and verify the {len(ds.files)} published files", self.fetch,
+        fetch = (f"link the {len(ds.files)} files of your corpus" if all(f.local for f in ds.files)
+                 else f"fetch and verify the {len(ds.files)} published files")
+        steps = [Step("fetch", fetch, self.fetch,
                       tuple(f"orig/{f.name}" for f in ds.files))]
         if ds.archives:
             steps += [Step("extract", "extract the corpora, check line counts", self.extract),
@@ -191,6 +210,8 @@ class Preparation:
         if redo is None:
             with contextlib.suppress(OSError):
                 self.work.rmdir()
+            if not (self.out / "prepared.json").exists():  # prepared before the manifest existed
+                self.write_manifest()
             self.log(f"nothing to do: {self.out} is complete (binarized data in {self.out / 'bin'})")
             return
         for i in range(redo, n + 1):
@@ -203,8 +224,8 @@ class Preparation:
             try:
                 step.run()
             except DataPrepError as e:
-                self.log(f"error: {e}")
                 self.log(f"failed in step {where}; outputs of finished steps are kept, re-run the same command to resume")
+                self.log(f"error: {e}")  # the last line
                 raise SystemExit(1) from None
             except (KeyboardInterrupt, Interrupted) as e:
                 self.log(f"interrupted in step {where}; outputs of finished steps are kept, "
@@ -223,14 +244,7 @@ class Preparation:
 
     def verify(self, path: Path, name: str) -> str:
         """The sha256 of path; an error when it differs from the known hash of NAME."""
-        digest = hashlib.sha256()
-        try:
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
-        except OSError as e:
-            raise DataPrepError(f"cannot read {path}: {e.strerror}") from None
-        actual = digest.hexdigest()
+        actual = sha256_of(path)
         if name in self.sha256:
             expected, source = self.sha256[name]
             if actual != expected:
@@ -247,7 +261,12 @@ class Preparation:
         sums = []
         for f in self.ds.files:
             dest = self.orig / f.name
-            if self.args.mirror:
+            if f.local:  # resnmt-prepare custom: the user's file, checked before any work
+                sums.append((sha256_of(Path(f.local)), f.name))
+                dest.unlink(missing_ok=True)
+                dest.symlink_to(f.local)
+                self.log(f"  {f.name}: {f.local}")
+            elif self.args.mirror:
                 src = Path(self.args.mirror) / f.name
                 if not src.exists():
                     raise DataPrepError(f"{f.name} not found in mirror {self.args.mirror} (a mirror holds the "
@@ -418,6 +437,9 @@ class Preparation:
         """fairseq-preprocess into a temporary directory, renamed to bin/ when complete."""
         src, tgt = self.ds.langs
         text, tmpbin, log = self.out / "text", self.tmp / "bin", self.out / "logs" / "fairseq-preprocess.log"
+        # this Python's scripts last on PATH: a fairseq-preprocess on PATH wins, and an
+        # installed resnmt finds its own when its venv is not activated
+        env = {**os.environ, "PATH": f"{os.environ.get('PATH', '')}{os.pathsep}{Path(sys.executable).parent}"}
         # fairseq-preprocess workers re-read the dictionary and pay a start-up cost:
         # measured here, 2 workers are slower than 1 on Multi30k's 29K pairs. One
         # worker per 250K training pairs.
@@ -427,7 +449,7 @@ class Preparation:
             rc = subprocess.run(["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt,
                                  "--trainpref", text / "train", "--validpref", text / "valid",
                                  "--testpref", text / "test", "--destdir", tmpbin, "--joined-dictionary",
-                                 "--workers", str(workers)], stdout=f, stderr=subprocess.STDOUT).returncode
+                                 "--workers", str(workers)], stdout=f, stderr=subprocess.STDOUT, env=env).returncode
         lines = log.read_text(errors="replace").splitlines()
         if rc != 0:
             print("\n".join(lines[-20:]), file=sys.stderr)
@@ -438,6 +460,11 @@ class Preparation:
         shutil.rmtree(self.out / "bin", ignore_errors=True)
         tmpbin.rename(self.out / "bin")
         self.write_info()
+        self.write_manifest()
+
+    def write_manifest(self) -> None:
+        write_manifest(self.out, self.ds, "sentencepiece" if self.args.bpe == "sentencepiece" else "subword_nmt",
+                       str(self.model.relative_to(self.out)))
 
     def write_info(self) -> None:
         versions = []
@@ -446,7 +473,7 @@ class Preparation:
                 versions.append(f"{package}=={importlib.metadata.version(package)}")
         source = self.args.mirror or self.args.mirror_url or "(published URLs)"
         atomic_write_text(self.out / "prepare-info.txt", "".join([
-            f"# written by data-prep/{self.tag}.sh on {datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}\n",
+            f"# written by resnmt-prepare {self.ds.name} on {datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}\n",
             "options:\n", *(f"  {k}={v}\n" for k, v in self.config), f"  mirror={source}\n",
             f"tools: {' '.join(versions)}\n", "lines (segmented text given to fairseq-preprocess):\n",
             *(f"  {p.name} {count_lines(p)}\n" for p in sorted((self.out / "text").iterdir()))]))

@@ -1,7 +1,7 @@
-"""Text processing for data-prep/pipeline.py: reading corpora, WMT SGML, Moses
+"""Text processing for resnmt.data.pipeline: reading corpora, WMT SGML, Moses
 tokenization (sacremoses), subword models (subword-nmt, sentencepiece) and cleaning.
 
-Every output goes through resnmt.atomic (atomic_open below), so an interrupted step never
+Every output goes through resnmt.atomic, so an interrupted step never
 leaves a half-written file that a later step would trust. Lines are split on "\\n"
 only (a stray carriage return inside a line does not desynchronize a parallel corpus).
 """
@@ -17,23 +17,9 @@ import zlib
 
 from tqdm import tqdm
 
+from resnmt.atomic import atomic_open
+
 CHUNK_LINES = 2000
-
-
-def atomic_open(path, mode="w"):
-    """resnmt.atomic.atomic_open (the project's one atomic writer), imported when first
-    needed: importing the resnmt package loads torch and fairseq, seconds that a re-run
-    with nothing to do should not pay."""
-    from resnmt.atomic import atomic_open as resnmt_atomic_open
-
-    return resnmt_atomic_open(path, mode)
-
-
-def atomic_write_text(path, text: str) -> None:
-    """resnmt.atomic.atomic_write_text, imported when first needed (see atomic_open)."""
-    from resnmt.atomic import atomic_write_text as resnmt_atomic_write_text
-
-    resnmt_atomic_write_text(path, text)
 
 
 class DataPrepError(Exception):

@@ -1,0 +1,15 @@
+"""One NMT experiment, each step written once: prepare, train, average, decode, score, record.
+
+* ``options``: how a command-line option is declared (name, type, default, help and check
+  together) and the errors a bad value raises;
+* ``presets``: the papers' training presets and model sizes (``TrainRequest``,
+  ``plan_training``, ``SIZES``) for a built-in dataset or a prepared directory;
+* ``runtime``: the environment and logging of the external programs the steps run;
+* ``steps``: the steps, one function each (``train``, ``average``, ``decode``, ``score``,
+  ``analyze``), and ``FairseqLog``, the one reader of fairseq-train's log;
+* ``results``: the records of finished experiments (JSON lines, names of decoding settings);
+* ``pipeline``: ``Experiment``, the steps chained for one model (``resnmt-experiment``, the demo).
+
+The command lines are in ``resnmt.cli.experiment``; the benchmarks' own helpers in
+``benchmarks/common.py``.
+"""

@@ -1,0 +1,211 @@
+"""``Experiment``: prepare -> train -> average -> decode -> score for one model, each step
+skipped when its output exists (re-running resumes an interrupted experiment or does
+nothing). ``resnmt-experiment`` and the demo (``resnmt.cli.experiment``) run it."""
+import json
+import os
+import shlex
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from resnmt.atomic import atomic_write_text
+from resnmt.data.corpora import DATASETS
+from resnmt.data.manifest import ManifestError, read_manifest
+from resnmt.experiment import steps
+from resnmt.experiment.errors import ExperimentError, Log, UsageError
+from resnmt.experiment.options import convert_options, option
+from resnmt.experiment.presets import TrainRequest, dataset_of, default_data_root, default_save_dir, plan_training
+from resnmt.experiment.results import append_jsonl, decoding_key, describe
+from resnmt.experiment.runtime import format_seconds, require_commands, tool_env
+
+# resnmt-experiment's own options, beside the training options it shares (presets.SHARED_TRAIN_OPTIONS)
+EXPERIMENT_OPTIONS = ("data_root", "mirror", "prep_args", "average", "beam", "lenpen", "batch_size",
+                      "gen_args", "results")
+
+
+@dataclass
+class ExperimentRequest:
+    """One experiment (resnmt-experiment's options); checked and converted (numbers,
+    paths) on construction, like ``TrainRequest``."""
+
+    train: TrainRequest
+    data_root: Optional[Path] = option(
+        None, "DIR", "the prepared dataset (default: data/DATASET, or DATASET itself when it is a directory)",
+        kind="path")
+    mirror: Optional[Path] = option(
+        None, "DIR", "a local copy of the published files for resnmt-prepare (machines without internet); "
+        "without it they are downloaded", kind="path")
+    prep_args: str = option("", '"A B"', 'more options for resnmt-prepare (e.g. "--bpe-size 8000")')
+    average: int = option(10, "N", "checkpoints to average (fewer if fewer exist, with a note)", kind="int",
+                          minimum=1)
+    beam: int = option(4, "K", "beam size", kind="int", minimum=1)
+    lenpen: float = option(0.6, "A", "GNMT length penalty alpha", kind="number")
+    batch_size: int = option(128, "N", "decoding batch size in sentences", kind="int", minimum=1)
+    gen_args: str = option("", '"A B"', 'more fairseq-generate flags (e.g. "--max-len-b 50")')
+    results: Path = option(Path("runs/results.jsonl"), "FILE", "JSON lines file of all runs", kind="path")
+    # torch threads of its training and decoding (None: torch's default; the demo sets it)
+    threads: Optional[int] = option(None, "N", "torch threads", kind="int", minimum=1)
+
+    def __post_init__(self):
+        convert_options(self)
+        if self.mirror is not None and not self.mirror.is_dir():
+            raise UsageError(f"--mirror {self.mirror}: no such directory")
+
+
+class Experiment:
+    """``run``: prepare -> train -> average -> decode -> score for one model, each step
+    skipped when its output exists. All options are checked on construction."""
+
+    STEPS = 5
+
+    def __init__(self, req: ExperimentRequest, log: Log, train_log: Log, label: str = ""):
+        """``label`` starts each line of fairseq's output (to tell concurrent experiments apart)."""
+        self.req, self.log, self.train_log, self.label = req, log, train_log, label
+        self.dataset = dataset_of(req.train.dataset)
+        self.builtin = req.train.dataset in DATASETS  # else a directory prepared by resnmt-prepare
+        require_commands("fairseq-generate")
+        self.data_root = req.data_root or default_data_root(req.train.dataset)
+        self.save_dir = req.train.save_dir or default_save_dir(self.dataset.name, req.train.arch, req.train.tag)
+        self.train_request = replace(req.train, data=self.data_root / "bin", save_dir=self.save_dir)
+        try:  # every option of the training step is checked now, before any heavy work
+            plan_training(self.train_request, dry_run=True)
+        except ExperimentError as e:
+            train_log(f"error: {e}")
+            raise ExperimentError("the training options were refused (message above)") from None
+
+    def plan(self) -> List[str]:
+        """What ``run`` would do, one line per step; nothing is run or written."""
+        prepared = steps.is_prepared(self.data_root, self.dataset.tgt)
+        mirror = ["--mirror", str(self.req.mirror)] if self.req.mirror else []
+        prepare = shlex.join(["resnmt-prepare", self.dataset.name, *mirror, *shlex.split(self.req.prep_args),
+                              str(self.data_root)])
+        post = self.post_process() if prepared else "(read from the prepared data)"
+        return [
+            f"1. prepare  {f'{self.data_root} is prepared' if prepared else prepare}",
+            f"2. train    {shlex.join(plan_training(self.train_request, dry_run=True).cmd)}",
+            f"3. average  the last {self.req.average} update (else epoch) checkpoints in {self.save_dir}",
+            f"4. decode   fairseq-generate {self.data_root / 'bin'} --gen-subset test --beam {self.req.beam} "
+            f"--lenpen-form gnmt --lenpen {self.req.lenpen:g} --post-process {post} {self.req.gen_args}".rstrip(),
+            f"5. score    against {self.data_root / 'raw' / f'test.{self.dataset.tgt}'}"
+            f"{' ' + str(self.dataset.score_options) if self.dataset.score_options else ''}, "
+            f"appended to {self.req.results}",
+        ]
+
+    def step(self, number: int, message: str) -> None:
+        self.log(f"step {number}/{self.STEPS}: {message}")
+
+    def run(self) -> dict:
+        """The experiment's record (also in SAVE_DIR/result.json)."""
+        self.prepare()
+        self.train()
+        checkpoint, n, kind, label = self.average()
+        key = decoding_key(label, self.req.beam, self.req.lenpen, self.req.gen_args)
+        gen = self.decode(checkpoint, key)
+        return self.score(gen, key, checkpoint, n, kind)
+
+    def prepare(self) -> None:
+        if steps.is_prepared(self.data_root, self.dataset.tgt):
+            self.step(1, f"prepare: {self.data_root}/bin exists, skipped")
+            return
+        if not self.builtin:
+            raise ExperimentError(f"{self.data_root} holds no prepared data (bin/dict.{self.dataset.tgt}.txt, "
+                                  f"raw/test.{self.dataset.tgt}): prepare it with resnmt-prepare custom ... "
+                                  f"{self.data_root}")
+        self.step(1, f"prepare {self.data_root}")
+        require_commands("resnmt-prepare")
+        steps.prepare(self.dataset.name, self.data_root, self.req.mirror, shlex.split(self.req.prep_args))
+
+    def train(self) -> None:
+        done = self.save_dir / "train.done"
+        if done.exists():
+            self.step(2, f"train: {done} exists, skipped")
+            return
+        self.step(2, f"train {self.req.train.arch} into {self.save_dir}")
+        t0 = time.time()
+        steps.train(plan_training(self.train_request, self.train_log), self.train_log, self.req.threads, self.label)
+        atomic_write_text(done, json.dumps({"wall_seconds": int(time.time() - t0)}) + "\n")
+
+    def average(self) -> Tuple[Path, int, str, str]:
+        """(checkpoint to decode, number averaged, their kind, label): the newest
+        ``--average`` update checkpoints or, without any, epoch checkpoints; fewer if
+        fewer exist; checkpoint_last.pt alone if training saved no numbered one."""
+        from resnmt.averaging import numbered_checkpoints
+
+        kind, found = "update", numbered_checkpoints(self.save_dir, "update")
+        if not found:
+            kind, found = "epoch", numbered_checkpoints(self.save_dir, "epoch")
+        if not found:
+            last = self.save_dir / "checkpoint_last.pt"
+            if not last.exists():
+                raise ExperimentError(f"no checkpoints in {self.save_dir}")
+            # training stopped (--max-update) before the end of epoch 1 and saved no numbered checkpoint
+            self.step(3, f"average: no epoch or update checkpoints in {self.save_dir}, decoding checkpoint_last.pt alone")
+            return last, 1, "last", "last"
+        n = min(len(found), self.req.average)
+        output = self.save_dir / f"checkpoint.avg{n}.pt"
+        if output.exists():
+            self.step(3, f"average: {output} exists, skipped")
+        else:
+            self.step(3, f"average the last {n} {kind} checkpoints -> {output}")
+            if n < self.req.average:
+                self.log(f"note: {len(found)} {kind} checkpoint(s) in {self.save_dir}, fewer than --average "
+                         f"{self.req.average}: averaging {n}")
+            steps.average([p for _, p in found[-n:]], output)
+        return output, n, kind, f"avg{n}"
+
+    def post_process(self) -> str:
+        """fairseq-generate's --post-process for the data's subword model (its manifest)."""
+        try:
+            return read_manifest(self.data_root).subword
+        except ManifestError as e:
+            raise ExperimentError(f"cannot tell how {self.data_root} was segmented: {e}") from None
+
+    def decode(self, checkpoint: Path, key: str) -> Path:
+        gen = self.save_dir / f"gen.test.{key}.out"
+        if gen.exists():
+            self.step(4, f"decode: {gen} exists, skipped")
+            return gen
+        self.step(4, f"decode test with beam {self.req.beam}, GNMT length penalty {self.req.lenpen:g} -> {gen}")
+        t0 = time.time()
+        steps.decode(self.data_root / "bin", checkpoint, gen, None, tool_env(self.req.threads), beam=self.req.beam,
+                     lenpen=self.req.lenpen, batch_size=self.req.batch_size,
+                     extra=["--source-lang", self.dataset.src, "--target-lang", self.dataset.tgt,
+                            "--post-process", self.post_process(), *shlex.split(self.req.gen_args)])
+        sentences = sum(line.startswith("D-") for line in gen.read_text(encoding="utf-8").splitlines())
+        self.log(f"decoded {sentences} sentences in {format_seconds(time.time() - t0)}")
+        return gen
+
+    def score(self, gen: Path, key: str, checkpoint: Path, n: int, kind: str) -> dict:
+        result_path = self.save_dir / f"result.{key}.json"
+        if result_path.exists():
+            self.step(5, f"score: {result_path} exists, skipped")
+            record = json.loads(result_path.read_text(encoding="utf-8"))
+        else:
+            ref = self.data_root / "raw" / f"test.{self.dataset.tgt}"
+            self.step(5, f"score against {ref}")
+            from resnmt.scoring import summary
+
+            result = steps.score(gen, ref, **self.dataset.score_options)
+            print(summary(result), flush=True)
+            fairseq_log = steps.FairseqLog.read(self.save_dir / "train.log")
+            last_epoch = fairseq_log.epochs[-1] if fairseq_log.epochs else (None, None, None)
+            record = {
+                "dataset": self.dataset.name, "arch": self.req.train.arch, "save_dir": os.path.abspath(self.save_dir),
+                "params": fairseq_log.params, "num_updates": last_epoch[1], "epochs": last_epoch[0],
+                "train_seconds": fairseq_log.train_seconds,
+                "train_wall_seconds": json.loads((self.save_dir / "train.done").read_text()).get("wall_seconds"),
+                "checkpoint": os.path.abspath(checkpoint), "averaged": n, "averaged_kind": kind,
+                "beam": self.req.beam, "lenpen": self.req.lenpen, "lenpen_form": "gnmt",
+                **dict(sorted(result.items())),
+            }
+            atomic_write_text(result_path, json.dumps(record) + "\n")
+            append_jsonl(self.req.results, record)
+            self.log(f"appended the result to {self.req.results}")
+        # result.json: the result of the latest settings (rewritten only when they changed)
+        latest = self.save_dir / "result.json"
+        text = result_path.read_text(encoding="utf-8")
+        if not latest.exists() or latest.read_text(encoding="utf-8") != text:
+            atomic_write_text(latest, text)
+        print(describe(record), flush=True)
+        return record

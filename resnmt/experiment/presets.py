@@ -1,0 +1,298 @@
+"""The papers' training presets: what ``fairseq-train`` command trains ARCH on DATASET.
+
+``TrainRequest`` declares the options of a training run (``resnmt.experiment.options``:
+each with its default, help and check); ``plan_training`` resolves one into the command
+(batch arithmetic, launcher, paths). ``SIZES`` is the one table of model sizes below the
+papers' (the CPU presets, the benchmarks and the tests). DATASET is a corpus of
+``resnmt.data.corpora`` or a directory prepared by ``resnmt-prepare`` (its manifest).
+"""
+import dataclasses
+import os
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional, Sequence
+
+from resnmt.data.corpora import DATASETS, Dataset, custom
+from resnmt.data.manifest import ManifestError, read_manifest
+from resnmt.experiment.errors import ExperimentError, Log, UsageError, quiet
+from resnmt.experiment.options import convert_options, option
+from resnmt.experiment.runtime import USER_DIR, require_commands, which
+
+# ----------------------------------------------------------------------------- sizes
+
+
+class ModelSize(NamedTuple):
+    """A Transformer size for the encoder and the decoder alike."""
+
+    layers: int
+    dim: int
+    ffn: int
+    heads: int
+
+    def fairseq_flags(self) -> List[str]:
+        flags = []
+        for side in ("encoder", "decoder"):
+            flags += [f"--{side}-layers", str(self.layers), f"--{side}-embed-dim", str(self.dim),
+                      f"--{side}-ffn-embed-dim", str(self.ffn), f"--{side}-attention-heads", str(self.heads)]
+        return flags
+
+    def as_dict(self) -> Dict[str, int]:
+        return self._asdict()
+
+
+# The sizes below the papers' (theirs are the named archs, ``*_base``/``*_big``).
+SIZES = {
+    "tiny": ModelSize(2, 16, 32, 2),      # tests and smoke runs
+    "small": ModelSize(2, 128, 512, 4),   # the small/cpu preset and the demo
+    "deep": ModelSize(6, 128, 512, 4),    # the demo's width at the papers' depth
+    "cpu": ModelSize(6, 256, 1024, 4),    # the CPU speed table (benchmarks/speed.py)
+    "base": ModelSize(6, 512, 2048, 8),   # transformer_wmt_en_de
+}
+
+# ---------------------------------------------------------------------------- datasets
+
+
+def dataset_of(name: str) -> Dataset:
+    """A built-in corpus by name, or the corpus of a directory prepared by resnmt-prepare."""
+    if name in DATASETS:
+        return DATASETS[name]
+    if Path(name).is_dir():
+        try:
+            manifest = read_manifest(name)
+        except ManifestError as e:
+            raise UsageError(f"DATASET '{name}': {e}") from None
+        if manifest.dataset in DATASETS:  # a built-in corpus prepared into another directory
+            return DATASETS[manifest.dataset]
+        return dataclasses.replace(custom(manifest.source_lang, manifest.target_lang), name=Path(name).name)
+    raise UsageError(f"DATASET '{name}' is not one of: {' '.join(DATASETS)}, nor a directory prepared by "
+                     "resnmt-prepare")
+
+
+def default_data_root(name: str) -> Path:
+    """Where DATASET's prepared data is by default: data/NAME, or the directory DATASET itself."""
+    return Path("data") / name if name in DATASETS else Path(name)
+
+
+def default_save_dir(dataset: str, arch: str, tag: Optional[str]) -> Path:
+    return Path("runs") / dataset / (f"{arch}-{tag}" if tag else arch)
+
+
+# ------------------------------------------------------------------------------ request
+
+PRESETS = ("paper", "small", "cpu")
+LAUNCHERS = ("none", "torchrun", "slurm")
+# the options resnmt-experiment shares with the training command; the others are the training command's own
+SHARED_TRAIN_OPTIONS = ("tag", "preset", "gpus", "seed", "max_update", "max_epoch", "max_tokens", "tokens_per_update")
+TRAIN_ONLY_OPTIONS = ("data", "save_dir", "nodes", "launcher", "node_rank", "master_addr", "master_port")
+
+
+@dataclass
+class TrainRequest:
+    """One training run (the training command's options; None: the preset's). Checked on
+    construction (UsageError naming the flag): numbers may be given as their text (a
+    command line's) and are stored as numbers; paths are stored as Paths."""
+
+    dataset: str
+    arch: str
+    data: Optional[Path] = option(None, "DIR", "binarized data (default: DATA_ROOT/bin: data/DATASET/bin, or "
+                                  "DATASET/bin for a prepared directory)", kind="path")
+    save_dir: Optional[Path] = option(
+        None, "DIR", "checkpoints, train.log (the output of every run, appended) and train.cmd (the commands "
+        "used) (default: runs/DATASET/ARCH[-TAG])", kind="path")
+    tag: Optional[str] = option(None, "TAG", "suffix of the default save dir (e.g. seed1)")
+    preset: Optional[str] = option(
+        None, "P", "paper: the papers' settings for DATASET and the arch's size (default with GPUs); small: "
+        "2+2 layers d=128 FFN 512 for CPU runs and demos (default without GPUs); cpu: small, forced onto "
+        "the CPU", kind="choice", choices=PRESETS)
+    gpus: Optional[int] = option(None, "N", "GPUs per node (default: all visible; 0 = CPU)", kind="int")
+    nodes: int = option(1, "N", "nodes (N > 1 needs --launcher torchrun or slurm)", kind="int", minimum=1)
+    launcher: str = option(
+        "none", "L", "none: fairseq spawns one process per GPU; torchrun: run this command once per node "
+        "with --node-rank; slurm: run inside an allocation (srun, one task per node)", kind="choice",
+        choices=LAUNCHERS)
+    node_rank: int = option(0, "R", "this node's rank, torchrun only", kind="int")
+    master_addr: str = option("127.0.0.1", "HOST", "torchrun rendezvous host")
+    master_port: int = option(29500, "PORT", "torchrun rendezvous / slurm port", kind="int", minimum=1)
+    seed: int = option(1, "S", "random seed", kind="int")
+    max_update: Optional[int] = option(None, "N", "stop after N updates (overrides the preset's)", kind="int",
+                                       minimum=1)
+    max_epoch: Optional[int] = option(None, "N", "stop after N epochs (without --max-update it replaces the "
+                                      "preset's update limit)", kind="int", minimum=1)
+    max_tokens: Optional[int] = option(None, "N", "tokens per GPU per batch (overrides the preset's)", kind="int",
+                                       minimum=1)
+    tokens_per_update: Optional[int] = option(
+        None, "N", "the effective batch the preset aims at: --update-freq = max(1, round(N / (nodes*gpus*"
+        "max-tokens))); if one step over all GPUs already exceeds 4/3 N, --max-tokens ceil(N / (nodes*gpus)) "
+        "and --update-freq 1", kind="int", minimum=1)
+    extra: Sequence[str] = ()
+
+    def __post_init__(self):
+        convert_options(self)
+        self.extra = list(self.extra)
+        bf16_problem = fairseq_bf16_problem(self.extra)
+        if bf16_problem:
+            raise UsageError(bf16_problem)
+        if self.node_rank >= self.nodes:
+            raise UsageError(f"--node-rank {self.node_rank} must be < --nodes {self.nodes}")
+        if self.nodes > 1 and self.launcher == "none":
+            raise UsageError(f"--nodes {self.nodes} needs --launcher torchrun or --launcher slurm")
+        if self.preset == "cpu" and self.gpus not in (None, 0):
+            raise UsageError(f"--preset cpu runs on the CPU; it cannot take --gpus {self.gpus}")
+
+
+@dataclass
+class TrainPlan:
+    """What ``plan_training`` resolved: the command and where it writes."""
+
+    cmd: List[str]
+    data: Path
+    save_dir: Path
+
+
+FAIRSEQ_BF16_FLAGS = ("--bf16", "--memory-efficient-bf16")
+
+
+def fairseq_bf16_problem(flags: Sequence[str]) -> Optional[str]:
+    """Why fairseq-train would stop on ``flags`` asking for bf16, or None. fairseq 0.12's
+    ``--bf16`` (and ``--memory-efficient-bf16``) sets ``--tpu`` (fairseq/options.py), which
+    needs torch_xla: without it every run stops at start-up in ``get_tpu_device`` (measured
+    on an H100: every kind, exit 1, no update)."""
+    import importlib.util
+
+    asked = [f for f in flags if f in FAIRSEQ_BF16_FLAGS]
+    if not asked or importlib.util.find_spec("torch_xla") is not None:
+        return None
+    return (f"{asked[0]}: fairseq 0.12 trains in bf16 on TPUs only ({asked[0]} implies --tpu, which needs "
+            "torch_xla, not installed here); on a GPU train in float32 or with --fp16")
+
+
+def count_gpus() -> int:
+    """CUDA GPUs this process can use: 0 without nvidia-smi (fast path), else torch's count
+    (which honours CUDA_VISIBLE_DEVICES)."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def check_arch(arch: str) -> None:
+    """``arch`` must be an arch of resnmt_transformer or fairseq's ``transformer``."""
+    import resnmt  # noqa: F401  registers the archs
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    allowed = sorted(a for a, m in ARCH_MODEL_NAME_REGISTRY.items() if m == "resnmt_transformer") + ["transformer"]
+    if arch not in allowed:
+        raise UsageError(f"ARCH '{arch}' is not a resnmt_transformer arch or 'transformer'; allowed: {' '.join(allowed)}")
+
+
+# ------------------------------------------------------------------------------- plan
+
+def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False) -> TrainPlan:
+    """The ``fairseq-train`` command of the papers' presets for ``req``. ``req`` checked its
+    values when it was built; here, before any work (UsageError), the dataset, the arch,
+    the GPUs asked for against those visible and, unless ``dry_run``, the data."""
+    dataset = dataset_of(req.dataset)
+    nodes, gpus = req.nodes, req.gpus
+    trainer = shlex.split(os.environ.get("RESNMT_FAIRSEQ_TRAIN", "fairseq-train"))
+    if not trainer:
+        raise UsageError("RESNMT_FAIRSEQ_TRAIN is set but empty")
+    require_commands(trainer[0])
+    check_arch(req.arch)
+
+    # hardware
+    preset = req.preset
+    if preset == "cpu":
+        gpus = 0
+    detected = count_gpus()
+    if gpus is None:
+        gpus = detected
+        log(f"GPUs: {gpus} (detected; --gpus N to choose)")
+    elif gpus > detected:
+        if not dry_run:
+            raise UsageError(f"--gpus {gpus} but only {detected} GPU(s) visible here (nvidia-smi / CUDA_VISIBLE_DEVICES)")
+        log(f"warning: --gpus {gpus} but {detected} visible here (dry run: printing the command anyway)")
+    if gpus == 0 and (nodes > 1 or req.launcher != "none"):
+        raise UsageError(f"--launcher {req.launcher} / --nodes {nodes} need GPUs (--gpus N > 0)")
+    preset = preset or ("paper" if gpus > 0 else "small")
+    preset = "small" if preset == "cpu" else preset
+    world = nodes * max(gpus, 1)
+
+    # preset
+    size = "big" if req.arch.endswith("_big") else "base"
+    flags = ["--task", "resnmt_translation", "--source-lang", dataset.src, "--target-lang", dataset.tgt,
+             "--arch", req.arch, "--share-all-embeddings",
+             "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-09", "--clip-norm", "0.0",
+             "--weight-decay", "0.0", "--lr-scheduler", "inverse_sqrt", "--warmup-init-lr", "1e-07",
+             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+             "--keep-last-epochs", "10", "--seed", str(req.seed)]
+    if preset == "paper":
+        lr, cap = ("5e-4", 3584) if size == "big" else ("7e-4", 4096)
+        target, preset_max_update = dataset.tokens_per_update, dataset.max_update[size]
+        # a checkpoint every 1000 updates, the last 10 kept: tensor2tensor's default
+        # interval, whose last 10 checkpoints the papers averaged
+        flags += ["--lr", lr, "--warmup-updates", "4000", "--log-interval", "100",
+                  "--save-interval-updates", "1000", "--keep-interval-updates", "10"]
+        if dataset.name == "wmt14-en-fr" and size == "big":
+            flags += ["--dropout", "0.1"]  # Vaswani et al. trained the EN-FR big model with dropout 0.1, not 0.3
+    else:
+        cap, target, preset_max_update = 4096, 4096, 2000
+        flags += [*SIZES["small"].fairseq_flags(), "--dropout", "0.1",
+                  "--lr", "1e-3", "--warmup-updates", "500", "--log-interval", "50"]
+    target = req.tokens_per_update or target
+    cap = req.max_tokens or cap
+    # update-freq = max(1, round(target / (world * cap))); when one step over all GPUs
+    # already holds more than 4/3 of the target, shrink the per-GPU batch instead:
+    # max-tokens = ceil(target / world).
+    update_freq = max(1, (target + world * cap // 2) // (world * cap))
+    if update_freq == 1 and 3 * world * cap > 4 * target:
+        cap = -(-target // world)
+    flags += ["--max-tokens", str(cap), "--update-freq", str(update_freq)]
+    if req.max_update is not None:
+        flags += ["--max-update", str(req.max_update)]
+    elif req.max_epoch is None:
+        flags += ["--max-update", str(preset_max_update)]
+    flags += ["--max-epoch", str(req.max_epoch)] if req.max_epoch is not None else []
+    flags += ["--cpu"] if gpus == 0 else (["--fp16"] if preset == "paper" else [])
+
+    # paths
+    data = req.data or default_data_root(req.dataset) / "bin"
+    save_dir = req.save_dir or default_save_dir(dataset.name, req.arch, req.tag)
+    if not dry_run:
+        if not data.is_dir():
+            how = (f"resnmt-prepare {dataset.name} {default_data_root(req.dataset)}" if req.dataset in DATASETS
+                   else f"resnmt-prepare custom ... {req.dataset}")
+            raise ExperimentError(f"data directory {data} not found (prepare it: {how}, or --data DIR)")
+        pair = f"{dataset.src}-{dataset.tgt}"
+        for name in (f"dict.{dataset.src}.txt", f"dict.{dataset.tgt}.txt", f"train.{pair}.{dataset.src}.idx",
+                     f"train.{pair}.{dataset.tgt}.idx", f"valid.{pair}.{dataset.src}.idx"):
+            if not (data / name).exists():
+                raise ExperimentError(f"{data}/{name} not found: {data} is not {dataset.name} data binarized "
+                                      f"for {dataset.src}->{dataset.tgt}")
+
+    # launcher
+    launch, dist = [], []
+    if gpus > 1 or nodes > 1:
+        dist = ["--distributed-world-size", str(world)]
+        if req.launcher == "torchrun":
+            # torchrun sets MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK/LOCAL_RANK; fairseq reads
+            # them (infer_init_method) when no --distributed-init-method is given.
+            require_commands("torchrun")
+            launch = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(gpus), "--node-rank", str(req.node_rank),
+                      "--master-addr", req.master_addr, "--master-port", str(req.master_port)]
+            trainer = [which(trainer[0]), *trainer[1:]]
+        elif req.launcher == "slurm":
+            # One task per node; fairseq reads SLURM_* (scontrol for the first host) and
+            # spawns one process per GPU, ranks node_id*gpus + local.
+            require_commands("srun")
+            launch = ["srun", "--nodes", str(nodes), "--ntasks-per-node", "1"]
+            dist += ["--distributed-port", str(req.master_port)]
+    cmd = [*launch, *trainer, str(data), "--user-dir", str(USER_DIR), *flags, *dist,
+           "--save-dir", str(save_dir), "--log-format", "simple", *req.extra]
+    log(f"{dataset.name} {dataset.src}->{dataset.tgt}, {req.arch} ({size}), preset {preset}, {world} process(es) "
+        f"({gpus} GPU(s) x {nodes} node(s))")
+    log(f"batch: {world} x max-tokens {cap} x update-freq {update_freq} = {world * cap * update_freq} tokens per "
+        f"update (target {target})")
+    return TrainPlan(cmd=cmd, data=data, save_dir=save_dir)

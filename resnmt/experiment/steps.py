@@ -1,0 +1,186 @@
+"""The steps of an experiment, one function each: ``prepare``, ``train`` (a planned
+``fairseq-train`` run, resumed from checkpoint_last.pt), ``average``, ``decode``
+(``fairseq-generate`` with the papers' search), ``score``, ``analyze``; and
+``FairseqLog``, the one reader of what ``fairseq-train`` printed.
+
+Each step writes its output atomically. External programs run as subprocesses
+(``resnmt.experiment.runtime``); averaging and scoring run in-process
+(``resnmt.averaging``, ``resnmt.scoring``).
+"""
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from resnmt.atomic import atomic_open
+from resnmt.experiment.errors import ExperimentError, Log
+from resnmt.experiment.presets import TrainPlan
+from resnmt.experiment.runtime import USER_DIR, format_seconds, run_logged, tool_env
+
+# ------------------------------------------------------------------------------ prepare
+
+
+def is_prepared(data_root: Path, tgt: str) -> bool:
+    return (Path(data_root) / "bin" / f"dict.{tgt}.txt").exists() and \
+        (Path(data_root) / "raw" / f"test.{tgt}").exists()
+
+
+def prepare(name: str, data_root: Path, mirror: Optional[Path] = None, options: Sequence[str] = ()) -> None:
+    """``resnmt-prepare NAME [--mirror DIR] OPTIONS DATA_ROOT`` (its messages on stderr)."""
+    cmd = ["resnmt-prepare", name, *(["--mirror", mirror] if mirror else []), *options, data_root]
+    run_logged(cmd, None, tool_env())
+
+# -------------------------------------------------------------------------------- train
+
+
+def checkpoint_complete(path: Path) -> bool:
+    """A complete torch zip file (its central directory, at the end, is intact); reads
+    only the directory, not the tensors."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(name.endswith("data.pkl") for name in z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def repair_checkpoint_last(save_dir: Path, log: Log) -> None:
+    """fairseq writes checkpointN.pt atomically but then *copies* it to checkpoint_last.pt;
+    a run killed during the copy leaves a truncated checkpoint_last.pt that stops every
+    restart. Replace it by the newest complete checkpoint and keep the broken file aside."""
+    last = Path(save_dir) / "checkpoint_last.pt"
+    if not last.exists() or checkpoint_complete(last):
+        return
+    numbered = sorted((p for p in Path(save_dir).glob("checkpoint[0-9]*.pt")), key=lambda p: p.stat().st_mtime)
+    broken = last.with_name(last.name + ".broken")
+    last.replace(broken)
+    if numbered and checkpoint_complete(numbered[-1]):
+        with atomic_open(last, "wb") as out, open(numbered[-1], "rb") as src:
+            shutil.copyfileobj(src, out)
+        log(f"warning: {last} was incomplete (a run killed while fairseq copied it); kept as {broken}, "
+            f"replaced by {numbered[-1]}")
+    else:
+        log(f"warning: {last} was incomplete and no other complete checkpoint exists; kept as {broken}, "
+            "training starts from scratch")
+
+
+def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str = "") -> None:
+    """Run ``plan.cmd`` (resuming from checkpoint_last.pt), its output on stdout (each line
+    after ``label``, which tells concurrent runs apart) and appended to SAVE_DIR/train.log,
+    the command to SAVE_DIR/train.cmd; ``threads``: its torch threads (None: torch's default)."""
+    save_dir = plan.save_dir
+    save_dir.mkdir(parents=True, exist_ok=True)
+    repair_checkpoint_last(save_dir, log)
+    last = save_dir / "checkpoint_last.pt"
+    if last.exists():
+        written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last.stat().st_mtime))
+        log(f"resuming from {last} (written {written})")
+    else:
+        log(f"starting a new run in {save_dir}")
+    cmd_text = shlex.join(plan.cmd)
+    cmd_file = save_dir / "train.cmd"
+    if cmd_file.exists() and cmd_file.read_text().splitlines()[-1:] != [cmd_text]:
+        log(f"warning: this command differs from the last one used in {save_dir} (see {cmd_file})")
+    with open(cmd_file, "a", encoding="utf-8") as f:
+        f.write(cmd_text + "\n")
+    log(f"running: {cmd_text}")
+    start = time.time()
+    # fairseq's own output, appended to SAVE_DIR/train.log as well (all restarts in one file)
+    with open(save_dir / "train.log", "ab") as train_log:
+        proc = subprocess.Popen(plan.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=tool_env(threads))
+        prefix = label.encode()
+        for line in iter(proc.stdout.readline, b""):
+            sys.stdout.buffer.write(prefix + line)
+            sys.stdout.flush()
+            train_log.write(line)
+            train_log.flush()
+        returncode = proc.wait()
+    if returncode != 0:
+        raise ExperimentError(f"{Path(plan.cmd[0]).name} failed (exit {returncode}); its output: {save_dir}/train.log")
+    log(f"done in {format_seconds(time.time() - start)}: {save_dir}")
+
+# ------------------------------------------------------------------------------ average
+
+
+def average(paths: Sequence[Path], output: Path) -> None:
+    """The average of the checkpoints ``paths`` into ``output`` (written atomically)."""
+    from resnmt.averaging import average_checkpoints, save_atomic
+
+    save_atomic(average_checkpoints([Path(p) for p in paths]), Path(output))
+
+# ------------------------------------------------------------------------ decode, score
+
+
+def decode(bin_dir: Path, checkpoint: Path, output: Path, log_path: Optional[Path], env: Optional[Dict[str, str]], *,
+           subset: str = "test", beam: int = 4, lenpen: float = 0.6, batch_size: int = 128,
+           max_len_a: float = 0, max_len_b: int = 200, extra: Sequence[str] = ()) -> None:
+    """``fairseq-generate`` with the papers' search (beam ``beam``, GNMT length penalty
+    ``lenpen``) into ``output`` (written only if decoding succeeded); ``extra`` flags last."""
+    run_logged(
+        ["fairseq-generate", bin_dir, "--user-dir", USER_DIR, "--task", "resnmt_translation", "--path", checkpoint,
+         "--gen-subset", subset, "--beam", beam, "--lenpen-form", "gnmt", "--lenpen", lenpen,
+         "--batch-size", batch_size, "--num-workers", "0", "--max-len-a", max_len_a, "--max-len-b", max_len_b,
+         *extra],
+        log_path, env, stdout_path=output)
+
+
+def score(hyp: Path, ref: Path, *, remove_bpe: str = "none", detok: str = "none", lang: Optional[str] = None,
+          compound_split: bool = False) -> dict:
+    """resnmt-evaluate's result (``resnmt.scoring.score_files``) for a fairseq-generate output against ``ref``."""
+    from resnmt.scoring import score_files
+
+    return score_files(hyp, ref, remove_bpe=remove_bpe, detok=detok, lang=lang, compound_split=compound_split)
+
+
+def analyze(checkpoint: Path, bin_dir: Path, out_dir: Path, log_path: Optional[Path], env: Optional[Dict[str, str]],
+            *, split: str = "valid", num_sentences: Optional[int] = 500) -> dict:
+    """``resnmt-analyze`` of ``checkpoint`` on the CPU (``num_sentences`` of ``split``; None:
+    resnmt-analyze's default) into ``out_dir``; returns its ``analysis.json``."""
+    cmd = ["resnmt-analyze", checkpoint, "--data", bin_dir, "--split", split, "--out", out_dir, "--no-progress-bar",
+           "--cpu", *(["--num-sentences", num_sentences] if num_sentences is not None else [])]
+    run_logged(cmd, log_path, env)
+    return json.loads((Path(out_dir) / "analysis.json").read_text(encoding="utf-8"))
+
+# --------------------------------------------------------------------------- fairseq log
+
+
+_VALID_RE = re.compile(r"\| valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \|.*?\| num_updates (\d+)")
+_TRAIN_RE = re.compile(r"\| train_inner \|.*?loss=([\d.]+).*?num_updates=(\d+)")
+_EPOCH_RE = re.compile(r"\| train \| epoch (\d+) \| loss ([\d.]+) \|.*?\| num_updates (\d+)")
+_PARAMS_RE = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
+_DONE_RE = re.compile(r"done training in ([\d.]+) seconds")
+
+
+@dataclass
+class FairseqLog:
+    """What ``fairseq-train --log-format simple`` printed: validation points
+    ``(updates, loss, nll_loss)``, training-loss points ``(updates, loss)``, end-of-epoch
+    points ``(epoch, updates, loss)``, the parameter count and the seconds of all finished
+    runs. A restarted run repeats no point (later lines win)."""
+
+    valid: List[tuple]
+    train: List[tuple]
+    epochs: List[tuple] = field(default_factory=list)
+    params: Optional[int] = None
+    train_seconds: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> "FairseqLog":
+        valid = {int(u): (int(u), float(loss), float(nll)) for loss, nll, u in _VALID_RE.findall(text)}
+        train = {int(u): (int(u), float(loss)) for loss, u in _TRAIN_RE.findall(text)}
+        epochs = {int(e): (int(e), int(u), float(loss)) for e, loss, u in _EPOCH_RE.findall(text)}
+        params = _PARAMS_RE.findall(text)
+        return cls(valid=[valid[k] for k in sorted(valid)], train=[train[k] for k in sorted(train)],
+                   epochs=[epochs[k] for k in sorted(epochs)],
+                   params=int(params[-1].replace(",", "")) if params else None,
+                   train_seconds=round(sum(float(s) for s in _DONE_RE.findall(text)), 1))
+
+    @classmethod
+    def read(cls, path: Path) -> "FairseqLog":
+        return cls.parse(Path(path).read_text(encoding="utf-8", errors="replace"))
