@@ -10,6 +10,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from sacremoses import MosesDetokenizer
 
+from resnmt.subword import leftover_warning
+
 PROG = "resnmt-evaluate"
 
 _GEN_LINE_RE = re.compile(r"^([HD])-(\d+)\t")
@@ -191,6 +193,7 @@ def score_files(hyp, ref, *, input_format: str = "auto", generate_field: str = "
         from fairseq.data.data_utils import post_process
 
         hyps = [post_process(h, remove_bpe) for h in hyps]
+    leftover = leftover_warning(hyps, remove_bpe)  # pieces or '@@ ' still there: the wrong (or no) post-processing
     n_hyp_esc = n_ref_esc = 0
     if unescape == "moses":
         hyps, counts = zip(*(unescape_moses(h) for h in hyps))
@@ -202,7 +205,9 @@ def score_files(hyp, ref, *, input_format: str = "auto", generate_field: str = "
         detokenizer = MosesDetokenizer(lang=lang)
         hyps = [detokenizer.detokenize(h.split(), unescape=False) for h in hyps]
 
-    if detok == "none" and sum(h.endswith(" .") for h in hyps) >= max(1, len(hyps) // 10):
+    if leftover:
+        print(f"{PROG}: warning: {leftover}", file=sys.stderr)
+    elif detok == "none" and sum(h.endswith(" .") for h in hyps) >= max(1, len(hyps) // 10):
         print(f"{PROG}: note: many hypotheses end in ' .' (tokenized?); sacreBLEU expects detokenized "
               "text (--detok moses --lang L) unless the references are tokenized too", file=sys.stderr)
     result = score_all(

@@ -18,6 +18,7 @@ from resnmt.experiment.options import convert_options, option
 from resnmt.experiment.presets import TrainRequest, dataset_of, default_data_root, default_save_dir, plan_training
 from resnmt.experiment.results import append_jsonl, decoding_key, describe
 from resnmt.experiment.runtime import format_seconds, require_commands, tool_env
+from resnmt.subword import SubwordError, checked_post_process
 
 # resnmt-experiment's own options, beside the training options it shares (presets.SHARED_TRAIN_OPTIONS)
 EXPERIMENT_OPTIONS = ("data_root", "mirror", "prep_args", "average", "beam", "lenpen", "batch_size",
@@ -98,6 +99,7 @@ class Experiment:
     def run(self) -> dict:
         """The experiment's record (also in SAVE_DIR/result.json)."""
         self.prepare()
+        self.post_process()  # a --post-process in --gen-args that cannot undo the data's subwords: refused before training
         self.train()
         checkpoint, n, kind, label = self.average()
         key = decoding_key(label, self.req.beam, self.req.lenpen, self.req.gen_args)
@@ -155,11 +157,16 @@ class Experiment:
         return output, n, kind, f"avg{n}"
 
     def post_process(self) -> str:
-        """fairseq-generate's --post-process for the data's subword model (its manifest)."""
+        """fairseq-generate's --post-process for the data's subword model (its manifest); another
+        one in --gen-args (it would come last and win) is refused."""
         try:
-            return read_manifest(self.data_root).subword
+            subword = read_manifest(self.data_root).subword
         except ManifestError as e:
             raise ExperimentError(f"cannot tell how {self.data_root} was segmented: {e}") from None
+        try:
+            return checked_post_process(subword, shlex.split(self.req.gen_args), self.data_root)
+        except SubwordError as e:
+            raise ExperimentError(f"--gen-args: {e}") from None
 
     def decode(self, checkpoint: Path, key: str) -> Path:
         gen = self.save_dir / f"gen.test.{key}.out"

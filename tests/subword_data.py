@@ -1,0 +1,56 @@
+"""Small prepared directories in the layout resnmt-prepare writes (spm/ or bpe/, bin/, raw/),
+made from the first lines of the real Multi30k EN-DE corpus in ../shared/data."""
+from pathlib import Path
+
+from conftest import run_cli, write_multi30k_subset
+
+
+def segment_with_sentencepiece(root: Path, vocab_size: int = 400):
+    """Train a joint sentencepiece model on ROOT/text/train.{en,de} into ROOT/spm/spm.model;
+    returns the loaded processor."""
+    import sentencepiece as spm
+
+    (root / "spm").mkdir(parents=True, exist_ok=True)
+    text = root / "text"
+    spm.SentencePieceTrainer.train(
+        input=f"{text / 'train.en'},{text / 'train.de'}", model_prefix=str(root / "spm" / "spm"),
+        vocab_size=vocab_size, character_coverage=1.0, hard_vocab_limit=False, num_threads=1, minloglevel=2)
+    processor = spm.SentencePieceProcessor(model_file=str(root / "spm" / "spm.model"))
+    return processor, lambda line: " ".join(processor.encode(line, out_type=str))
+
+
+def segment_with_subword_nmt(root: Path, merges: int = 300):
+    """Learn joint BPE (subword-nmt) on ROOT/text/train.{en,de} into ROOT/bpe/bpe.codes."""
+    import io
+
+    from subword_nmt.apply_bpe import BPE
+    from subword_nmt.learn_bpe import learn_bpe
+
+    (root / "bpe").mkdir(parents=True, exist_ok=True)
+    text = root / "text"
+    joined = io.StringIO((text / "train.en").read_text(encoding="utf-8") + (text / "train.de").read_text(encoding="utf-8"))
+    with open(root / "bpe" / "bpe.codes", "w", encoding="utf-8") as codes:
+        learn_bpe(joined, codes, merges)
+    with open(root / "bpe" / "bpe.codes", encoding="utf-8") as codes:
+        bpe = BPE(codes)
+    return bpe, lambda line: bpe.process_line(line)
+
+
+def prepare(root: Path, kind: str = "sentencepiece", n_train: int = 300, n_valid: int = 20, n_test: int = 10) -> Path:
+    """ROOT prepared like resnmt-prepare does (segmented with ``kind``, binarized with a joined
+    dictionary, raw valid/test kept); returns ROOT."""
+    text = write_multi30k_subset(root / "text", n_train=n_train, n_valid=n_valid, n_test=n_test)
+    _, segment = (segment_with_sentencepiece if kind == "sentencepiece" else segment_with_subword_nmt)(root)
+    pieces, raw = root / "pieces", root / "raw"
+    pieces.mkdir()
+    raw.mkdir()
+    for split in ("train", "valid", "test"):
+        for lang in ("en", "de"):
+            lines = (text / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
+            (pieces / f"{split}.{lang}").write_text("".join(segment(x) + "\n" for x in lines), encoding="utf-8")
+            if split != "train":
+                (raw / f"{split}.{lang}").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    run_cli(["fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", pieces / "train",
+             "--validpref", pieces / "valid", "--testpref", pieces / "test", "--destdir", root / "bin",
+             "--joined-dictionary", "--workers", "1"])
+    return root
