@@ -9,6 +9,9 @@ Otherwise it is exactly ``fairseq-train``, with ``--user-dir`` set to the instal
 resnmt package (absolute, so checkpoints load from any directory) unless given, and
 one difference: ``--bf16`` trains in bf16 on this machine's device (CUDA, or the CPU
 with ``--cpu``) where fairseq 0.12 would send it to a TPU (see resnmt/bf16.py).
+A bad flag is reported on one line (the last), naming the value and what is allowed,
+instead of under fairseq's ~185 lines of usage; hydra's and torch's deprecation notices
+are not printed (resnmt/quiet.py).
 """
 import os
 import sys
@@ -16,6 +19,7 @@ import sys
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 import resnmt
+from resnmt.cli.common import fairseq_logging, one_line_errors
 
 HELP_FLAGS = ("-h", "--help")
 DEFAULT_ARCH = "resnmt_transformer"
@@ -56,8 +60,14 @@ def main():
 
     argv = with_user_dir(sys.argv[1:])
     sys.argv = [sys.argv[0], *argv]
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, modify_parser=add_model_flags_for_help)
+    fairseq_logging()  # fairseq-train's log format and level (importing fairseq left DEBUG behind)
+    parser = one_line_errors(options.get_training_parser())  # a bad flag: one line, not 185 of usage
+    try:
+        args = options.parse_args_and_arch(parser, modify_parser=add_model_flags_for_help)
+    except RuntimeError as e:  # fairseq's bare RuntimeError() for a missing --arch
+        if str(e) or any(a == "--arch" or a.startswith("--arch=") for a in argv):
+            raise
+        parser.error("the following arguments are required: --arch (e.g. --arch transformer_sas_base)")
     untie_bf16_from_tpu(args, argv)
     cfg = convert_namespace_to_omegaconf(args)
     if cfg.common.use_plasma_view:

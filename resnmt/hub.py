@@ -1,0 +1,121 @@
+"""Translate from Python with a resnmt checkpoint: fairseq's hub interface, set up for resnmt.
+
+    import resnmt
+
+    hub = resnmt.from_pretrained("runs/multi30k-sas", checkpoint_file="checkpoint.avg10.pt",
+                                 data_name_or_path="data/multi30k", lenpen_form="gnmt")
+    hub.translate("Two dogs play in the snow.", beam=4, lenpen=0.6)
+
+``from_pretrained`` is fairseq's ``from_pretrained`` (``fairseq.hub_utils``) with three
+differences:
+
+* ``data_name_or_path`` may be a directory prepared by ``resnmt-prepare`` (or its
+  ``bin/``): the dictionaries are read from its ``bin/``, and the subword model the data
+  was segmented with is found there (``bpe='sentencepiece'`` and ``sentencepiece_model``,
+  or ``bpe='subword_nmt'`` and ``bpe_codes``; a ``bpe`` that does not match the data is
+  refused), as is the Moses tokenizer of data prepared with one (WMT'14), so that
+  ``translate`` takes and returns plain text;
+* ``lenpen_form='gnmt'`` ranks the finished hypotheses by the GNMT length penalty
+  ``log P / ((5 + |Y|) / 6) ** lenpen`` of the papers (``--lenpen-form`` of the
+  ``resnmt_translation`` task, see ``resnmt/sequence_generator.py``), for a checkpoint
+  trained with any translation task; ``lenpen`` sets the default ``lenpen`` of
+  ``translate``/``generate`` (each call may still pass its own);
+* resnmt is imported, so the checkpoint's model and task are registered and its
+  ``argparse.Namespace`` loads under torch's ``weights_only``.
+
+It returns fairseq's ``GeneratorHubInterface``: ``translate``, ``sample``, ``generate``,
+``encode``/``decode`` as in fairseq. Without ``import resnmt``, fairseq's own
+``TransformerModel.from_pretrained`` on a resnmt checkpoint fails inside ``torch.load``
+(``UnpicklingError: Weights only load failed ... argparse.Namespace``) and, past that,
+on the unknown ``resnmt_transformer`` model: ``import resnmt`` first (or pass
+``user_dir=`` the resnmt package directory, fairseq's own way to load a plugin).
+"""
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+from fairseq import hub_utils, tasks
+from omegaconf import open_dict
+
+from resnmt.sequence_generator import LENPEN_FORMS
+from resnmt.subword import SubwordError, hub_overrides
+
+PathLike = Union[str, Path]
+
+
+def _data_dir(model_path: str, data_name_or_path: str) -> str:
+    """fairseq's reading of ``data_name_or_path`` ('.'-relative to the checkpoint directory),
+    absolute, and the ``bin/`` of a prepared directory rather than the directory itself."""
+    data = os.path.join(model_path, data_name_or_path) if data_name_or_path.startswith(".") else data_name_or_path
+    data = os.path.abspath(data)
+    if not os.path.isdir(data):
+        raise FileNotFoundError(f"data_name_or_path {data_name_or_path}: no such directory ({data})")
+    if not any(name.startswith("dict.") for name in os.listdir(data)) and os.path.isdir(os.path.join(data, "bin")):
+        data = os.path.join(data, "bin")
+    return data
+
+
+def _moses_overrides(data: str, kwargs: dict) -> dict:
+    """``tokenizer='moses'`` and its languages for data whose manifest says it was Moses-tokenized."""
+    if "tokenizer" in kwargs:
+        return {}
+    from resnmt.data.manifest import ManifestError, read_manifest
+
+    try:
+        manifest = read_manifest(data)
+    except ManifestError:
+        return {}
+    if manifest.detok != "moses":
+        return {}
+    return {"tokenizer": "moses", "moses_source_lang": manifest.source_lang, "moses_target_lang": manifest.target_lang}
+
+
+def from_pretrained(model_name_or_path: PathLike, checkpoint_file: str = "checkpoint_best.pt",
+                    data_name_or_path: PathLike = ".", *, lenpen_form: Optional[str] = None,
+                    lenpen: Optional[float] = None, bpe: Optional[str] = None, **kwargs):
+    """Load ``model_name_or_path/checkpoint_file`` (a resnmt or fairseq translation checkpoint;
+    several files joined by ``os.pathsep`` make an ensemble) for translation.
+
+    Args:
+        model_name_or_path: the checkpoint directory (or a fairseq model archive).
+        checkpoint_file: the file in it, e.g. ``checkpoint.avg10.pt``.
+        data_name_or_path: the binarized data (its ``dict.*.txt``) or the prepared
+            directory holding it in ``bin/``; fairseq's default ``.`` is the checkpoint
+            directory.
+        lenpen_form: ``'gnmt'`` or ``'fairseq'``: how ``lenpen`` normalizes scores; None
+            keeps the checkpoint's task setting (fairseq's form for ``translation``).
+        lenpen: the default length penalty (alpha) of the interface's searches.
+        bpe: fairseq's ``bpe`` (``'sentencepiece'``, ``'subword_nmt'``); found in a
+            prepared directory, and refused when it does not match it.
+        **kwargs: fairseq's overrides (``sentencepiece_model``, ``bpe_codes``,
+            ``tokenizer``, ``beam``, ``max_len_b``, ``cpu`` ...).
+
+    Returns:
+        ``fairseq.hub_utils.GeneratorHubInterface``.
+
+    Raises:
+        ValueError: an unknown ``lenpen_form``, or a ``bpe`` the data was not made with.
+    """
+    if lenpen_form is not None and lenpen_form not in LENPEN_FORMS:
+        raise ValueError(f"lenpen_form '{lenpen_form}' is not one of: {' '.join(LENPEN_FORMS)}")
+    model_path = str(model_name_or_path)
+    data = _data_dir(model_path, str(data_name_or_path)) if os.path.isdir(model_path) else str(data_name_or_path)
+    try:
+        kwargs.update(hub_overrides(data, bpe, kwargs.get("sentencepiece_model") or kwargs.get("bpe_codes")))
+    except SubwordError as e:
+        raise ValueError(str(e)) from None
+    if os.path.isdir(data):
+        kwargs.update(_moses_overrides(data, kwargs))
+    loaded = hub_utils.from_pretrained(model_path, checkpoint_file=checkpoint_file, data_name_or_path=data,
+                                       archive_map=None, **kwargs)
+    cfg, task, models = loaded["args"], loaded["task"], loaded["models"]
+    if lenpen_form is not None:
+        # the resnmt_translation task's generators rank by --lenpen-form; it reads the same data
+        with open_dict(cfg):
+            cfg.task._name = "resnmt_translation"
+            cfg.task.lenpen_form = lenpen_form
+        task = tasks.setup_task(cfg.task)
+    if lenpen is not None:
+        with open_dict(cfg):
+            cfg.generation.lenpen = float(lenpen)
+    return hub_utils.GeneratorHubInterface(cfg, task, models)
