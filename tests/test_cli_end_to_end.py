@@ -10,10 +10,12 @@ import torch
 from conftest import REPO_ROOT, run_cli
 from model_utils import TINY
 
-FAMILIES = ["postln", "preln", "xskip", "rskip", "sas", "highway", "deepnorm", "rezero", "admin"]
+FAMILIES = ["postln", "preln", "xskip", "rskip", "sas", "highway", "deepnorm", "rezero", "admin", "periln", "b2t",
+            "resi_dual", "dlcl", "dlcl_post"]
 # fairseq-generate for every family is in the slow suite; the default suite decodes these
-# through the CLI, and every kind's decoding in-process (test_model, test_old_checkpoints)
-DEFAULT_SUITE_FAMILIES = ("postln", "rskip", "sas")
+# through the CLI (dlcl: a residual stream through stock fairseq-train and beam search), and
+# every kind's decoding in-process (test_model, test_old_checkpoints)
+DEFAULT_SUITE_FAMILIES = ("postln", "rskip", "sas", "dlcl")
 USER_DIR = str(REPO_ROOT / "resnmt")
 
 
