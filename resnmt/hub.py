@@ -38,6 +38,7 @@ from fairseq import hub_utils, tasks
 from omegaconf import open_dict
 
 from resnmt.sequence_generator import LENPEN_FORMS
+from resnmt.tasks.translation import ResNMTTranslationTask
 from resnmt.subword import SubwordError, hub_overrides
 
 PathLike = Union[str, Path]
@@ -110,11 +111,14 @@ def from_pretrained(model_name_or_path: PathLike, checkpoint_file: str = "checkp
                                        archive_map=None, **kwargs)
     cfg, task, models = loaded["args"], loaded["task"], loaded["models"]
     if lenpen_form is not None:
-        # the resnmt_translation task's generators rank by --lenpen-form; it reads the same data
+        # the resnmt_translation task's generators rank by --lenpen-form; for a checkpoint of
+        # another translation task, one is set up on the same data
         with open_dict(cfg):
-            cfg.task._name = "resnmt_translation"
             cfg.task.lenpen_form = lenpen_form
-        task = tasks.setup_task(cfg.task)
+            if not isinstance(task, ResNMTTranslationTask):
+                cfg.task._name = "resnmt_translation"
+                task = tasks.setup_task(cfg.task)
+        task.cfg.lenpen_form = lenpen_form
     if lenpen is not None:
         with open_dict(cfg):
             cfg.generation.lenpen = float(lenpen)
