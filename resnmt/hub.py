@@ -56,7 +56,7 @@ def _data_dir(model_path: str, data_name_or_path: str) -> str:
     return data
 
 
-def _moses_overrides(data: str, kwargs: dict) -> dict:
+def moses_overrides(data: str, kwargs: dict) -> dict:
     """``tokenizer='moses'`` and its languages for data whose manifest says it was Moses-tokenized."""
     if "tokenizer" in kwargs:
         return {}
@@ -106,7 +106,7 @@ def from_pretrained(model_name_or_path: PathLike, checkpoint_file: str = "checkp
     except SubwordError as e:
         raise ValueError(str(e)) from None
     if os.path.isdir(data):
-        kwargs.update(_moses_overrides(data, kwargs))
+        kwargs.update(moses_overrides(data, kwargs))
     loaded = hub_utils.from_pretrained(model_path, checkpoint_file=checkpoint_file, data_name_or_path=data,
                                        archive_map=None, **kwargs)
     cfg, task, models = loaded["args"], loaded["task"], loaded["models"]

@@ -129,3 +129,18 @@ def test_resnmt_train_and_fairseq_generate_print_no_deprecation_notices(spm_run,
     assert "| INFO | fairseq_cli.train | done training in" in train.stdout
     assert "DEBUG" not in train.stdout + train.stderr
     assert "fairseq_cli.generate:Translated 10 sentences" in generated.stderr
+
+
+def test_moses_tokenized_data_gets_fairseqs_moses_tokenizer(tmp_path):
+    """WMT'14 is Moses-tokenized before its subwords: the hub tokenizes input and detokenizes
+    output the same way (unless the caller picked a tokenizer)."""
+    from resnmt.data.corpora import DATASETS
+    from resnmt.data.manifest import write_manifest
+    from resnmt.hub import moses_overrides
+
+    write_manifest(tmp_path, DATASETS["wmt14-en-de"], "subword_nmt", "bpe/bpe.codes")
+    assert moses_overrides(str(tmp_path / "bin"), {}) == {
+        "tokenizer": "moses", "moses_source_lang": "en", "moses_target_lang": "de"}
+    assert moses_overrides(str(tmp_path), {"tokenizer": "space"}) == {}
+    write_manifest(tmp_path, DATASETS["multi30k"], "sentencepiece", "spm/spm.model")
+    assert moses_overrides(str(tmp_path), {}) == {}

@@ -15,6 +15,11 @@ Post-processing, in order, applied to the hypotheses (and step 3 to the referenc
    last, so ``&amp;quot;`` becomes ``&quot;`` (exactly undoing Moses's escaping);
 3. ``--detok moses --lang L``: sacremoses detokenization of the hypotheses.
 
+Hypotheses that still hold sentencepiece pieces (``▁``) or BPE markers (``@@ ``) after
+step 1 were decoded without the post-processing their data needs: they are scored (BLEU
+near 0), and one warning line on stderr names the fix (``--remove-bpe sentencepiece``,
+or ``fairseq-generate --post-process sentencepiece``; see ``resnmt/subword.py``).
+
 Reported (``BLEU`` below is corpus BLEU with sacreBLEU's defaults, one reference):
 
 * ``bleu``: sacreBLEU (``--sacrebleu-tokenize``, 13a by default) with its signature;
@@ -76,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remove-bpe", choices=("none", "subword_nmt", "sentencepiece"), default="none",
                    help="undo subword segmentation: subword_nmt removes '@@ ', sentencepiece joins "
                    "pieces and turns '\u2581' into spaces; none if fairseq-generate already did "
-                   "(--post-process) (default: %(default)s)")
+                   "(--post-process); a warning names the fix when '\u2581' or '@@ ' is left "
+                   "(default: %(default)s)")
     p.add_argument("--detok", choices=("none", "moses"), default="none",
                    help="detokenize the hypotheses with sacremoses (needs --lang); none if they are "
                    "already detokenized or the references are tokenized too (default: %(default)s)")
