@@ -16,7 +16,7 @@ loads a checkpoint for translation from Python (fairseq's hub interface; ``resnm
 from resnmt.version import __version__
 from resnmt.checkpoint_compat import allow_fairseq_checkpoints
 from resnmt.prefetch_exit import park_prefetch_threads_at_exit
-from resnmt.quiet import hide_third_party_deprecations
+from resnmt.quiet import hide_third_party_deprecations, lower_fairseqs_debug_logging
 from resnmt.bf16 import keep_fp32_master_weights
 
 allow_fairseq_checkpoints()
@@ -28,3 +28,5 @@ from resnmt import models  # noqa: E402,F401  (registers the model and archs)
 from resnmt import tasks  # noqa: E402,F401  (registers resnmt_translation)
 from resnmt import optim  # noqa: E402,F401  (registers --optimizer adam_fused)
 from resnmt.hub import from_pretrained  # noqa: E402,F401  (translate from Python: resnmt.hub)
+
+lower_fairseqs_debug_logging()  # fairseq's import leaves the root logger at DEBUG (resnmt.quiet)

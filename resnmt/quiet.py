@@ -40,3 +40,31 @@ def hide_third_party_deprecations() -> None:
     moves a filter that is already there to the front instead of adding it twice)."""
     for message, category, module in THIRD_PARTY_DEPRECATIONS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
+
+
+def lower_fairseqs_debug_logging() -> None:
+    """Undo the DEBUG level importing fairseq gives the root logger, keeping its handler.
+
+    ``fairseq/models/wav2vec/wav2vec2_classification.py`` calls
+    ``logging.basicConfig(level=logging.DEBUG)`` at import; ``fairseq-train`` configures
+    logging before it imports fairseq, but ``fairseq-generate``, ``fairseq-interactive``
+    and a Python session do not, so they print hydra's ``DEBUG:hydra.core.utils:Setting
+    JobRuntime`` lines (and any library's debug output). When the root logger is exactly
+    that configuration (level DEBUG, one stderr handler with ``logging.BASIC_FORMAT``) it
+    goes back to ``$LOGLEVEL`` or INFO, fairseq's level; INFO messages and where they go
+    are unchanged. ``LOGLEVEL=DEBUG`` (fairseq's own switch) keeps DEBUG.
+    """
+    import logging
+    import os
+    import sys
+
+    root = logging.getLogger()
+    level = os.environ.get("LOGLEVEL", "INFO").upper()
+    if root.level != logging.DEBUG or level == "DEBUG" or len(root.handlers) != 1:
+        return
+    handler = root.handlers[0]
+    if type(handler) is not logging.StreamHandler or handler.stream is not sys.stderr:
+        return
+    if handler.formatter is None or handler.formatter._fmt != logging.BASIC_FORMAT:
+        return
+    root.setLevel(level)

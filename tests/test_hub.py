@@ -118,7 +118,8 @@ def test_sentencepiece_output_left_in_pieces_is_flagged_by_evaluate(spm_run, tmp
 
 def test_resnmt_train_and_fairseq_generate_print_no_deprecation_notices(spm_run, generated):
     """resnmt-train, and fairseq-generate --user-dir resnmt: hydra's ~24 lines of migration
-    notices and torch's deprecations of fairseq's calls are gone; fairseq's own log is not."""
+    notices, torch's deprecations of fairseq's calls and hydra's DEBUG lines are gone;
+    fairseq's own log is not."""
     _, _, train = spm_run
     for stderr in (train.stderr, generated.stderr):
         lines = stderr.splitlines()
@@ -129,6 +130,7 @@ def test_resnmt_train_and_fairseq_generate_print_no_deprecation_notices(spm_run,
     assert "| INFO | fairseq_cli.train | done training in" in train.stdout
     assert "DEBUG" not in train.stdout + train.stderr
     assert "fairseq_cli.generate:Translated 10 sentences" in generated.stderr
+    assert "DEBUG" not in generated.stderr  # the level importing fairseq left, lowered by import resnmt
 
 
 def test_moses_tokenized_data_gets_fairseqs_moses_tokenizer(tmp_path):
