@@ -1,4 +1,5 @@
-"""Hide the deprecation notices fairseq 0.12 causes in its dependencies, and nothing else.
+"""Hide the deprecation notices fairseq 0.12 causes in its dependencies (and the DEBUG level
+its import leaves on the root logger), and nothing else.
 
 fairseq builds its configuration with hydra's old API (``hydra.experimental``
 ``initialize``/``compose``, ``strict=``, ``# @package _group_`` headers, schemas matched
@@ -19,7 +20,8 @@ module that raises them (by their text where the module is not telling):
 
 Every other warning is shown as before. ``import resnmt`` installs the filters, so they
 apply to resnmt's commands and to fairseq's commands run with ``--user-dir resnmt``
-(fairseq imports the user directory before it composes its configuration).
+(fairseq imports the user directory before it composes its configuration), and calls
+``lower_fairseqs_debug_logging`` (below).
 """
 import warnings
 
