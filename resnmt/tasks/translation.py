@@ -35,6 +35,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from resnmt.analysis.training_log import attach_training_logger, training_level
 from resnmt.bf16 import check_bf16_device
+from resnmt.compile import COMPILE_BACKENDS, compile_layers_for_training
 from resnmt.sequence_generator import LENPEN_FORMS, with_gnmt_penalty
 
 
@@ -51,6 +52,19 @@ class ResNMTTranslationConfig(TranslationConfig):
             "fairseq's in both cases; --unnormalized turns either off"
         },
     )
+    compile_layers: bool = field(
+        default=False,
+        metadata={
+            "help": "train with every encoder and decoder layer compiled by torch.compile(dynamic=True) "
+            "(fewer, fused kernels per update on a GPU; the first updates compile); validation and "
+            "decoding stay eager (resnmt/compile.py)"
+        },
+    )
+    compile_backend: ChoiceEnum(list(COMPILE_BACKENDS)) = field(
+        default="inductor",
+        metadata={"help": "torch.compile backend of --compile-layers (default: inductor; aot_eager and eager "
+                          "trace without generating code, for checks)"},
+    )
 
 
 @register_task("resnmt_translation", dataclass=ResNMTTranslationConfig)
@@ -62,9 +76,13 @@ class ResNMTTranslationTask(TranslationTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         """fairseq's; first, stock fairseq-train's --bf16 without torch_xla stops with one
-        line naming resnmt-train (resnmt/bf16.py), whatever the --arch."""
+        line naming resnmt-train (resnmt/bf16.py), whatever the --arch; with
+        --compile-layers the layers are compiled for training (resnmt/compile.py)."""
         check_bf16_device(cfg)
-        return super().build_model(cfg, from_checkpoint)
+        model = super().build_model(cfg, from_checkpoint)
+        if self.cfg.compile_layers and not from_checkpoint:  # training builds; loading for decoding does not
+            compile_layers_for_training(model, backend=str(self.cfg.compile_backend))
+        return model
 
     def begin_epoch(self, epoch, model):
         """Attach the ``--log-connection-stats`` hooks once, at the first training epoch
