@@ -46,26 +46,18 @@ import sys
 import time
 from pathlib import Path
 
-from quality import ROWS as QUALITY_ROWS
-from quality import slug
+import common
+from common import CONTROL_ROWS, DEFAULT_MILESTONES, slug
+from common import CURVES_ROWS as ROWS
 
-from resnmt import experiment as ex
+from resnmt.averaging import numbered_checkpoints
+from resnmt.experiment import steps
+from resnmt.experiment.presets import SIZES
+from resnmt.experiment.results import append_jsonl, read_jsonl
+from resnmt.experiment.runtime import tool_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "curves.jsonl"
-
-# Controls of the study beyond the quality table's rows: one shared setting changed for
-# one row (the row's flags come last on fairseq-train's command line, so they win). The
-# shared 300 warm-up updates at lr 1e-3 are harsh for a 6+6 post-LN model; these runs
-# say whether post-LN's slow start at 6+6 is that setting, and whether rSkip's lead
-# survives a gentler one.
-CONTROLS = {  # control: (the row it changes, the flags that change it)
-    "post_ln (warm-up 1000)": ("post_ln", ["--warmup-updates", "1000"]),
-    "rskip_ln (λ=2, warm-up 1000)": ("rskip_ln (λ=2)", ["--warmup-updates", "1000"]),
-}
-CONTROL_ROWS = {control: (QUALITY_ROWS[row][0], [*QUALITY_ROWS[row][1], *flags], 1)
-                for control, (row, flags) in CONTROLS.items()}
-ROWS = {**QUALITY_ROWS, **CONTROL_ROWS}
 
 # The study, most decisive runs first: (size, row, seed). Pairs that compare directly are
 # adjacent, so that `--workers 2 --threads 1` trains them side by side within a session.
@@ -99,18 +91,6 @@ STUDY_ORDER = (
 )
 
 
-# Each size's milestones (updates): the last is the run's length. The 2+2 final budget is
-# where post-LN's curve flattens: seed 2 gained 1.00 BLEU from 9600 to 12000 updates, 0.19
-# to 14400, then 0.01 and 0.15 over the next two 2400-update steps (36.79, 36.80, 36.95),
-# its validation loss 0.035, then 0.015 and 0.012 (4.118 at 14400). So 2+2 runs end at 14400
-# (longer than a session on the CPU: such a run relies on runs/ surviving, or on a GPU). A
-# 6+6 run costs about 3 times as much per update: 2400 updates is what two of them side by
-# side (1 thread each) reach within one 3-hour session on this CPU.
-DEFAULT_MILESTONES = {
-    "small": (200, 600, 1200, 1800, 2400, 3600, 4800, 7200, 9600, 12000, 14400),
-    "deep": (200, 600, 1200, 1800, 2400),
-    "base": (200, 600, 1200, 1800, 2400, 3600, 4800),
-}
 # Sizes planned only with --device cuda: a CPU trains the papers' base size ~20x slower
 # than the 6+6 d=128 model.
 GPU_ONLY_SIZES = ("base",)
@@ -143,7 +123,7 @@ def planned(a):
 def done_milestones(out: Path, key: str, device: str):
     """{(size, row, seed): milestones recorded} for these settings on ``device`` (cpu or cuda)."""
     done = {}
-    for r in ex.read_jsonl(out):
+    for r in read_jsonl(out):
         if r.get("benchmark") == "curves" and r["settings_key"] == key and r.get("device", "cpu") == device:
             done.setdefault((r["size"]["name"], r["row"], r["seed"]), set()).add(r["updates"])
     return done
@@ -175,38 +155,36 @@ def run_dir_of(a, key, size, row, seed) -> Path:
 def resume_point(ckpt_dir: Path) -> int:
     """The update a run would resume from: its newest update checkpoint (0 if none). This is
     how ``--list`` tells which partial runs still have their checkpoints on this machine."""
-    from resnmt.cli.average_checkpoints import numbered_checkpoints
-
     found = numbered_checkpoints(ckpt_dir, "update")
-    return max(found[-1][0] if found else 0, ex.trained_updates(ckpt_dir))
+    return max(found[-1][0] if found else 0, common.trained_updates(ckpt_dir))
 
 
 def one_run(a, settings, key, size, row, seed, milestones_done, env, device):
     run_dir = run_dir_of(a, key, size, row, seed)
     ckpt_dir, log = run_dir / "checkpoints", run_dir / "log.txt"
-    arch, flags, _ = ROWS[row]
-    model_size = ex.SIZES["tiny" if a.tiny else size]
-    train_argv = ex.benchmark_train_argv(
+    arch, flags = ROWS[row].arch, list(ROWS[row].flags)
+    model_size = SIZES["tiny" if a.tiny else size]
+    train_argv = common.benchmark_train_argv(
         a.bin_dir, arch, flags, model_size, seed=seed, max_tokens=a.max_tokens, lr=a.lr, warmup=a.warmup,
         dropout=a.dropout, save_every=a.save_every, keep=a.average, validate=True)
     for updates in a.milestones[size]:
         if updates in milestones_done:
             continue
         print(f"[curves] {size} {row} seed {seed}: training to {updates} updates", file=sys.stderr, flush=True)
-        total = ex.train_to(updates, train_argv, ckpt_dir, log, env)  # seconds over the whole run
+        total = common.train_to(updates, train_argv, ckpt_dir, log, env)  # seconds over the whole run
 
-        ckpts = ex.checkpoints_until(ckpt_dir, a.average, updates)
+        ckpts = common.checkpoints_until(ckpt_dir, a.average, updates)
         avg = run_dir / f"checkpoint.avg{a.average}.upd{updates}.pt"
-        ex.average(ckpts, avg)
+        steps.average(ckpts, avg)
         gen = run_dir / f"gen.test.upd{updates}.out"
         t0 = time.time()
-        ex.decode(a.bin_dir, avg, gen, log, env, max_len_a=1, max_len_b=50)
+        steps.decode(a.bin_dir, avg, gen, log, env, max_len_a=1, max_len_b=50)
         decode_seconds = time.time() - t0
-        result = ex.score(gen, a.ref, remove_bpe=a.remove_bpe)
+        result = steps.score(gen, a.ref, remove_bpe=a.remove_bpe)
         avg.unlink()
-        analysis = ex.analyze(ckpts[-1], a.bin_dir, run_dir / "analysis" / f"upd{updates}", log, env,
-                              num_sentences=a.analyze_sentences)
-        fairseq_log = ex.FairseqLog.read(log)
+        analysis = steps.analyze(ckpts[-1], a.bin_dir, run_dir / "analysis" / f"upd{updates}", log, env,
+                                 num_sentences=a.analyze_sentences)
+        fairseq_log = steps.FairseqLog.read(log)
         train_loss = [p for p in fairseq_log.train if p[0] <= updates]
         record = {
             "benchmark": "curves", "size": {"name": size, **model_size.as_dict()}, "row": row, "seed": seed,
@@ -221,16 +199,16 @@ def one_run(a, settings, key, size, row, seed, milestones_done, env, device):
                          "num_sentences": analysis["num_sentences"], "loss": analysis["loss"],
                          "connections": analysis["connections"], "statistics": analysis["statistics"]},
             "averaged": [p.name for p in ckpts],
-            "data": ex.repo_relative(a.bin_dir, Path.cwd()), "ref": ex.repo_relative(a.ref, Path.cwd()),
+            "data": common.repo_relative(a.bin_dir, Path.cwd()), "ref": common.repo_relative(a.ref, Path.cwd()),
             "train_seconds": round(total, 1), "decode_seconds": round(decode_seconds, 1),
             **device, "torch_threads": a.threads,
             "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
-        ex.append_jsonl(a.out, record)
+        append_jsonl(a.out, record)
         print(f"[curves] {size} {row} seed {seed} @ {updates}: sacreBLEU {record['bleu']:.2f}, "
               f"valid loss {record['valid'][-1][1] if record['valid'] else float('nan'):.3f}",
               file=sys.stderr, flush=True)
-    if not a.keep_checkpoints and all(m in milestones_done or m <= ex.trained_updates(ckpt_dir) for m in a.milestones[size]):
+    if not a.keep_checkpoints and all(m in milestones_done or m <= common.trained_updates(ckpt_dir) for m in a.milestones[size]):
         shutil.rmtree(ckpt_dir, ignore_errors=True)
 
 
@@ -238,7 +216,7 @@ def parser() -> argparse.ArgumentParser:
     """curves.py's command line; its defaults are the study's settings."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="data/multi30k",
-                   help="prepared Multi30k (OUTDIR of data-prep/prepare-multi30k.sh; default: data/multi30k)")
+                   help="prepared Multi30k (OUTDIR of resnmt-prepare multi30k; default: data/multi30k)")
     p.add_argument("--ref", help="reference file (default: DATA/raw/test.de)")
     p.add_argument("--remove-bpe", default="sentencepiece", choices=["none", "subword_nmt", "sentencepiece"],
                    help="passed to resnmt-evaluate (default: sentencepiece)")
@@ -306,7 +284,7 @@ def main(argv=None):
     a.bin_dir = Path(a.data) / "bin"
     a.ref = Path(a.ref) if a.ref else Path(a.data) / "raw" / "test.de"
     settings = settings_of(a)
-    key = ex.settings_key(settings)
+    key = common.settings_key(settings)
     runs = planned(a)
 
     if a.list:
@@ -322,7 +300,7 @@ def main(argv=None):
         return 0
     for path in (a.bin_dir / "dict.en.txt", a.ref):
         if not path.exists():
-            p.error(f"{path} is missing; run bash data-prep/prepare-multi30k.sh --mirror DIR {a.data} "
+            p.error(f"{path} is missing; run resnmt-prepare multi30k --mirror DIR {a.data} "
                     f"(or without --mirror to download)")
     if a.device == "cuda":
         import torch
@@ -336,8 +314,8 @@ def main(argv=None):
         procs = [subprocess.Popen(child) for _ in range(a.workers)]
         return max(proc.wait() for proc in procs)
 
-    env = ex.tool_env(threads=a.threads, cpu_only=a.device == "cpu")
-    device = ex.cpu_description() if a.device == "cpu" else ex.cuda_description()
+    env = tool_env(threads=a.threads, cpu_only=a.device == "cpu")
+    device = common.cpu_description() if a.device == "cpu" else common.cuda_description()
     while True:
         done = done_milestones(a.out, key, a.device)
         todo = [r for r in runs if not set(a.milestones[r[0]]) <= done.get(r, set())]

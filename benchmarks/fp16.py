@@ -32,7 +32,6 @@ not overflow; fairseq starts at 128), the largest block output and the largest l
 """
 import argparse
 import datetime
-import json
 import math
 import re
 import subprocess
@@ -41,10 +40,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from quality import ROWS
-from quality import slug
+import common
+from common import ROWS, fp16_table, headroom_table, slug
 
-from resnmt import experiment as ex
+from resnmt.experiment.presets import SIZES, fairseq_bf16_problem
+from resnmt.experiment.results import append_jsonl
+from resnmt.experiment.runtime import tool_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "fp16.jsonl"
@@ -75,11 +76,11 @@ def read_log(text: str) -> dict:
 
 
 def one_run(a, row, work: Path, env) -> dict:
-    arch, flags, _ = ROWS[row]
+    arch, flags = ROWS[row].arch, list(ROWS[row].flags)
     run_dir = work / slug(row)
     run_dir.mkdir(parents=True, exist_ok=True)
-    argv = ex.benchmark_train_argv(
-        a.bin_dir, arch, flags, ex.SIZES[a.size], seed=1, max_tokens=a.max_tokens, lr=a.lr, warmup=a.warmup,
+    argv = common.benchmark_train_argv(
+        a.bin_dir, arch, flags, SIZES[a.size], seed=1, max_tokens=a.max_tokens, lr=a.lr, warmup=a.warmup,
         dropout=0.1, save_every=a.updates, keep=1, validate=False)
     argv += ["--bf16" if a.bf16 else "--fp16", "--max-update", str(a.updates), "--no-save",
              "--log-interval", str(a.log_interval), "--save-dir", str(run_dir)]
@@ -164,25 +165,12 @@ def first_step(train_argv, checkpoint=None, data=None) -> dict:
     }
 
 
-def headroom_table(records):
-    lines = ["| kind | loss | gradient norm | largest gradient (parameter) | largest loss scale fp16 holds "
-             "| largest block output (block) | largest logit |",
-             "|---|---:|---:|---|---:|---|---:|"]
-    for r in records:
-        name = f"{r['row']} @ {r['updates']} updates" if r.get("updates") else r["row"]
-        scale = r["max_fp16_loss_scale"]
-        lines.append(f"| {name} | {r['loss']:.3f} | {r['grad_norm']:.2f} | {r['largest_grad']:,.0f} "
-                     f"(`{r['largest_grad_param']}`) | {f'{scale:,.0f}' if scale >= 100 else f'{scale:.3g}'} "
-                     f"| {r['largest_block_output']:.1f} ({r['largest_block_output_at']}) | {r['largest_logit']:.1f} |")
-    return "\n".join(lines)
-
-
 def measure_headroom(a, rows) -> int:
     import torch
 
     torch.set_num_threads(a.threads)
     if a.checkpoint:
-        probes = [(ex.repo_relative(Path(c)), None, Path(c)) for c in a.checkpoint]
+        probes = [(common.repo_relative(Path(c)), None, Path(c)) for c in a.checkpoint]
     else:
         probes = [(row, row, None) for row in rows]
     run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -195,9 +183,9 @@ def measure_headroom(a, rows) -> int:
         if row is None:
             arch, flags, argv = None, None, None
         else:
-            arch, flags, _ = ROWS[row]
-            argv = ex.benchmark_train_argv(
-                a.bin_dir, arch, flags, ex.SIZES[a.size], seed=1, max_tokens=a.max_tokens, lr=a.lr,
+            arch, flags = ROWS[row].arch, list(ROWS[row].flags)
+            argv = common.benchmark_train_argv(
+                a.bin_dir, arch, flags, SIZES[a.size], seed=1, max_tokens=a.max_tokens, lr=a.lr,
                 warmup=a.warmup, dropout=0.1, save_every=1, keep=1, validate=False)
         t0 = time.time()
         rec = {"row": name, "arch": arch, "flags": flags,
@@ -206,8 +194,8 @@ def measure_headroom(a, rows) -> int:
               f"({rec['largest_grad_param']}), fp16 holds a loss scale up to {rec['max_fp16_loss_scale']:.3g} "
               f"({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
         records.append(rec)
-        ex.append_jsonl(Path(a.out), {"benchmark": "fp16-headroom", "run_id": run_id, "settings": settings,
-                                      **ex.cpu_description(), **rec})
+        append_jsonl(Path(a.out), {"benchmark": "fp16-headroom", "run_id": run_id, "settings": settings,
+                                   **common.cpu_description(), **rec})
     print(headroom_table(records))
     return 0
 
@@ -223,21 +211,11 @@ def verdicts(records):
     return records
 
 
-def markdown_table(records):
-    lines = ["| kind | overflowed updates (post-LN's) | final loss scale | train loss at the end | exit | verdict |",
-             "|---|---|---|---|---|---|"]
-    for r in records:
-        lines.append(f"| {r['row']} | {r['overflows']} ({r['baseline_overflows']}) | {r['loss_scale']} "
-                     f"| {r['train_loss']} @ {r['updates_logged']} | {r['exit_code']} "
-                     f"| {'pass' if r['passed'] else 'FAIL'} |")
-    return "\n".join(lines)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="data/multi30k", help="prepared Multi30k (default: data/multi30k)")
-    p.add_argument("--rows", default=",".join(ROWS), help="comma-separated kinds (default: every row of quality.py)")
-    p.add_argument("--size", default="base", choices=sorted(ex.SIZES), help="default: base (6+6, d=512)")
+    p.add_argument("--rows", default=",".join(ROWS), help="comma-separated kinds (default: every row of benchmarks/common.py)")
+    p.add_argument("--size", default="base", choices=sorted(SIZES), help="default: base (6+6, d=512)")
     p.add_argument("--updates", type=int, default=300, help="updates per kind (default: 300)")
     p.add_argument("--max-tokens", type=int, default=4096, help="default: 4096")
     p.add_argument("--lr", type=float, default=1e-3,
@@ -274,7 +252,7 @@ def main(argv=None):
         p.error(f"--checkpoint {', '.join(missing)}: no such file")
     if a.headroom:
         return measure_headroom(a, rows)
-    bf16_problem = ex.fairseq_bf16_problem(["--bf16"] if a.bf16 else [])
+    bf16_problem = fairseq_bf16_problem(["--bf16"] if a.bf16 else [])
     if bf16_problem:
         p.error(bf16_problem)
     import torch
@@ -283,18 +261,18 @@ def main(argv=None):
         p.error("no CUDA device here (torch.cuda.is_available() is False): fairseq trains in fp16/bf16 on a GPU only")
 
     work = Path(a.workdir) / ("bf16" if a.bf16 else "fp16")
-    env = ex.tool_env(threads=1)
+    env = tool_env(threads=1)
     with ThreadPoolExecutor(max_workers=a.workers) as pool:
         records = list(pool.map(lambda row: one_run(a, row, work, env), rows))
     run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     settings = {"precision": "bf16" if a.bf16 else "fp16", "size": a.size, "updates": a.updates,
                 "max_tokens": a.max_tokens, "lr": a.lr, "warmup_updates": a.warmup, "dropout": 0.1,
                 "initial_loss_scale": 128}
-    device = ex.cuda_description()
+    device = common.cuda_description()
     records = verdicts(records)
     for r in records:
-        ex.append_jsonl(Path(a.out), {"benchmark": "fp16", "run_id": run_id, "settings": settings, **device, **r})
-    print(markdown_table(records))
+        append_jsonl(Path(a.out), {"benchmark": "fp16", "run_id": run_id, "settings": settings, **device, **r})
+    print(fp16_table(records))
     return 0 if all(r["passed"] for r in records) else 1
 
 

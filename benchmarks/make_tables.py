@@ -22,11 +22,10 @@ import sys
 from collections import Counter, OrderedDict
 from pathlib import Path
 
-from quality import ROWS as QUALITY_ROWS
-from speed import PREDICTION_TARGET_DEFAULT, PREDICTION_TARGETS
-from speed import markdown_table as speed_markdown
+from common import (PREDICTION_TARGET_DEFAULT, PREDICTION_TARGETS, ROWS, fp16_table, headroom_table, replace_between,
+                    speed_table)
 
-from resnmt.experiment import read_jsonl
+from resnmt.experiment.results import read_jsonl
 
 HERE = Path(__file__).resolve().parent
 
@@ -81,7 +80,7 @@ def speed_tables(records):
             f"beam 4 on {s['decode_sentences']} sentences ({s['decode_batch']} per batch, {s['decode_len']} tokens each); "
             f"machine: {m.get('gpu') or str(m.get('cpus')) + ' CPUs'}, torch {m.get('torch', '?')}\n"
         )
-        parts.append(speed_markdown(rows))
+        parts.append(speed_table(rows))
         sas = [r for r in rows if "sas_overhead" in r]
         if sas:
             parts.append("\nSAS gate overhead (analytic, per target token; formula in docs/benchmarks.md, \"SAS overhead, analytically\"):\n")
@@ -143,7 +142,7 @@ def quality_table(records, settings_key=None):
         "| row | n | sacreBLEU mean | std | min–max | seeds | papers' direction |",
         "|---|---|---|---|---|---|---|",
     ]
-    order = {row: i for i, row in enumerate(QUALITY_ROWS)}
+    order = {row: i for i, row in enumerate(ROWS)}
     settings_seen = OrderedDict()
     for (row, key), recs in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1])):
         recs = sorted(recs, key=lambda r: r["seed"])
@@ -156,7 +155,7 @@ def quality_table(records, settings_key=None):
             f"| {','.join(str(r['seed']) for r in recs)} | {PAPERS.get(row, '')} |"
         )
     missing = []
-    for row, (_, _, n_wanted) in QUALITY_ROWS.items():
+    for row, n_wanted in ((name, r.seeds) for name, r in ROWS.items()):
         have = sum(len(v) for (r, _), v in groups.items() if r == row)
         if have < n_wanted:
             missing.append(f"{row} ({have} of {n_wanted} seeds)")
@@ -184,8 +183,6 @@ def latest_run(records, setting: str, value) -> list:
 
 def fp16_tables(records):
     """The latest ``fp16.py`` run per precision: does each kind train in half precision?"""
-    from fp16 import markdown_table as fp16_markdown
-
     parts = []
     for precision in ("fp16", "bf16"):
         rows = latest_run(records, "precision", precision)
@@ -196,14 +193,12 @@ def fp16_tables(records):
                      f"{s['size']} size, {s['updates']} updates of ≤{s['max_tokens']} tokens, lr {s['lr']} "
                      f"({s['warmup_updates']} warm-up), dropout {s['dropout']}; a kind passes when it ends with a "
                      f"finite loss and no more overflowed (skipped) updates than post-LN\n")
-        parts.append(fp16_markdown(rows) + "\n")
+        parts.append(fp16_table(rows) + "\n")
     return "\n".join(parts) if parts else "_no half-precision runs yet (they need a GPU)_"
 
 
 def headroom_tables(records):
     """The latest ``fp16.py --headroom`` run at initialization, and at trained checkpoints."""
-    from fp16 import headroom_table
-
     parts = []
     for at in ("initialization", "checkpoint"):
         rows = latest_run(records, "at", at)
@@ -217,16 +212,6 @@ def headroom_tables(records):
                      f"epoch 1; loss and gradient norm as fairseq logs them\n")
         parts.append(headroom_table(rows) + "\n")
     return "\n".join(parts) if parts else "_no headroom measurements yet_"
-
-
-def replace_between(text, begin, end, body, required=True):
-    if begin not in text or end not in text:
-        if not required:
-            return text
-        raise SystemExit(f"markers {begin} / {end} not found")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
 def main(argv=None):

@@ -3,7 +3,7 @@
 
 glibc returns each freed buffer above its mmap threshold (which adapts up to 32 MiB) to
 the kernel, and the next training step faults it back in page by page. resnmt's
-pipeline (``resnmt.experiment.tool_env``: scripts/train.sh, the demo, quality.py, curves.py)
+pipeline (``resnmt.experiment.runtime.tool_env``: scripts/train.sh, the demo, quality.py, curves.py)
 sets ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` for its subprocesses so
 that freed memory stays in the process (``KEEP_FREED_MEMORY_ENV``). This measures what
 that changes: the same ``fairseq-train`` run (fairseq's own ``transformer`` by default,
@@ -30,7 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from resnmt import experiment as ex
+import common
+
+from resnmt.experiment.presets import SIZES
+from resnmt.experiment.results import append_jsonl
+from resnmt.experiment.runtime import KEEP_FREED_MEMORY_ENV, tool_env
+from resnmt.experiment.steps import FairseqLog
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT / "data" / "multi30k" / "bin"
@@ -39,12 +44,12 @@ CONDITIONS = ("glibc default", "keep freed memory")
 
 
 def environment(condition: str, threads: int) -> dict:
-    env = ex.tool_env(threads=threads, cpu_only=True)
+    env = tool_env(threads=threads, cpu_only=True)
     if condition == "glibc default":
-        for name in ex.KEEP_FREED_MEMORY_ENV:
+        for name in KEEP_FREED_MEMORY_ENV:
             env.pop(name, None)
     else:
-        env.update(ex.KEEP_FREED_MEMORY_ENV)
+        env.update(KEEP_FREED_MEMORY_ENV)
     return env
 
 
@@ -61,7 +66,7 @@ def measure(train_argv, updates: int, condition: str, threads: int) -> dict:
         text = log_path.read_text(encoding="utf-8", errors="replace")
         if os.waitstatus_to_exitcode(status) != 0:
             raise SystemExit(f"fairseq-train failed ({condition}):\n{text[-3000:]}")
-    fairseq_log = ex.FairseqLog.parse(text)
+    fairseq_log = FairseqLog.parse(text)
     return {"condition": condition, "wall_seconds": round(wall, 2), "user_seconds": round(usage.ru_utime, 2),
             "kernel_seconds": round(usage.ru_stime, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
             "train_seconds": fairseq_log.train_seconds,
@@ -94,7 +99,7 @@ def main(argv=None):
     p.add_argument("--data", default=str(DEFAULT_DATA), help="binarized Multi30k (default: data/multi30k/bin)")
     p.add_argument("--arch", default="transformer",
                    help="the arch trained (default: fairseq's own transformer, at --size)")
-    p.add_argument("--size", default="small", choices=sorted(ex.SIZES),
+    p.add_argument("--size", default="small", choices=sorted(SIZES),
                    help="small = 2+2 layers d=128 FFN 512 4 heads (default); tiny = tests")
     p.add_argument("--updates", type=int, default=100, help="updates per process (default: 100)")
     p.add_argument("--max-tokens", type=int, default=4096, help="default: 4096")
@@ -109,10 +114,10 @@ def main(argv=None):
     if not (data / "dict.en.txt").exists():
         p.error(f"{data}/dict.en.txt is missing; run bash data-prep/prepare-multi30k.sh data/multi30k "
                 "(with --mirror DIR on a machine without network)")
-    if not shutil.which("fairseq-train", path=ex.tool_env()["PATH"]):
+    if not shutil.which("fairseq-train", path=tool_env()["PATH"]):
         p.error("fairseq-train is not on PATH (make venv installs it)")
 
-    train_argv = ex.benchmark_train_argv(data.resolve(), a.arch, [], ex.SIZES[a.size], seed=1,
+    train_argv = common.benchmark_train_argv(data.resolve(), a.arch, [], SIZES[a.size], seed=1,
                                          max_tokens=a.max_tokens, lr=1e-3, warmup=300, dropout=0.3,
                                          save_every=10 ** 9, keep=1, validate=False)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -122,11 +127,11 @@ def main(argv=None):
         for condition in order:
             print(f"[malloc] round {round_}/{a.rounds}: {condition} ...", file=sys.stderr, flush=True)
             result = measure(train_argv, a.updates, condition, a.threads)
-            record = {"benchmark": "malloc", "arch": a.arch, "size": {"name": a.size, **ex.SIZES[a.size].as_dict()},
+            record = {"benchmark": "malloc", "arch": a.arch, "size": {"name": a.size, **SIZES[a.size].as_dict()},
                       "updates": a.updates, "max_tokens": a.max_tokens, "threads": a.threads, "round": round_,
-                      "run": started, **ex.cpu_description(), "load_at_start": round(os.getloadavg()[0], 2),
+                      "run": started, **common.cpu_description(), "load_at_start": round(os.getloadavg()[0], 2),
                       **result}
-            ex.append_jsonl(Path(a.out), record)
+            append_jsonl(Path(a.out), record)
             records.append(record)
             print(f"[malloc]   {result['wall_seconds']:.1f} s wall, {result['kernel_seconds']:.1f} s kernel, "
                   f"{result['updates_per_s']} updates/s, loss {result['final_train_loss']}", file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ so far), and the diagnostics over training from resnmt-analyze at each milestone
 (rSkip effective skip:residual ratio per layer, block-output gradient norm per layer for
 post_ln and rskip_ln; for every row, how much of the gradient reaches the encoder).
 Each row keeps one color throughout; a control (a row with one shared setting changed,
-``curves.CONTROLS``) is dashed with open markers, in the color of the row it changes.
+``common.CONTROLS``) is dashed with open markers, in the color of the row it changes.
 """
 import argparse
 import logging
@@ -28,10 +28,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from curves import CONTROLS, DEFAULT_MILESTONES  # noqa: E402
-from make_tables import replace_between  # noqa: E402
+from common import CONTROLS, DEFAULT_MILESTONES, replace_between  # noqa: E402
 
-from resnmt.experiment import read_jsonl  # noqa: E402
+from resnmt.experiment.results import read_jsonl  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SIZE_TITLES = {"small": "2+2 layers, d=128", "deep": "6+6 layers, d=128", "base": "6+6 layers, d=512"}
@@ -65,13 +64,13 @@ def ordered_keys(runs):
 
 def row_styles(runs) -> dict:
     """``{row: plot keywords}``: one color per row, the same in every panel and figure; a
-    control (``curves.CONTROLS``) is dashed, in the color of the row it changes."""
+    control (``common.CONTROLS``) is dashed, in the color of the row it changes."""
     rows = sorted({row for rows in runs.values() for row in rows})
-    plain = [row for row in rows if CONTROLS.get(row, (None,))[0] not in rows]
+    plain = [row for row in rows if row not in CONTROLS or CONTROLS[row].row not in rows]
     styles = {row: {"color": f"C{i}", "linestyle": "-"} for i, row in enumerate(plain)}
     for row in rows:
         if row not in styles:
-            styles[row] = {"color": styles[CONTROLS[row][0]]["color"], "linestyle": "--", "markerfacecolor": "white"}
+            styles[row] = {"color": styles[CONTROLS[row].row]["color"], "linestyle": "--", "markerfacecolor": "white"}
     return styles
 
 
@@ -317,8 +316,8 @@ def reference_of(row: str, baseline: str = "post_ln") -> str:
     """The row that ``row`` is compared with: ``baseline`` in the shared settings; for a
     control, ``baseline``'s control with the same changed flags (rSkip with a 1000-update
     warm-up against post-LN with a 1000-update warm-up), where there is one."""
-    changed = CONTROLS.get(row, (row, []))[1]
-    same_setting = next((c for c, (r, flags) in CONTROLS.items() if r == baseline and flags == changed), None)
+    changed = CONTROLS[row].flags if row in CONTROLS else ()
+    same_setting = next((name for name, c in CONTROLS.items() if c.row == baseline and c.flags == changed), None)
     return same_setting if changed and same_setting not in (None, row) else baseline
 
 

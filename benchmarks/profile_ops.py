@@ -1,20 +1,24 @@
 #!/usr/bin/env python
 """Where a config's extra training time goes: torch.profiler op totals of a config and
-of its reference, side by side (same batches, same size as speed.py).
+of its reference, side by side (same batches, same size as speed.py; benchmarks/common.py holds both).
 
     python benchmarks/profile_ops.py --config rskip_ln2 --reference transformer
     python benchmarks/profile_ops.py --config nswish --reference swish --top 25
 
 Prints, per op, the summed self CPU time (ms) over ``--updates`` training updates of
 each model and the difference, largest differences first. Configs are speed.py's
-(``CONFIGS``). Op times under a profiler on a shared machine are noisy: read the
+(``common.CONFIGS``). Op times under a profiler on a shared machine are noisy: read the
 large differences, not the small ones.
 """
 import argparse
 import sys
 from collections import defaultdict
 
-from speed import CONFIGS, DEFAULT_DATA, SIZES, fairseq_argv, train_step, training_batches
+from common import CONFIGS, Optimizer, fairseq_argv, train_step, training_batches
+
+from resnmt.experiment.presets import SIZES
+
+DEFAULT_DATA = "data/multi30k/bin"
 
 
 def profile(config, a):
@@ -30,7 +34,7 @@ def profile(config, a):
     batches = training_batches(task, a.max_tokens, 1 + a.updates)
     torch.manual_seed(1)
     model = task.build_model(args)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    opt = Optimizer(model, torch.float32)  # speed.py's: Adam (0.9, 0.98), float32
 
     def step(batch):
         train_step(model, opt, batch, task.target_dictionary.pad())

@@ -16,51 +16,36 @@ several sessions (a run interrupted half-way restarts from its last checkpoint).
 import argparse
 import datetime
 import os
-import re
 import shutil
 import sys
 import time
 from pathlib import Path
 
-from resnmt import experiment as ex
+import common
+from common import ROWS, slug
+
+from resnmt.experiment import steps
+from resnmt.experiment.presets import SIZES
+from resnmt.experiment.results import append_jsonl, read_jsonl
+from resnmt.experiment.runtime import tool_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT / "data" / "multi30k"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "quality.jsonl"
 DEFAULT_WORKDIR = REPO_ROOT / "runs" / "bench-quality"
 
-# row -> (arch, extra flags, seeds wanted)
-ROWS = {
-    "transformer": ("transformer", [], 2),
-    "post_ln": ("transformer_postln_base", [], 3),
-    "pre_ln": ("transformer_preln_base", [], 2),
-    "xskip (λ=1)": ("transformer_postln_base", ["--residual", "xskip", "--skip-lambda", "1"], 2),
-    "xskip_ln (λ=2)": ("transformer_xskip_base", ["--skip-lambda", "2"], 2),
-    "rskip_ln (λ=2)": ("transformer_rskip_base", ["--skip-lambda", "2"], 3),
-    "rskip_ln (λ=3)": ("transformer_rskip_base", ["--skip-lambda", "3"], 2),
-    "sas": ("transformer_sas_base", [], 3),
-    "highway": ("transformer_highway_base", [], 2),
-    "rskip_ln (λ=2) + nswish": ("transformer_rskip_base", ["--skip-lambda", "2", "--normalized-activation", "nswish"], 2),
-    "xskip_ln (learned λ from 2)": ("transformer_xskip_base", ["--skip-lambda", "2", "--skip-lambda-learned"], 2),
-    "deepnorm": ("transformer_deepnorm_base", [], 2),
-    "rezero": ("transformer_rezero_base", [], 2),
-    "admin": ("transformer_admin_base", [], 2),
-}
 PRIORITY = ["transformer", "post_ln", "rskip_ln (λ=2)", "sas"]
-
-def slug(row):
-    return re.sub(r"[^a-z0-9]+", "_", row.lower()).strip("_")
 
 
 def planned_runs(rows, seeds_override):
     """(row, seed) in priority order: seed 1 of the priority rows, seed 1 of the rest,
     then the further seeds."""
     order = [r for r in PRIORITY if r in rows] + [r for r in rows if r not in PRIORITY]
-    max_seeds = max((seeds_override and len(seeds_override)) or ROWS[r][2] for r in order) if order else 0
+    max_seeds = max((seeds_override and len(seeds_override)) or ROWS[r].seeds for r in order) if order else 0
     runs = []
     for k in range(max_seeds):
         for row in order:
-            seeds = seeds_override or list(range(1, ROWS[row][2] + 1))
+            seeds = seeds_override or list(range(1, ROWS[row].seeds + 1))
             if k < len(seeds):
                 runs.append((row, seeds[k]))
     return runs
@@ -68,7 +53,7 @@ def planned_runs(rows, seeds_override):
 
 def settings_of(a):
     return {
-        "size": {"name": a.size, **ex.SIZES[a.size].as_dict()},
+        "size": {"name": a.size, **SIZES[a.size].as_dict()},
         "max_tokens": a.max_tokens, "max_update": a.max_update, "lr": a.lr,
         "warmup_updates": a.warmup, "dropout": a.dropout, "label_smoothing": 0.1,
         "save_every": a.save_every, "average": a.average, "beam": 4, "lenpen": 0.6,
@@ -78,28 +63,28 @@ def settings_of(a):
 
 def one_run(a, row, seed, settings, bin_dir, ref, env):
     """Train, average, decode and score one (row, seed) with resnmt.experiment's steps; its record."""
-    run_dir = Path(a.workdir) / ex.settings_key(settings) / f"{slug(row)}.seed{seed}"
+    run_dir = Path(a.workdir) / common.settings_key(settings) / f"{slug(row)}.seed{seed}"
     ckpt_dir, log = run_dir / "checkpoints", run_dir / "log.txt"
-    arch, flags, _ = ROWS[row]
-    train_argv = ex.benchmark_train_argv(
-        bin_dir, arch, flags, ex.SIZES[a.size], seed=seed, max_tokens=a.max_tokens, lr=a.lr, warmup=a.warmup,
+    arch, flags = ROWS[row].arch, list(ROWS[row].flags)
+    train_argv = common.benchmark_train_argv(
+        bin_dir, arch, flags, SIZES[a.size], seed=seed, max_tokens=a.max_tokens, lr=a.lr, warmup=a.warmup,
         dropout=a.dropout, save_every=a.save_every, keep=a.average, validate=False)
-    train_s = ex.train_to(a.max_update, train_argv, ckpt_dir, log, env)  # resumes from checkpoint_last.pt
+    train_s = common.train_to(a.max_update, train_argv, ckpt_dir, log, env)  # resumes from checkpoint_last.pt
     avg = run_dir / "checkpoint.avg.pt"
-    ex.average(ex.checkpoints_until(ckpt_dir, a.average, a.max_update), avg)
+    steps.average(common.checkpoints_until(ckpt_dir, a.average, a.max_update), avg)
     gen = run_dir / "gen.test.out"
     t1 = time.time()
-    ex.decode(bin_dir, avg, gen, log, env, max_len_b=a.max_len_b)
+    steps.decode(bin_dir, avg, gen, log, env, max_len_b=a.max_len_b)
     gen_s = time.time() - t1
-    score = ex.score(gen, ref, remove_bpe=a.remove_bpe)
-    fairseq_log = ex.FairseqLog.read(log)
+    score = steps.score(gen, ref, remove_bpe=a.remove_bpe)
+    fairseq_log = steps.FairseqLog.read(log)
     losses = [loss for _, _, loss in fairseq_log.epochs] or [loss for _, loss in fairseq_log.train]
     if not a.keep_checkpoints:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
     return {
         "benchmark": "quality", "row": row, "seed": seed, "arch": arch, "flags": flags,
-        "settings": settings, "settings_key": ex.settings_key(settings),
-        "data": ex.repo_relative(bin_dir), "ref": ex.repo_relative(ref),
+        "settings": settings, "settings_key": common.settings_key(settings),
+        "data": common.repo_relative(bin_dir), "ref": common.repo_relative(ref),
         "bleu": score["bleu"], "signature": score["signature"], "tok_intl_bleu": score.get("tok_intl_bleu"),
         "n_sentences": score["n_sentences"], "final_train_loss": losses[-1] if losses else None,
         "train_seconds": round(train_s, 1), "generate_seconds": round(gen_s, 1),
@@ -109,13 +94,13 @@ def one_run(a, row, seed, settings, bin_dir, ref, env):
 
 
 def done_runs(out):
-    return {(r["row"], r["seed"], r["settings_key"]) for r in ex.read_jsonl(out)}
+    return {(r["row"], r["seed"], r["settings_key"]) for r in read_jsonl(out)}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=str(DEFAULT_DATA),
-                   help="prepared corpus (OUTDIR of data-prep/prepare-multi30k.sh): OUTDIR/bin and "
+                   help="prepared corpus (OUTDIR of resnmt-prepare multi30k): OUTDIR/bin and "
                    "OUTDIR/raw/test.de are used (default: data/multi30k)")
     p.add_argument("--ref", help="reference file (default: DATA/raw/test.de)")
     p.add_argument("--remove-bpe", default="sentencepiece", choices=["none", "subword_nmt", "sentencepiece"],
@@ -123,7 +108,7 @@ def main(argv=None):
     p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows (default: all): " + "; ".join(ROWS))
     p.add_argument("--seeds", help="comma-separated seeds for every row (default: 1..n per row: "
                    "3 for post_ln, rskip_ln (λ=2), sas; 2 for the others)")
-    p.add_argument("--size", default="small", choices=sorted(ex.SIZES),
+    p.add_argument("--size", default="small", choices=sorted(SIZES),
                    help="small = 2+2 layers d=128 FFN 512 4 heads (default); tiny = tests")
     p.add_argument("--max-tokens", type=int, default=4096, help="default: 4096")
     p.add_argument("--max-update", type=int, default=600, help="update budget per run (default: 600)")
@@ -150,7 +135,7 @@ def main(argv=None):
     bin_dir = Path(a.data) / "bin"
     ref = Path(a.ref) if a.ref else Path(a.data) / "raw" / "test.de"
     settings = settings_of(a)
-    key = ex.settings_key(settings)
+    key = common.settings_key(settings)
     plan = planned_runs(rows, seeds)
     done = done_runs(a.out)
     if a.list:
@@ -159,10 +144,10 @@ def main(argv=None):
         return 0
     for path in (bin_dir / "dict.en.txt", ref):
         if not path.exists():
-            p.error(f"{path} is missing; run bash data-prep/prepare-multi30k.sh {a.data} "
+            p.error(f"{path} is missing; run resnmt-prepare multi30k {a.data} "
                     "(with --mirror DIR on a machine without network)")
 
-    env = ex.tool_env(threads=a.threads, cpu_only=True)
+    env = tool_env(threads=a.threads, cpu_only=True)
     new = 0
     for row, seed in plan:
         if (row, seed, key) in done:
@@ -171,7 +156,7 @@ def main(argv=None):
             break
         print(f"[quality] {row} seed {seed} ...", file=sys.stderr, flush=True)
         rec = one_run(a, row, seed, settings, bin_dir.resolve(), ref.resolve(), env)
-        ex.append_jsonl(a.out, rec)
+        append_jsonl(a.out, rec)
         new += 1
         print(f"[quality] {row} seed {seed}: sacreBLEU {rec['bleu']:.2f} (train {rec['train_seconds']:.0f}s)",
               file=sys.stderr, flush=True)

@@ -29,78 +29,55 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
-from resnmt.experiment import ModelSize, read_jsonl
+from common import Optimizer, fairseq_argv, speed_table, train_step, training_batches
+
+from resnmt.experiment.presets import SIZES
+from resnmt.experiment.results import read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT / "data" / "multi30k" / "bin"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "speed.jsonl"
 
-SIZES = {
-    # name: (layers, d, ffn, heads)
-    "cpu": (6, 256, 1024, 4),
-    "base": (6, 512, 2048, 8),
-    "tiny": (2, 16, 32, 2),
-}
 
-# measurement name -> (arch, extra flags); {L} is replaced by the number of layers
-CONFIGS = {
-    "transformer": ("transformer", []),
-    "transformer_prenorm": ("transformer", ["--encoder-normalize-before", "--decoder-normalize-before"]),
-    "post_ln": ("transformer_postln_base", []),
-    "pre_ln": ("transformer_preln_base", []),
-    "xskip_ln2": ("transformer_xskip_base", ["--skip-lambda", "2"]),
-    "rskip_ln2": ("transformer_rskip_base", ["--skip-lambda", "2"]),
-    "sas": ("transformer_sas_base", []),
-    "sas_gate64": ("transformer_sas_base", ["--sas-gate-dim", "64"]),
-    "highway": ("transformer_highway_base", []),
-    "deepnorm": ("transformer_deepnorm_base", []),
-    "rezero": ("transformer_rezero_base", []),
-    "admin": ("transformer_admin_base", []),
-    # plain Swish: nswish with every FFN kept unnormalized (fairseq has no swish --activation-fn)
-    "swish": ("transformer_postln_base", ["--normalized-activation", "nswish",
-                                          "--encoder-unnormalized-top-layers", "{L}",
-                                          "--decoder-unnormalized-top-layers", "{L}"]),
-    "nswish": ("transformer_postln_base", ["--normalized-activation", "nswish"]),
-    "nrelu": ("transformer_postln_base", ["--normalized-activation", "nrelu"]),
-    # --fused-connections: SAS's combination and NReLU/NSwish compiled (resnmt/modules/fused.py)
-    "sas_fused": ("transformer_sas_base", ["--fused-connections"]),
-    "sas_gate64_fused": ("transformer_sas_base", ["--sas-gate-dim", "64", "--fused-connections"]),
-    "nswish_fused": ("transformer_postln_base", ["--normalized-activation", "nswish", "--fused-connections"]),
-    "nrelu_fused": ("transformer_postln_base", ["--normalized-activation", "nrelu", "--fused-connections"]),
-}
+@dataclass(frozen=True)
+class Comparison:
+    """A row of the speed table: a config of ``common.CONFIGS`` measured against its
+    reference, with the target ratios it should reach (None: no fixed target; SAS with the
+    paper's gate is compared with its predicted cost)."""
 
-# row -> (config, reference config, target train ratio, target decode ratio, memory target)
-# None: no fixed target (SAS with the paper's gate: compared with its predicted cost).
+    config: str
+    reference: str
+    train: Optional[float]  # training tokens/s over the reference's, at least
+    decode: Optional[float]  # decoding sentences/s over the reference's, at least
+    memory: Optional[float]  # peak memory over the reference's, at most
+
+
 ROWS = {
-    "post_ln": ("post_ln", "transformer", 0.98, 0.98, 1.05),
-    "pre_ln": ("pre_ln", "transformer_prenorm", 0.98, 0.98, 1.05),
-    "xskip_ln (λ=2)": ("xskip_ln2", "transformer", 0.97, 0.97, 1.05),
-    "rskip_ln (λ=2)": ("rskip_ln2", "transformer", 0.93, 0.93, 1.05),
-    "sas (gate h)": ("sas", "transformer", None, None, None),
-    "sas (gate 64)": ("sas_gate64", "transformer", 0.90, 0.90, None),
-    "highway": ("highway", "transformer", None, None, 1.05),
+    "post_ln": Comparison("post_ln", "transformer", 0.98, 0.98, 1.05),
+    "pre_ln": Comparison("pre_ln", "transformer_prenorm", 0.98, 0.98, 1.05),
+    "xskip_ln (λ=2)": Comparison("xskip_ln2", "transformer", 0.97, 0.97, 1.05),
+    "rskip_ln (λ=2)": Comparison("rskip_ln2", "transformer", 0.93, 0.93, 1.05),
+    "sas (gate h)": Comparison("sas", "transformer", None, None, None),
+    "sas (gate 64)": Comparison("sas_gate64", "transformer", 0.90, 0.90, None),
+    "highway": Comparison("highway", "transformer", None, None, 1.05),
     # targets by analogy (set before measuring): deepnorm and admin cost what xskip_ln costs
     # (plus a per-dimension multiply for admin); rezero is post-LN's work without the LayerNorm
-    "deepnorm": ("deepnorm", "transformer", 0.97, 0.97, 1.05),
-    "admin": ("admin", "transformer", 0.97, 0.97, 1.05),
-    "rezero": ("rezero", "transformer", 0.98, 0.98, 1.05),
-    "nswish vs swish": ("nswish", "swish", 0.93, 0.93, 1.05),
-    "nrelu vs relu": ("nrelu", "post_ln", 0.93, 0.93, 1.05),
+    "deepnorm": Comparison("deepnorm", "transformer", 0.97, 0.97, 1.05),
+    "admin": Comparison("admin", "transformer", 0.97, 0.97, 1.05),
+    "rezero": Comparison("rezero", "transformer", 0.98, 0.98, 1.05),
+    "nswish vs swish": Comparison("nswish", "swish", 0.93, 0.93, 1.05),
+    "nrelu vs relu": Comparison("nrelu", "post_ln", 0.93, 0.93, 1.05),
     # issue #15's targets for --fused-connections (SAS with the paper's gate: >= 1.0 of
     # its MAC prediction, reported as sas_overhead.measured_over_predicted)
-    "sas (gate h) fused": ("sas_fused", "transformer", None, None, None),
-    "sas (gate 64) fused": ("sas_gate64_fused", "transformer", 0.86, None, None),
-    "nswish vs swish (fused)": ("nswish_fused", "swish", 0.97, 0.95, 1.05),
-    "nrelu vs relu (fused)": ("nrelu_fused", "post_ln", 0.97, 0.95, 1.05),
+    "sas (gate h) fused": Comparison("sas_fused", "transformer", None, None, None),
+    "sas (gate 64) fused": Comparison("sas_gate64_fused", "transformer", 0.86, None, None),
+    "nswish vs swish (fused)": Comparison("nswish_fused", "swish", 0.97, 0.95, 1.05),
+    "nrelu vs relu (fused)": Comparison("nrelu_fused", "post_ln", 0.97, 0.95, 1.05),
 }
-# SAS rows: measured training ratio over the one the gates' multiply-adds predict (the
-# SAS overhead table); 0.95 where no issue set another.
-PREDICTION_TARGETS = {"sas (gate h) fused": 1.0}
-PREDICTION_TARGET_DEFAULT = 0.95
-
-
 # --------------------------------------------------------------------------- worker
 
 
@@ -112,89 +89,7 @@ def read_status_kb(field):
     raise KeyError(field)
 
 
-def fairseq_argv(data, config, size, max_tokens):
-    arch, extra = CONFIGS[config]
-    extra = [e.replace("{L}", str(size[0])) for e in extra]
-    return [
-        str(data), "--arch", arch, "--user-dir", str(REPO_ROOT / "resnmt"), *ModelSize(*size).fairseq_flags(),
-        "--share-all-embeddings", "--dropout", "0.1", "--max-tokens", str(max_tokens),
-        "--seed", "1", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        *extra,
-    ]
-
-
-def training_batches(task, max_tokens, n):
-    """The first ``n`` training batches of epoch 1 (seed 1)."""
-    itr = task.get_batch_iterator(
-        dataset=task.dataset("train"), max_tokens=max_tokens, max_positions=(1024, 1024),
-        ignore_invalid_inputs=True, required_batch_size_multiple=8, seed=1,
-    ).next_epoch_itr(shuffle=True)
-    return [next(itr) for _ in range(n)]
-
-
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-# fp16's initial loss scale (fairseq's dynamic scaler starts at 128 too); halved at each
-# overflow, never raised (a measurement is a few dozen updates)
-FP16_LOSS_SCALE = 128.0
-
-
-class Optimizer:
-    """Adam (0.9/0.98) on the model's weights; for a half-precision model, fairseq's
-    ``--fp16``/``--bf16`` scheme: float32 master weights stepped by Adam, gradients copied
-    up (and unscaled for fp16), the half weights copied back after each step."""
-
-    def __init__(self, model, dtype):
-        import torch
-
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.half = dtype != torch.float32
-        self.loss_scale = FP16_LOSS_SCALE if dtype == torch.float16 else 1.0
-        self.overflows = 0
-        self.masters = [p.detach().float().clone().requires_grad_(True) for p in self.params] if self.half else self.params
-        self.adam = torch.optim.Adam(self.masters, lr=1e-4, betas=(0.9, 0.98), eps=1e-8)
-
-    def zero_grad(self):
-        for p in self.params:
-            p.grad = None
-
-    def backward(self, loss):
-        (loss * self.loss_scale).backward() if self.loss_scale != 1.0 else loss.backward()
-
-    def step(self):
-        """Adam's step; in fp16 an update whose gradients overflowed is skipped and the loss
-        scale halved, as fairseq's dynamic loss scaler does (so the weights stay finite)."""
-        import torch
-
-        if self.half:
-            with torch.no_grad():
-                for p, m in zip(self.params, self.masters):
-                    m.grad = None if p.grad is None else p.grad.float().div_(self.loss_scale)
-                grads = [m.grad for m in self.masters if m.grad is not None]
-                if self.loss_scale != 1.0 and not all(torch.isfinite(g).all() for g in grads):
-                    self.loss_scale /= 2
-                    self.overflows += 1
-                    return
-        self.adam.step()
-        if self.half:
-            with torch.no_grad():
-                for p, m in zip(self.params, self.masters):
-                    p.copy_(m)
-
-
-def train_step(model, optimizer, batch, pad):
-    """One update: label-smoothed (0.1) cross-entropy, backward, optimizer step."""
-    from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
-
-    model.train()
-    optimizer.zero_grad()
-    net_output = model(**batch["net_input"])
-    lprobs = model.get_normalized_probs(net_output, log_probs=True)
-    loss, _ = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), batch["target"].view(-1), 0.1,
-                                      ignore_index=pad, reduce=True)
-    optimizer.backward(loss)
-    optimizer.step()
-
-
 def measure(spec):
     """One config, in this (fresh) process: dict of throughput and memory numbers."""
     import torch
@@ -382,37 +277,6 @@ def run_worker(specs, timeout):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def fmt_ratio(x):
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-def verdict(value, target, higher_is_better=True):
-    if target is None or value is None:
-        return ""
-    ok = value >= target if higher_is_better else value <= target
-    return "pass" if ok else "MISS"
-
-
-def markdown_table(rows):
-    out = [
-        "| row | train tok/s ratio (target) | | decode sent/s ratio (target) | | peak memory ratio (target) | | params ratio | rounds |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        t, d, m = r["train_ratio"], r["decode_ratio"], r["memory_ratio"]
-        out.append(
-            f"| {r['row']} (vs {r['reference']}) "
-            f"| {fmt_ratio(t['median'])} [{fmt_ratio(t['min'])}–{fmt_ratio(t['max'])}] ({r['target_train'] or '—'}) "
-            f"| {verdict(t['median'], r['target_train'])} "
-            f"| {fmt_ratio(d['median'])} [{fmt_ratio(d['min'])}–{fmt_ratio(d['max'])}] ({r['target_decode'] or '—'}) "
-            f"| {verdict(d['median'], r['target_decode'])} "
-            f"| {fmt_ratio(m['median'])} ({('≤ %s' % r['target_memory']) if r['target_memory'] else '—'}) "
-            f"| {verdict(m['median'], r['target_memory'], higher_is_better=False)} "
-            f"| {r['params_ratio']:.3f} | {r['rounds']} |"
-        )
-    return "\n".join(out)
-
-
 def summarize(values):
     values = [v for v in values if v is not None and math.isfinite(v)]
     if not values:
@@ -502,14 +366,14 @@ def main(argv=None):
         started = time.time()
         raw_path.parent.mkdir(parents=True, exist_ok=True)
         for rnd in range(a.rounds):
-            orders = {row: (ROWS[row][1], ROWS[row][0]) if rnd % 2 == 0 else (ROWS[row][0], ROWS[row][1])
+            orders = {row: (ROWS[row].reference, ROWS[row].config) if rnd % 2 == 0 else (ROWS[row].config, ROWS[row].reference)
                       for row in rows}
             if a.device == "cuda":  # the whole round in one process
                 specs = [dict(base_spec, config=c) for row in rows for c in orders[row]]
                 measured = iter(run_worker(specs, a.timeout))
                 round_results = {row: {c: next(measured) for c in orders[row]} for row in rows}
             for row in rows:
-                config, ref = ROWS[row][0], ROWS[row][1]
+                config, ref = ROWS[row].config, ROWS[row].reference
                 order = orders[row]
                 if a.device == "cuda":
                     res = round_results[row]
@@ -532,7 +396,9 @@ def main(argv=None):
     unit = "cpu_s" if base_spec["device"] == "cpu" else "s"
     results = []
     for row in rows:
-        config, ref, t_train, t_dec, t_mem = ROWS[row]
+        row_spec = ROWS[row]
+        config, ref, t_train, t_dec, t_mem = (row_spec.config, row_spec.reference, row_spec.train, row_spec.decode,
+                                              row_spec.memory)
         runs = per_row[row]
         ratio = lambda key: summarize([r[config][key] / r[ref][key] if r[ref][key] > 0 else None for r in runs])
         rec = {
@@ -573,7 +439,7 @@ def main(argv=None):
     with open(out, "a", encoding="utf-8") as f:
         for rec in results:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    print(markdown_table(results))
+    print(speed_table(results))
     return 0
 
 

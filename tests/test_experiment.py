@@ -1,7 +1,7 @@
 """resnmt.experiment's pieces that the end-to-end runs rely on: the names of decoding
-settings (POSIX cksum, as the shell pipeline named them), the one reader of fairseq's
-log, the checkpoint selection, the presets' batch arithmetic in-process, and the
-subprocesses' environment."""
+settings, the one reader of fairseq's log, the checkpoint selection, the presets' batch
+arithmetic in-process, the options' checks, and the subprocesses' environment; and the
+benchmarks' shared helpers (benchmarks/common.py) for training to a budget."""
 import json
 import os
 import platform
@@ -10,7 +10,14 @@ import sys
 
 import pytest
 
-from resnmt import experiment as ex
+from conftest import REPO_ROOT
+from resnmt.experiment import presets, results, runtime
+from resnmt.experiment.errors import ExperimentError, UsageError
+from resnmt.experiment.pipeline import ExperimentRequest
+from resnmt.experiment.steps import FairseqLog
+
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import common  # noqa: E402  (benchmarks/common.py)
 
 # what fairseq-train --log-format simple printed over two runs of one save dir
 LOG = """\
@@ -26,15 +33,20 @@ LOG = """\
 """
 
 
-@pytest.mark.parametrize("text", ["", "--max-len-b 20", "--max-len-a 1.2 --max-len-b 10", "é" * 300])
-def test_posix_cksum_is_what_cksum_prints(text):
-    data = text.encode()
-    expected = subprocess.run(["cksum"], input=data, capture_output=True, check=True).stdout.split()[0]
-    assert ex.posix_cksum(data) == int(expected)
+def test_decoding_settings_read_in_file_names():
+    assert results.decoding_key("avg10", 4, 0.6) == "avg10.beam4.lenpen0.6"
+    assert results.decoding_key("avg3", 4, 1.0, "--max-len-b 20") == "avg3.beam4.lenpen1.gen-max-len-b20"
+    assert results.decoding_key("last", 2, 0.6, " --max-len-a 1.2 --max-len-b 10 ") == \
+        "last.beam2.lenpen0.6.gen-max-len-a1.2_max-len-b10"
+    assert results.flags_name("--unkpen -0.5 --prefix-size 1") == "unkpen-0.5_prefix-size1"
+    long_a, long_b = "--constraints " + "a" * 80, "--constraints " + "a" * 79 + "b"
+    name_a, name_b = results.flags_name(long_a), results.flags_name(long_b)
+    assert len(name_a) == results.MAX_NAME_PART and name_a.startswith("constraints" + "a" * 10) and name_a != name_b
+    assert results.flags_name("--path /tmp/x y") == "path-tmp-xy"  # only file-name-safe characters
 
 
 def test_fairseq_log_over_a_restart():
-    log = ex.FairseqLog.parse(LOG)
+    log = FairseqLog.parse(LOG)
     assert log.params == 1_949_696
     assert log.epochs == [(1, 136, 9.25), (2, 272, 7.5)]
     assert log.valid == [(136, 8.5, 8.1), (272, 7.25, 6.75)]
@@ -46,12 +58,12 @@ def test_checkpoints_until_an_update(tmp_path):
     for name in ("checkpoint1.pt", "checkpoint_1_40.pt", "checkpoint_1_80.pt", "checkpoint_2_120.pt",
                  "checkpoint_last.pt", "checkpoint.avg5.pt"):
         (tmp_path / name).write_bytes(b"")
-    assert [p.name for p in ex.checkpoints_until(tmp_path, 2, 80)] == ["checkpoint_1_40.pt", "checkpoint_1_80.pt"]
+    assert [p.name for p in common.checkpoints_until(tmp_path, 2, 80)] == ["checkpoint_1_40.pt", "checkpoint_1_80.pt"]
     # training stopped at 136 (an epoch end: no checkpoint_E_136.pt) -> checkpoint_last.pt is that model
-    ex.atomic_write_text(tmp_path / ex.TRAINED_STAMP, '{"updates": 136}\n')
-    assert [p.name for p in ex.checkpoints_until(tmp_path, 2, 136)] == ["checkpoint_2_120.pt", "checkpoint_last.pt"]
-    with pytest.raises(ex.ExperimentError, match="1 checkpoints up to update 40, 2 wanted"):
-        ex.checkpoints_until(tmp_path, 2, 40)
+    common.atomic_write_text(tmp_path / common.TRAINED_STAMP, '{"updates": 136}\n')
+    assert [p.name for p in common.checkpoints_until(tmp_path, 2, 136)] == ["checkpoint_2_120.pt", "checkpoint_last.pt"]
+    with pytest.raises(ExperimentError, match="1 checkpoints up to update 40, 2 wanted"):
+        common.checkpoints_until(tmp_path, 2, 40)
 
 
 def test_train_to_counts_every_call_and_a_stopped_one_up_to_the_checkpoint_it_resumes_from(tmp_path, monkeypatch):
@@ -59,7 +71,7 @@ def test_train_to_counts_every_call_and_a_stopped_one_up_to_the_checkpoint_it_re
     in full, and a call stopped mid-way (a session's end) up to checkpoint_last.pt, where the
     next call resumes; the updates after that checkpoint are counted when trained again."""
     now = [1000.0]
-    monkeypatch.setattr(ex, "time", type("FakeTime", (), {"time": staticmethod(lambda: now[0])}))
+    monkeypatch.setattr(common, "time", type("FakeTime", (), {"time": staticmethod(lambda: now[0])}))
     save_dir = tmp_path / "checkpoints"
     calls = []
 
@@ -74,17 +86,17 @@ def test_train_to_counts_every_call_and_a_stopped_one_up_to_the_checkpoint_it_re
             raise KeyboardInterrupt
         now[0] += {1: 50.0, 3: 40.0}[len(calls)]
 
-    monkeypatch.setattr(ex, "run_logged", fake_fairseq_train)
-    assert ex.trained_seconds(save_dir) == 0.0 and ex.trained_updates(save_dir) == 0
-    assert ex.train_to(200, ["fairseq-train"], save_dir, None, {}) == pytest.approx(50.0)
+    monkeypatch.setattr(common, "run_logged", fake_fairseq_train)
+    assert common.trained_seconds(save_dir) == 0.0 and common.trained_updates(save_dir) == 0
+    assert common.train_to(200, ["fairseq-train"], save_dir, None, {}) == pytest.approx(50.0)
     with pytest.raises(KeyboardInterrupt):
-        ex.train_to(400, ["fairseq-train"], save_dir, None, {})
-    assert ex.trained_updates(save_dir) == 200 and ex.trained_seconds(save_dir) == pytest.approx(120.0)
-    assert ex.train_to(400, ["fairseq-train"], save_dir, None, {}) == pytest.approx(160.0)
+        common.train_to(400, ["fairseq-train"], save_dir, None, {})
+    assert common.trained_updates(save_dir) == 200 and common.trained_seconds(save_dir) == pytest.approx(120.0)
+    assert common.train_to(400, ["fairseq-train"], save_dir, None, {}) == pytest.approx(160.0)
     assert [c[c.index("--max-update") + 1] for c in calls] == [200, 400, 400]
-    assert ex.train_to(400, ["fairseq-train"], save_dir, None, {}) == pytest.approx(160.0)  # done: not run again
+    assert common.train_to(400, ["fairseq-train"], save_dir, None, {}) == pytest.approx(160.0)  # done: not run again
     assert len(calls) == 3
-    assert json.loads((save_dir / ex.TRAINED_STAMP).read_text()) == {"updates": 400, "seconds": pytest.approx(160.0)}
+    assert json.loads((save_dir / common.TRAINED_STAMP).read_text()) == {"updates": 400, "seconds": pytest.approx(160.0)}
 
 
 @pytest.mark.parametrize("gpus, nodes, tokens, expected", [
@@ -94,37 +106,37 @@ def test_train_to_counts_every_call_and_a_stopped_one_up_to_the_checkpoint_it_re
     ("1", "1", "8000", ("4096", "2")),   # round(8000 / 4096) = 2
 ])
 def test_update_freq_from_the_gpu_count(gpus, nodes, tokens, expected):
-    req = ex.TrainRequest("wmt14-en-de", "transformer_sas_base", gpus=gpus, nodes=nodes, tokens_per_update=tokens,
+    req = presets.TrainRequest("wmt14-en-de", "transformer_sas_base", gpus=gpus, nodes=nodes, tokens_per_update=tokens,
                           launcher="torchrun" if nodes != "1" else "none")
-    cmd = ex.plan_training(req, dry_run=True).cmd
+    cmd = presets.plan_training(req, dry_run=True).cmd
     assert (cmd[cmd.index("--max-tokens") + 1], cmd[cmd.index("--update-freq") + 1]) == expected
 
 
 def test_requests_convert_command_line_text_once_on_construction(tmp_path):
-    req = ex.TrainRequest("multi30k", "transformer", seed="2", gpus="0", max_update="300", save_dir=str(tmp_path))
+    req = presets.TrainRequest("multi30k", "transformer", seed="2", gpus="0", max_update="300", save_dir=str(tmp_path))
     assert (req.seed, req.gpus, req.max_update, req.nodes, req.save_dir) == (2, 0, 300, 1, tmp_path)
-    exp = ex.ExperimentRequest(train=req, average="5", beam=2, lenpen="1.0", results=str(tmp_path / "r.jsonl"))
+    exp = ExperimentRequest(train=req, average="5", beam=2, lenpen="1.0", results=str(tmp_path / "r.jsonl"))
     assert (exp.average, exp.beam, exp.lenpen, exp.results) == (5, 2, 1.0, tmp_path / "r.jsonl")
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: ex.TrainRequest("multi30k", "transformer", tokens_per_update="0"),
+    (lambda: presets.TrainRequest("multi30k", "transformer", tokens_per_update="0"),
      r"^--tokens-per-update '0': must be an integer >= 1$"),
-    (lambda: ex.TrainRequest("multi30k", "transformer", seed=-1), r"^--seed '-1': must be an integer >= 0$"),
-    (lambda: ex.TrainRequest("multi30k", "transformer", max_epoch=2.5), r"^--max-epoch '2.5': must be an integer >= 1$"),
-    (lambda: ex.TrainRequest("multi30k", "transformer", gpus=True), r"^--gpus 'True': must be an integer >= 0$"),
-    (lambda: ex.TrainRequest("multi30k", "transformer", nodes=2, node_rank=2, launcher="torchrun"),
+    (lambda: presets.TrainRequest("multi30k", "transformer", seed=-1), r"^--seed '-1': must be an integer >= 0$"),
+    (lambda: presets.TrainRequest("multi30k", "transformer", max_epoch=2.5), r"^--max-epoch '2.5': must be an integer >= 1$"),
+    (lambda: presets.TrainRequest("multi30k", "transformer", gpus=True), r"^--gpus 'True': must be an integer >= 0$"),
+    (lambda: presets.TrainRequest("multi30k", "transformer", nodes=2, node_rank=2, launcher="torchrun"),
      r"^--node-rank 2 must be < --nodes 2$"),
-    (lambda: ex.TrainRequest("multi30k", "transformer", preset="cpu", gpus=1),
+    (lambda: presets.TrainRequest("multi30k", "transformer", preset="cpu", gpus=1),
      r"^--preset cpu runs on the CPU; it cannot take --gpus 1$"),
-    (lambda: ex.TrainRequest("multi30k", "transformer", launcher="mpi"),
+    (lambda: presets.TrainRequest("multi30k", "transformer", launcher="mpi"),
      r"^--launcher 'mpi' is not one of: none torchrun slurm$"),
-    (lambda: ex.ExperimentRequest(train=None, lenpen="-0.1"), r"^--lenpen '-0.1': must be a number >= 0$"),
-    (lambda: ex.ExperimentRequest(train=None, lenpen="nan"), r"^--lenpen 'nan': must be a number >= 0$"),
-    (lambda: ex.ExperimentRequest(train=None, batch_size="0"), r"^--batch-size '0': must be an integer >= 1$"),
+    (lambda: ExperimentRequest(train=None, lenpen="-0.1"), r"^--lenpen '-0.1': must be a number >= 0$"),
+    (lambda: ExperimentRequest(train=None, lenpen="nan"), r"^--lenpen 'nan': must be a number >= 0$"),
+    (lambda: ExperimentRequest(train=None, batch_size="0"), r"^--batch-size '0': must be an integer >= 1$"),
 ])
 def test_bad_values_name_the_flag(make, message):
-    with pytest.raises(ex.UsageError, match=message):
+    with pytest.raises(UsageError, match=message):
         make()
 
 
@@ -134,35 +146,39 @@ def test_bf16_is_refused_on_construction_without_torch_xla(flag, monkeypatch):
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch_xla" else real_find_spec(name, *a))
-    with pytest.raises(ex.UsageError, match=rf"^{flag}: fairseq 0.12 trains in bf16 on TPUs only \({flag} implies --tpu"):
-        ex.TrainRequest("multi30k", "transformer", extra=["--max-update", "10", flag])
+    with pytest.raises(UsageError, match=rf"^{flag}: fairseq 0.12 trains in bf16 on TPUs only \({flag} implies --tpu"):
+        presets.TrainRequest("multi30k", "transformer", extra=["--max-update", "10", flag])
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "torch_xla" else real_find_spec(name, *a))
-    assert ex.TrainRequest("multi30k", "transformer", extra=[flag]).extra == [flag]
-    assert ex.TrainRequest("multi30k", "transformer", extra=["--fp16"]).extra == ["--fp16"]
+    assert presets.TrainRequest("multi30k", "transformer", extra=[flag]).extra == [flag]
+    assert presets.TrainRequest("multi30k", "transformer", extra=["--fp16"]).extra == ["--fp16"]
 
 
-def test_unknown_dataset_names_the_allowed_ones():
-    with pytest.raises(ex.UsageError, match=r"^DATASET 'wmt16' is not one of: iwslt15-en-vi wmt14-en-de"):
-        ex.dataset_of("wmt16")
+def test_unknown_dataset_names_the_allowed_ones(tmp_path):
+    with pytest.raises(UsageError, match=r"^DATASET 'wmt16' is not one of: multi30k iwslt15-en-vi wmt14-en-de "
+                                         r"wmt14-en-fr, nor a directory prepared by resnmt-prepare$"):
+        presets.dataset_of("wmt16")
+    with pytest.raises(UsageError, match=rf"^DATASET '{tmp_path}': {tmp_path}: not a directory prepared by "
+                                         "resnmt-prepare"):
+        presets.dataset_of(str(tmp_path))
 
 
 def test_a_benchmark_rows_flags_override_the_shared_settings(tmp_path):
     """benchmarks/curves.py's control rows change one shared setting through their flags."""
     from fairseq import options
 
-    argv = ex.benchmark_train_argv(tmp_path, "transformer_postln_base", ["--warmup-updates", "1000", "--dropout", "0.1"],
-                                   ex.SIZES["small"], seed=1, max_tokens=4096, lr=1e-3, warmup=300, dropout=0.3,
-                                   save_every=40, keep=5, validate=True)
+    argv = common.benchmark_train_argv(tmp_path, "transformer_postln_base", ["--warmup-updates", "1000", "--dropout", "0.1"],
+                                       presets.SIZES["small"], seed=1, max_tokens=4096, lr=1e-3, warmup=300,
+                                       dropout=0.3, save_every=40, keep=5, validate=True)
     args = options.parse_args_and_arch(options.get_training_parser(), argv[1:])
     assert (args.warmup_updates, args.dropout, args.encoder_layers, args.lr) == (1000, 0.1, 2, [1e-3])
 
 
 def test_subprocesses_keep_freed_memory_unless_the_user_says_otherwise(monkeypatch):
-    for name in ex.KEEP_FREED_MEMORY_ENV:
+    for name in runtime.KEEP_FREED_MEMORY_ENV:
         monkeypatch.delenv(name, raising=False)
-    assert {k: ex.tool_env()[k] for k in ex.KEEP_FREED_MEMORY_ENV} == ex.KEEP_FREED_MEMORY_ENV
+    assert {k: runtime.tool_env()[k] for k in runtime.KEEP_FREED_MEMORY_ENV} == runtime.KEEP_FREED_MEMORY_ENV
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
-    assert ex.tool_env(threads=1)["MALLOC_TRIM_THRESHOLD_"] == "131072"
+    assert runtime.tool_env(threads=1)["MALLOC_TRIM_THRESHOLD_"] == "131072"
 
 
 # A child that fills 64 MiB, frees it, and prints how much of it is still resident.
@@ -184,10 +200,10 @@ def test_with_the_pipelines_environment_freed_memory_stays_in_the_process(monkey
     """What KEEP_FREED_MEMORY_ENV does, observed: glibc's default gives a freed 64 MiB
     buffer back to the kernel (to be faulted in again at the next training step); with
     the pipeline's environment it stays resident for reuse."""
-    for name in ex.KEEP_FREED_MEMORY_ENV:
+    for name in runtime.KEEP_FREED_MEMORY_ENV:
         monkeypatch.delenv(name, raising=False)
-    keep = ex.tool_env()
-    default = {k: v for k, v in keep.items() if k not in ex.KEEP_FREED_MEMORY_ENV}
+    keep = runtime.tool_env()
+    default = {k: v for k, v in keep.items() if k not in runtime.KEEP_FREED_MEMORY_ENV}
 
     def resident_after_free(env):
         out = subprocess.run([sys.executable, "-c", _RESIDENT_AFTER_FREE], env=env, capture_output=True,

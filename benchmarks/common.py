@@ -1,0 +1,405 @@
+"""What the benchmark scripts share: the rows they train (named records), the study's
+milestones, and the helpers only benchmarks use: settings keys, the machine a number
+was measured on, training to a budget and resuming, fairseq-train's command for a
+benchmark run, the checkpoints at a budget, speed.py's model configs and training step
+(profile_ops.py profiles them), and the tables of the results (make_tables.py writes
+them into the documents). The experiment's steps themselves are resnmt's
+(``resnmt.experiment``); the scripts import this module, never each other.
+"""
+import hashlib
+import json
+import os
+import platform
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+from resnmt.atomic import atomic_write_text
+from resnmt.averaging import numbered_checkpoints
+from resnmt.experiment.errors import ExperimentError
+from resnmt.experiment.presets import ModelSize
+from resnmt.experiment.runtime import USER_DIR, run_logged
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# --------------------------------------------------------------------------------- rows
+
+
+@dataclass(frozen=True)
+class Row:
+    """A connection kind as the quality and curves benchmarks train it."""
+
+    arch: str
+    flags: Tuple[str, ...] = ()
+    seeds: int = 2  # seeds the quality table wants
+
+
+ROWS: Dict[str, Row] = {
+    "transformer": Row("transformer"),
+    "post_ln": Row("transformer_postln_base", seeds=3),
+    "pre_ln": Row("transformer_preln_base"),
+    "xskip (λ=1)": Row("transformer_postln_base", ("--residual", "xskip", "--skip-lambda", "1")),
+    "xskip_ln (λ=2)": Row("transformer_xskip_base", ("--skip-lambda", "2")),
+    "rskip_ln (λ=2)": Row("transformer_rskip_base", ("--skip-lambda", "2"), seeds=3),
+    "rskip_ln (λ=3)": Row("transformer_rskip_base", ("--skip-lambda", "3")),
+    "sas": Row("transformer_sas_base", seeds=3),
+    "highway": Row("transformer_highway_base"),
+    "rskip_ln (λ=2) + nswish": Row("transformer_rskip_base",
+                                   ("--skip-lambda", "2", "--normalized-activation", "nswish")),
+    "xskip_ln (learned λ from 2)": Row("transformer_xskip_base", ("--skip-lambda", "2", "--skip-lambda-learned")),
+    "deepnorm": Row("transformer_deepnorm_base"),
+    "rezero": Row("transformer_rezero_base"),
+    "admin": Row("transformer_admin_base"),
+}
+
+
+@dataclass(frozen=True)
+class Control:
+    """A control of the curves study: one shared setting changed for one row (its flags
+    come last on fairseq-train's command line, so they win)."""
+
+    row: str
+    flags: Tuple[str, ...]
+
+
+# The shared 300 warm-up updates at lr 1e-3 are harsh for a 6+6 post-LN model; these runs
+# say whether post-LN's slow start at 6+6 is that setting, and whether rSkip's lead
+# survives a gentler one.
+CONTROLS: Dict[str, Control] = {
+    "post_ln (warm-up 1000)": Control("post_ln", ("--warmup-updates", "1000")),
+    "rskip_ln (λ=2, warm-up 1000)": Control("rskip_ln (λ=2)", ("--warmup-updates", "1000")),
+}
+CONTROL_ROWS: Dict[str, Row] = {name: Row(ROWS[c.row].arch, (*ROWS[c.row].flags, *c.flags), seeds=1)
+                                for name, c in CONTROLS.items()}
+CURVES_ROWS: Dict[str, Row] = {**ROWS, **CONTROL_ROWS}
+
+# Each size's milestones in the curves study (updates): the last is the run's length. The
+# 2+2 final budget is where post-LN's curve flattens: seed 2 gained 1.00 BLEU from 9600 to
+# 12000 updates, 0.19 to 14400, then 0.01 and 0.15 over the next two 2400-update steps
+# (36.79, 36.80, 36.95), its validation loss 0.035, then 0.015 and 0.012 (4.118 at 14400).
+# A 6+6 run costs about 3 times as much per update: 2400 updates is what two of them side
+# by side (1 thread each) reach within one 3-hour session on this CPU.
+DEFAULT_MILESTONES = {
+    "small": (200, 600, 1200, 1800, 2400, 3600, 4800, 7200, 9600, 12000, 14400),
+    "deep": (200, 600, 1200, 1800, 2400),
+    "base": (200, 600, 1200, 1800, 2400, 3600, 4800),
+}
+
+
+def slug(row: str) -> str:
+    """A row's name as a file name and a command-line word: "rskip_ln (λ=2)" -> "rskip_ln_2"."""
+    return re.sub(r"[^a-z0-9]+", "_", row.lower()).strip("_")
+
+# ------------------------------------------------------------------------------ records
+
+
+def settings_key(settings: dict) -> str:
+    """The 10-hex-digit name of a benchmark's settings (its run directories and JSON lines)."""
+    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def repo_relative(path: Path, root: Path = REPO_ROOT) -> str:
+    """``path`` relative to ``root`` when inside it (committed results hold no machine paths)."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path(root).resolve()))
+    except ValueError:
+        return str(path)
+
+
+def cpu_description() -> Dict[str, str]:
+    """The CPU the numbers were measured on, for the JSON records."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"device": "cpu", "device_name": f"{name} ({os.cpu_count()} CPUs)"}
+
+
+def cuda_description() -> Dict[str, str]:
+    """The GPU the numbers were measured on (the first visible one), for the JSON records."""
+    import torch
+
+    return {"device": "cuda", "device_name": f"{torch.cuda.get_device_name(0)} "
+                                              f"({torch.cuda.device_count()} visible, torch {torch.__version__})"}
+
+# ------------------------------------------------------------------- training to a budget
+
+
+def benchmark_train_argv(bin_dir: Path, arch: str, flags: Sequence[str], size: ModelSize, *, seed: int,
+                         max_tokens: int, lr: float, warmup: int, dropout: float, save_every: int,
+                         keep: int, validate: bool) -> List[str]:
+    """``fairseq-train`` for the CPU benchmarks: ``size``, the papers' optimizer (Adam
+    0.9/0.98, inverse-sqrt warm-up, label smoothing 0.1, shared embeddings), a checkpoint
+    every ``save_every`` updates of which the newest ``keep`` are kept, and validation at
+    each epoch end when ``validate``. A row's ``flags`` come last, so a row may also
+    override a shared setting (argparse keeps the last value)."""
+    argv = [
+        "fairseq-train", bin_dir, "--user-dir", USER_DIR, "--arch", arch, *size.fairseq_flags(),
+        "--share-all-embeddings", "--dropout", dropout,
+        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
+        "--lr", lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", warmup,
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--max-tokens", max_tokens, "--seed", seed,
+        "--save-interval-updates", save_every, "--keep-interval-updates", keep, "--no-epoch-checkpoints",
+        "--num-workers", "0", "--log-format", "simple", "--log-interval", "50", "--no-progress-bar",
+    ]
+    argv += [] if validate else ["--disable-validation"]
+    return [str(a) for a in [*argv, *flags]]
+
+
+# What ``train_to`` has done in a save_dir: {"updates": U, "seconds": S}, plus "started"
+# (a time stamp) while a call is training.
+TRAINED_STAMP = "trained_updates.json"
+
+
+def _trained_stamp(save_dir: Path) -> dict:
+    stamp = Path(save_dir) / TRAINED_STAMP
+    return json.loads(stamp.read_text()) if stamp.exists() else {}
+
+
+def trained_updates(save_dir: Path) -> int:
+    """Updates reached by the last finished ``train_to`` call in ``save_dir`` (0 if none)."""
+    return _trained_stamp(save_dir).get("updates", 0)
+
+
+def trained_seconds(save_dir: Path) -> float:
+    """Seconds ``train_to`` has trained the model in ``save_dir``, over all its calls.
+
+    A call stopped mid-way (a session's end, a killed job) counts up to the newest
+    ``checkpoint_last.pt``, the one the next call resumes from: the updates after it are
+    trained again and counted then."""
+    stamp = _trained_stamp(save_dir)
+    seconds = stamp.get("seconds", 0.0)
+    last = Path(save_dir) / "checkpoint_last.pt"
+    if "started" in stamp and last.exists():
+        seconds += max(0.0, last.stat().st_mtime - stamp["started"])
+    return seconds
+
+
+def train_to(updates: int, train_argv: Sequence, save_dir: Path, log_path: Path, env: Dict[str, str]) -> float:
+    """Train until ``updates`` updates with ``fairseq-train`` (``train_argv`` without
+    ``--max-update`` and ``--save-dir``), resuming from ``save_dir/checkpoint_last.pt``.
+
+    fairseq resumed at its ``--max-update`` would still take one more step, so a run that
+    already reached ``updates`` is not started again. Returns ``trained_seconds``: the
+    seconds the model has trained in all, this call and every earlier one included."""
+    save_dir = Path(save_dir)
+    if trained_updates(save_dir) >= updates:
+        return trained_seconds(save_dir)
+    before = {"updates": trained_updates(save_dir), "seconds": trained_seconds(save_dir)}
+    save_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    atomic_write_text(save_dir / TRAINED_STAMP, json.dumps({**before, "started": started}) + "\n")
+    run_logged([*train_argv, "--save-dir", save_dir, "--max-update", updates], log_path, env)
+    seconds = before["seconds"] + time.time() - started
+    atomic_write_text(save_dir / TRAINED_STAMP, json.dumps({"updates": updates, "seconds": seconds}) + "\n")
+    return seconds
+
+
+def checkpoints_until(save_dir: Path, n: int, updates: int) -> List[Path]:
+    """The newest ``n`` update checkpoints (``checkpoint_E_U.pt``) with U <= ``updates``,
+    oldest first (``resnmt-average --num-update-checkpoints``'s selection). fairseq writes
+    no ``checkpoint_E_U.pt`` when U ends an epoch; the model after ``updates`` is then
+    ``checkpoint_last.pt`` (if training stopped there)."""
+    save_dir = Path(save_dir)
+    found = numbered_checkpoints(save_dir, "update", updates)
+    paths = [p for _, p in found]
+    if (not found or found[-1][0] < updates) and trained_updates(save_dir) == updates:
+        paths.append(save_dir / "checkpoint_last.pt")
+    if len(paths) < n:
+        raise ExperimentError(f"{save_dir}: {len(paths)} checkpoints up to update {updates}, {n} wanted for averaging")
+    return paths[-n:]
+
+# ------------------------------------------------- speed measurements (speed.py, profile_ops.py)
+
+# measurement name -> (arch, extra flags); {L} is replaced by the number of layers
+CONFIGS = {
+    "transformer": ("transformer", []),
+    "transformer_prenorm": ("transformer", ["--encoder-normalize-before", "--decoder-normalize-before"]),
+    "post_ln": ("transformer_postln_base", []),
+    "pre_ln": ("transformer_preln_base", []),
+    "xskip_ln2": ("transformer_xskip_base", ["--skip-lambda", "2"]),
+    "rskip_ln2": ("transformer_rskip_base", ["--skip-lambda", "2"]),
+    "sas": ("transformer_sas_base", []),
+    "sas_gate64": ("transformer_sas_base", ["--sas-gate-dim", "64"]),
+    "highway": ("transformer_highway_base", []),
+    "deepnorm": ("transformer_deepnorm_base", []),
+    "rezero": ("transformer_rezero_base", []),
+    "admin": ("transformer_admin_base", []),
+    # plain Swish: nswish with every FFN kept unnormalized (fairseq has no swish --activation-fn)
+    "swish": ("transformer_postln_base", ["--normalized-activation", "nswish",
+                                          "--encoder-unnormalized-top-layers", "{L}",
+                                          "--decoder-unnormalized-top-layers", "{L}"]),
+    "nswish": ("transformer_postln_base", ["--normalized-activation", "nswish"]),
+    "nrelu": ("transformer_postln_base", ["--normalized-activation", "nrelu"]),
+    # --fused-connections: SAS's combination and NReLU/NSwish compiled (resnmt/modules/fused.py)
+    "sas_fused": ("transformer_sas_base", ["--fused-connections"]),
+    "sas_gate64_fused": ("transformer_sas_base", ["--sas-gate-dim", "64", "--fused-connections"]),
+    "nswish_fused": ("transformer_postln_base", ["--normalized-activation", "nswish", "--fused-connections"]),
+    "nrelu_fused": ("transformer_postln_base", ["--normalized-activation", "nrelu", "--fused-connections"]),
+}
+
+def fairseq_argv(data, config, size, max_tokens):
+    arch, extra = CONFIGS[config]
+    extra = [e.replace("{L}", str(size[0])) for e in extra]
+    return [
+        str(data), "--arch", arch, "--user-dir", str(USER_DIR), *ModelSize(*size).fairseq_flags(),
+        "--share-all-embeddings", "--dropout", "0.1", "--max-tokens", str(max_tokens),
+        "--seed", "1", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        *extra,
+    ]
+
+
+def training_batches(task, max_tokens, n):
+    """The first ``n`` training batches of epoch 1 (seed 1)."""
+    itr = task.get_batch_iterator(
+        dataset=task.dataset("train"), max_tokens=max_tokens, max_positions=(1024, 1024),
+        ignore_invalid_inputs=True, required_batch_size_multiple=8, seed=1,
+    ).next_epoch_itr(shuffle=True)
+    return [next(itr) for _ in range(n)]
+
+
+# fp16's initial loss scale (fairseq's dynamic scaler starts at 128 too); halved at each
+# overflow, never raised (a measurement is a few dozen updates)
+FP16_LOSS_SCALE = 128.0
+
+
+class Optimizer:
+    """Adam (0.9/0.98) on the model's weights; for a half-precision model, fairseq's
+    ``--fp16``/``--bf16`` scheme: float32 master weights stepped by Adam, gradients copied
+    up (and unscaled for fp16), the half weights copied back after each step."""
+
+    def __init__(self, model, dtype):
+        import torch
+
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.half = dtype != torch.float32
+        self.loss_scale = FP16_LOSS_SCALE if dtype == torch.float16 else 1.0
+        self.overflows = 0
+        self.masters = [p.detach().float().clone().requires_grad_(True) for p in self.params] if self.half else self.params
+        self.adam = torch.optim.Adam(self.masters, lr=1e-4, betas=(0.9, 0.98), eps=1e-8)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def backward(self, loss):
+        (loss * self.loss_scale).backward() if self.loss_scale != 1.0 else loss.backward()
+
+    def step(self):
+        """Adam's step; in fp16 an update whose gradients overflowed is skipped and the loss
+        scale halved, as fairseq's dynamic loss scaler does (so the weights stay finite)."""
+        import torch
+
+        if self.half:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.masters):
+                    m.grad = None if p.grad is None else p.grad.float().div_(self.loss_scale)
+                grads = [m.grad for m in self.masters if m.grad is not None]
+                if self.loss_scale != 1.0 and not all(torch.isfinite(g).all() for g in grads):
+                    self.loss_scale /= 2
+                    self.overflows += 1
+                    return
+        self.adam.step()
+        if self.half:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.masters):
+                    p.copy_(m)
+
+
+def train_step(model, optimizer, batch, pad):
+    """One update: label-smoothed (0.1) cross-entropy, backward, optimizer step."""
+    from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+
+    model.train()
+    optimizer.zero_grad()
+    net_output = model(**batch["net_input"])
+    lprobs = model.get_normalized_probs(net_output, log_probs=True)
+    loss, _ = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), batch["target"].view(-1), 0.1,
+                                      ignore_index=pad, reduce=True)
+    optimizer.backward(loss)
+    optimizer.step()
+
+
+
+# ---------------------------------------------------------------------------------- tables
+
+# SAS rows: measured training ratio over the one the gates' multiply-adds predict (the
+# SAS overhead table); 0.95 where no issue set another.
+PREDICTION_TARGETS = {"sas (gate h) fused": 1.0}
+PREDICTION_TARGET_DEFAULT = 0.95
+
+
+def fmt_ratio(x):
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def verdict(value, target, higher_is_better=True):
+    if target is None or value is None:
+        return ""
+    ok = value >= target if higher_is_better else value <= target
+    return "pass" if ok else "MISS"
+
+
+def speed_table(rows):
+    """The table of speed.py's rows (its stdout, and make_tables.py's speed tables)."""
+    out = [
+        "| row | train tok/s ratio (target) | | decode sent/s ratio (target) | | peak memory ratio (target) | | params ratio | rounds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        t, d, m = r["train_ratio"], r["decode_ratio"], r["memory_ratio"]
+        out.append(
+            f"| {r['row']} (vs {r['reference']}) "
+            f"| {fmt_ratio(t['median'])} [{fmt_ratio(t['min'])}–{fmt_ratio(t['max'])}] ({r['target_train'] or '—'}) "
+            f"| {verdict(t['median'], r['target_train'])} "
+            f"| {fmt_ratio(d['median'])} [{fmt_ratio(d['min'])}–{fmt_ratio(d['max'])}] ({r['target_decode'] or '—'}) "
+            f"| {verdict(d['median'], r['target_decode'])} "
+            f"| {fmt_ratio(m['median'])} ({('≤ %s' % r['target_memory']) if r['target_memory'] else '—'}) "
+            f"| {verdict(m['median'], r['target_memory'], higher_is_better=False)} "
+            f"| {r['params_ratio']:.3f} | {r['rounds']} |"
+        )
+    return "\n".join(out)
+
+
+def fp16_table(records):
+    """fp16.py's table: does each kind train in half precision?"""
+    lines = ["| kind | overflowed updates (post-LN's) | final loss scale | train loss at the end | exit | verdict |",
+             "|---|---|---|---|---|---|"]
+    for r in records:
+        lines.append(f"| {r['row']} | {r['overflows']} ({r['baseline_overflows']}) | {r['loss_scale']} "
+                     f"| {r['train_loss']} @ {r['updates_logged']} | {r['exit_code']} "
+                     f"| {'pass' if r['passed'] else 'FAIL'} |")
+    return "\n".join(lines)
+
+
+def headroom_table(records):
+    """fp16.py --headroom's table: the largest values fp16 would have to hold."""
+    lines = ["| kind | loss | gradient norm | largest gradient (parameter) | largest loss scale fp16 holds "
+             "| largest block output (block) | largest logit |",
+             "|---|---:|---:|---|---:|---|---:|"]
+    for r in records:
+        name = f"{r['row']} @ {r['updates']} updates" if r.get("updates") else r["row"]
+        scale = r["max_fp16_loss_scale"]
+        lines.append(f"| {name} | {r['loss']:.3f} | {r['grad_norm']:.2f} | {r['largest_grad']:,.0f} "
+                     f"(`{r['largest_grad_param']}`) | {f'{scale:,.0f}' if scale >= 100 else f'{scale:.3g}'} "
+                     f"| {r['largest_block_output']:.1f} ({r['largest_block_output_at']}) | {r['largest_logit']:.1f} |")
+    return "\n".join(lines)
+
+
+def replace_between(text, begin, end, body, required=True):
+    """``text`` with ``body`` between the marker lines ``begin`` and ``end`` (a generated table)."""
+    if begin not in text or end not in text:
+        if not required:
+            return text
+        raise SystemExit(f"markers {begin} / {end} not found")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}\n{end}{tail}"
