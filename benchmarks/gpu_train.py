@@ -23,7 +23,7 @@ Method (docs/benchmarks.md, "GPU training through fairseq's trainer"):
   do) and reported as a fraction of the card's bf16 matrix rate measured by this script
   (``--matmul-size`` cubed products), and as the ratio each row's FLOPs predict;
 * ``--profile FILE``: a torch.profiler trace summary of one update (top kernels, kernel
-  launches, host-device synchronisations) of the stock fp16 row and of the recipe;
+  launches, host-device synchronisations) of the stock fp16 row and of the recipes;
 * ``--whole-process``: complete ``fairseq-train`` runs, stock (``--arch transformer
   --fp16``) against ``--user-dir resnmt --arch transformer_postln_base --fp16`` and the
   recipe through resnmt-train, fairseq's own ``wps`` parsed from its json log and the
@@ -88,10 +88,13 @@ ROWS: Dict[str, Row] = {
     "nswish": Row("transformer_postln_base", ("--normalized-activation", "nswish"), "swish", 0.95),
     "nrelu": Row("transformer_postln_base", ("--normalized-activation", "nrelu"), "transformer", 0.95),
 }
-# the recipe: resnmt-train --bf16 --optimizer adam_fused, against stock fairseq-train --fp16
+# the recipe: resnmt-train --bf16 --optimizer adam_fused (and --compile-layers), against
+# stock fairseq-train --fp16 with fairseq's adam
 RECIPE_FLAGS = ("--optimizer", "adam_fused")
-STOCK, RECIPE = "stock_fp16", "recipe"
-WHOLE_RUNS = "stock_fairseq_train_fp16,resnmt_postln_fp16,resnmt_train_recipe_bf16"
+COMPILE_FLAGS = ("--task", "resnmt_translation", "--compile-layers")
+STOCK = "stock_fp16"
+RECIPES = {"recipe": RECIPE_FLAGS, "recipe_compiled": RECIPE_FLAGS + COMPILE_FLAGS}
+WHOLE_RUNS = "stock_fairseq_train_fp16,resnmt_postln_fp16,resnmt_train_recipe_bf16,resnmt_train_recipe_compiled_bf16"
 BASE = None  # the archs' own sizes: 6+6 layers, d=512, FFN 2048, 8 heads
 SMOKE_SIZE = ("--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "64",
               "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256",
@@ -102,10 +105,10 @@ SMOKE_SIZE = ("--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed
 class Config:
     """One measured configuration: a row at a precision (and the recipe's flags)."""
 
-    name: str  # row name, or STOCK / RECIPE
+    name: str  # row name, or STOCK / a recipe
     row: str
     dtype: str  # fp16, bf16, fp32 (smoke)
-    recipe: bool = False
+    recipe: tuple = ()  # the recipe's flags
     trainer: object = None
     flops_per_update: float = 0.0
     tokens_per_update: float = 0.0
@@ -116,7 +119,8 @@ class Config:
         return f"{self.name}/{self.dtype}"
 
 
-def train_argv(data, row: Row, dtype: str, max_tokens: int, recipe: bool, smoke: bool, cpu: bool) -> List[str]:
+def train_argv(data, row: Row, dtype: str, max_tokens: int, recipe: tuple, smoke: bool, cpu: bool,
+               compile_backend: str = "inductor") -> List[str]:
     layers = "2" if smoke else "6"
     extra = [e.replace("{L}", layers) for e in row.extra]
     argv = [str(data), "--user-dir", USER_DIR, "--task", "translation", "--arch", row.arch, *extra,
@@ -128,8 +132,9 @@ def train_argv(data, row: Row, dtype: str, max_tokens: int, recipe: bool, smoke:
         argv += SMOKE_SIZE
     if dtype in ("fp16", "bf16"):
         argv.append(f"--{dtype}")
-    if recipe:
-        argv += RECIPE_FLAGS
+    argv += list(recipe)
+    if "--compile-layers" in recipe:
+        argv += ["--compile-backend", compile_backend]
     if cpu:
         argv.append("--cpu")
     return argv
@@ -243,7 +248,7 @@ def summarize(configs: List[Config], tokens_setting: int, peak_tflops: Optional[
         per_update = statistics.median(sec / (tok / c.tokens_per_update) for sec, tok in c.samples) \
             if c.tokens_per_update else None
         rec = {"kind": "row", "config": c.name, "dtype": c.dtype, "max_tokens": tokens_setting,
-               "arch": ROWS[c.row].arch, "flags": list(ROWS[c.row].extra) + (list(RECIPE_FLAGS) if c.recipe else []),
+               "arch": ROWS[c.row].arch, "flags": list(ROWS[c.row].extra) + list(c.recipe),
                "rounds": len(rates), "tokens_per_s": med, "tokens_per_s_min": lo, "tokens_per_s_max": hi,
                "spread": (hi - lo) / med, "target_tokens_per_update": c.tokens_per_update,
                "flops_per_update": c.flops_per_update}
@@ -262,15 +267,15 @@ def summarize(configs: List[Config], tokens_setting: int, peak_tflops: Optional[
 
 
 def reference_of(c: Config, configs: List[Config]) -> Optional[str]:
-    if c.name == RECIPE:
+    if c.name in RECIPES:
         return next((s.key for s in configs if s.name == STOCK), None)
     ref = ROWS[c.row].reference
     return f"{ref}/{c.dtype}" if ref else None
 
 
 def verdict(c: Config, rec: dict) -> dict:
-    row = ROWS[c.row] if c.name != RECIPE else None
-    if c.name == RECIPE:
+    row = ROWS[c.row]
+    if c.name in RECIPES:
         return {"target": ">= 3x stock fp16", "meets": rec["ratio"] >= 3.0}
     if row.band:
         lo, hi = row.band
@@ -349,8 +354,12 @@ def whole_process(a, out: Path, deadline: float):
                                "--arch", "transformer_postln_base"],
         "resnmt_train_recipe_bf16": [sys.executable, "-m", "resnmt.cli.train", "--user-dir", USER_DIR,
                                      "--arch", "transformer_postln_base", *RECIPE_FLAGS],
+        "resnmt_train_recipe_compiled_bf16": [sys.executable, "-m", "resnmt.cli.train", "--user-dir", USER_DIR,
+                                              "--arch", "transformer_postln_base", *RECIPE_FLAGS, *COMPILE_FLAGS,
+                                              "--compile-backend", a.compile_backend],
     }
-    dtype = {"stock_fairseq_train_fp16": "--fp16", "resnmt_postln_fp16": "--fp16", "resnmt_train_recipe_bf16": "--bf16"}
+    dtype = {"stock_fairseq_train_fp16": "--fp16", "resnmt_postln_fp16": "--fp16", "resnmt_train_recipe_bf16": "--bf16",
+             "resnmt_train_recipe_compiled_bf16": "--bf16"}
     runs = {name: cmd for name, cmd in runs.items() if name in a.whole_runs.split(",")}
     losses = {}
     for name, cmd in runs.items():
@@ -409,14 +418,19 @@ def main(argv=None):
                    "(e.g. 'fp16:transformer,post_ln,transformer_prenorm,pre_ln'); default: every row at every dtype")
     p.add_argument("--tokens", default="4096,16384", help="comma-separated --max-tokens settings (default: 4096,16384)")
     p.add_argument("--tokens-rows", default="", help="TOKENS:ROW,ROW;... limits a token setting to some rows")
-    p.add_argument("--no-recipe", action="store_true", help="leave out the stock fp16 vs recipe (bf16 + adam_fused) pair")
+    p.add_argument("--no-recipe", action="store_true", help="leave out stock fp16 and the recipes")
+    p.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated recipes measured against stock fp16: "
+                   "recipe (bf16 + adam_fused), recipe_compiled (also --compile-layers) (default: both)")
+    p.add_argument("--compile-backend", default="inductor", choices=("inductor", "aot_eager", "eager"),
+                   help="torch.compile backend of the compiled recipe (default: inductor; the smoke test: eager)")
     p.add_argument("--warmup", type=int, default=20, help="updates before timing, per configuration (default: 20)")
     p.add_argument("--updates", type=int, default=100, help="timed updates per configuration per round (default: 100)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: 3)")
     p.add_argument("--batches", type=int, default=64, help="distinct training batches, cycled (default: 64)")
     p.add_argument("--matmul-size", type=int, default=8192, help="side of the bf16 products timed for the card's "
                    "rate (default: 8192)")
-    p.add_argument("--profile", help="write a torch.profiler summary of one update (stock fp16, recipe) to this JSON file")
+    p.add_argument("--profile", help="write a torch.profiler summary of one update (stock fp16, the recipes) to this "
+                   "JSON file")
     p.add_argument("--whole-process", action="store_true", help="also time whole fairseq-train processes")
     p.add_argument("--whole-runs", default=WHOLE_RUNS, help=f"comma-separated whole-process runs (default: {WHOLE_RUNS})")
     p.add_argument("--whole-timeout", type=float, default=300, help="seconds a whole-process run may take (default: 300)")
@@ -455,6 +469,9 @@ def main(argv=None):
 
     if not a.cpu and not torch.cuda.is_available():
         p.error("no CUDA device here (torch.cuda.is_available() is False): run on a GPU, or --smoke --cpu")
+    bad = [r for r in a.recipes.split(",") if r not in RECIPES]
+    if bad:
+        p.error(f"--recipes {','.join(bad)}: unknown; choose from {', '.join(RECIPES)}")
     if a.cpu:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         dtypes = ["fp32"]  # bf16 on the CPU is tested in tests/test_bf16.py; timing here is only the smoke check
@@ -490,10 +507,11 @@ def main(argv=None):
                     configs.append(Config(name, name, dtype))
         if not a.no_recipe:
             configs.append(Config(STOCK, "transformer", "fp32" if a.cpu else "fp16"))
-            configs.append(Config(RECIPE, "post_ln", "fp32" if a.cpu else "bf16", recipe=True))
+            for name in a.recipes.split(","):
+                configs.append(Config(name, "post_ln", "fp32" if a.cpu else "bf16", recipe=RECIPES[name]))
         batches = None
         for c in configs:
-            argv_c = train_argv(a.data, ROWS[c.row], c.dtype, max_tokens, c.recipe, a.smoke, a.cpu)
+            argv_c = train_argv(a.data, ROWS[c.row], c.dtype, max_tokens, c.recipe, a.smoke, a.cpu, a.compile_backend)
             c.trainer, task, cfg = build_trainer(argv_c)
             if batches is None:
                 batches = training_batches(task, cfg, a.batches)
@@ -503,7 +521,7 @@ def main(argv=None):
             synchronize(a.cpu)
         if a.profile and max_tokens == tokens[0]:
             for c in configs:
-                if c.name in (STOCK, RECIPE):
+                if c.name == STOCK or c.name in RECIPES:
                     profiles[c.key] = profile_update(c.trainer, batches, a.cpu)
         for rnd in range(a.rounds):
             if time.monotonic() > deadline and rnd > 0:

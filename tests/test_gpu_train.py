@@ -16,18 +16,22 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     out, profile = tmp_path / "rows.jsonl", tmp_path / "profile.json"
     proc = run_cli([sys.executable, SCRIPT, "--smoke", "--cpu", "--data", tiny_bin, "--out", out,
                     "--rows", "transformer,post_ln", "--tokens", "600", "--warmup", "1", "--updates", "2",
-                    "--rounds", "2", "--batches", "3", "--profile", profile, "--whole-process",
+                    "--rounds", "2", "--batches", "3", "--profile", profile, "--compile-backend", "eager", "--whole-process",
                     "--whole-runs", "stock_fairseq_train_fp16", "--whole-updates", "4", "--whole-interval", "1",
                     "--whole-skip", "1", "--whole-tokens", "600"])
     records = [json.loads(line) for line in out.read_text().splitlines()]
     env = records[0]
     assert env["kind"] == "environment" and env["device"] == "cpu" and env["bf16_tflops"] > 0
     rows = {(r["config"], r["dtype"]): r for r in records if r["kind"] == "row"}
-    assert set(rows) == {("transformer", "fp32"), ("post_ln", "fp32"), ("stock_fp16", "fp32"), ("recipe", "fp32")}
+    assert set(rows) == {("transformer", "fp32"), ("post_ln", "fp32"), ("stock_fp16", "fp32"), ("recipe", "fp32"),
+                         ("recipe_compiled", "fp32")}
     post_ln, recipe = rows[("post_ln", "fp32")], rows[("recipe", "fp32")]
     assert post_ln["reference"] == "transformer/fp32" and post_ln["rounds"] == 2 and post_ln["target"] == "0.98-1.02"
     assert post_ln["ratio_min"] <= post_ln["ratio"] <= post_ln["ratio_max"]
     assert recipe["reference"] == "stock_fp16/fp32" and recipe["flags"] == ["--optimizer", "adam_fused"]
+    compiled = rows[("recipe_compiled", "fp32")]
+    assert compiled["reference"] == "stock_fp16/fp32" and compiled["target"] == ">= 3x stock fp16"
+    assert compiled["flags"] == ["--optimizer", "adam_fused", "--task", "resnmt_translation", "--compile-layers"]
     for r in rows.values():
         assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"] and r["tokens_per_s"] > 0
         assert 0 < r["mfu"] < 1 and r["flops_per_update"] > 0 and r["target_tokens_per_update"] > 0
@@ -36,7 +40,7 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     assert "| post_ln | fp32 | 600 |" in proc.stdout and "same-math pair post_ln/transformer" in proc.stdout
 
     prof = json.loads(profile.read_text())["profiles"]
-    assert set(prof) == {"stock_fp16/fp32", "recipe/fp32"}
+    assert set(prof) == {"stock_fp16/fp32", "recipe/fp32", "recipe_compiled/fp32"}
     assert prof["stock_fp16/fp32"]["item_calls"] > 0 and prof["recipe/fp32"]["top_cpu_ops"]
 
     whole = [r for r in records if r["kind"] == "whole_process"]
