@@ -1,0 +1,83 @@
+"""resnmt installed the way a user installs it (``pip install .``, not editable), used from
+outside the repository: the console scripts run, prepare a real corpus and plan an
+experiment from the installed package alone, and none of their messages names a path
+into the repository.
+
+The fresh virtualenv reuses the test environment's packages (torch, fairseq, ...)
+through a .pth file, so nothing is downloaded; only resnmt itself is built and installed
+into it from a copy of the working tree.
+"""
+import os
+import shutil
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, run_cli
+from data_prep_mirror import custom_args, write_corpus
+
+# words that would point an installed user at files only a checkout has
+REPO_PATHS = ("scripts/", "data-prep", "docs/", "run_experiment.sh", "train.sh", "make venv", str(REPO_ROOT))
+
+
+def copy_working_tree(dest: Path) -> Path:
+    """The files git tracks or would track (ignored ones left out: no .venv, runs/, data/)."""
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, names):
+        src = REPO_ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The bin directory of a fresh virtualenv with resnmt installed non-editably."""
+    root = tmp_path_factory.mktemp("install")
+    source = copy_working_tree(root / "src")
+    env = root / "venv"
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", env], check=True)
+    purelib = subprocess.run([env / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    # the test environment's packages, appended to sys.path; its own .pth files (resnmt's
+    # editable install among them) are not processed from there, so resnmt is not importable
+    Path(purelib, "test-environment.pth").write_text("".join(p + "\n" for p in site.getsitepackages()))
+    run_cli([env / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+             source], cwd=root, timeout=600)
+    shutil.rmtree(source)  # nothing may depend on the copy it was built from
+    return env / "bin"
+
+
+def test_non_editable_install(installed, tmp_path):
+    help_texts = [run_cli([installed / "resnmt-prepare", "custom", "--help"], cwd=tmp_path).stdout,
+                  run_cli([installed / "resnmt-experiment", "--help"], cwd=tmp_path).stdout]
+    assert "--source-lang" in help_texts[0] and "--dry-run" in help_texts[1]
+
+    # a small real corpus, prepared by the installed package
+    prefixes = write_corpus(tmp_path / "corpus", n_train=400, n_valid=40, n_test=40)
+    out = tmp_path / "data" / "mine"
+    proc = run_cli([installed / "resnmt-prepare", "custom", *custom_args(prefixes, "--bpe-size", "300", "--workers", "1"),
+                    out], cwd=tmp_path, timeout=600)
+    assert (out / "bin" / "train.en-de.de.bin").is_file() and (out / "prepared.json").is_file()
+    messages = [*help_texts, proc.stderr]
+
+    # resnmt-experiment's plan for that directory, and for a built-in corpus it would prepare
+    plan = run_cli([installed / "resnmt-experiment", "--dry-run", out, "transformer_rskip_base"], cwd=tmp_path).stdout
+    assert f"1. prepare  {out} is prepared" in plan and "--post-process sentencepiece" in plan
+    user_dir = plan.split("--user-dir ")[1].split()[0]  # the installed package, not the (removed) copy
+    assert user_dir.startswith(str(installed.parent)) and "site-packages" in user_dir
+    assert os.path.isfile(os.path.join(user_dir, "__init__.py"))
+    builtin = run_cli([installed / "resnmt-experiment", "--dry-run", "iwslt15-en-vi", "transformer_rskip_base"],
+                      cwd=tmp_path).stdout
+    assert "1. prepare  resnmt-prepare iwslt15-en-vi data/iwslt15-en-vi" in builtin
+    refused = run_cli([installed / "resnmt-experiment", "multi30k", "transformer_nope_base"], cwd=tmp_path,
+                      check=False)
+    assert refused.returncode == 1
+    messages += [plan, builtin, refused.stderr]
+    for text in messages:
+        assert not any(path in text for path in REPO_PATHS), [p for p in REPO_PATHS if p in text]
