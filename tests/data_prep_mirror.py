@@ -137,7 +137,7 @@ def build_iwslt_mirror(dest: Path) -> Path:
     return dest
 
 
-def write_corpus(dest: Path, n_train: int = 3000, n_valid: int = 100, n_test: int = 100) -> dict:
+def write_corpus(dest: Path, n_train: int = 2000, n_valid: int = 100, n_test: int = 100) -> dict:
     """A corpus of one's own: the first lines of real Multi30k EN-DE, raw, as train/dev/test
     PREFIX.{en,de}; returns {split: PREFIX}."""
     dest.mkdir(parents=True, exist_ok=True)
