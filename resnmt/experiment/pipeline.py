@@ -82,14 +82,15 @@ class Experiment:
         prepare = shlex.join(["resnmt-prepare", self.dataset.name, *mirror, *shlex.split(self.req.prep_args),
                               str(self.data_root)])
         post = self.post_process() if prepared else "(read from the prepared data)"
+        scoring = "".join(f" --{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+                          for k, v in self.dataset.score_options.items() if v)
         return [
             f"1. prepare  {f'{self.data_root} is prepared' if prepared else prepare}",
             f"2. train    {shlex.join(plan_training(self.train_request, dry_run=True).cmd)}",
             f"3. average  the last {self.req.average} update (else epoch) checkpoints in {self.save_dir}",
             f"4. decode   fairseq-generate {self.data_root / 'bin'} --gen-subset test --beam {self.req.beam} "
             f"--lenpen-form gnmt --lenpen {self.req.lenpen:g} --post-process {post} {self.req.gen_args}".rstrip(),
-            f"5. score    against {self.data_root / 'raw' / f'test.{self.dataset.tgt}'}"
-            f"{' ' + str(self.dataset.score_options) if self.dataset.score_options else ''}, "
+            f"5. score    resnmt-evaluate --ref {self.data_root / 'raw' / f'test.{self.dataset.tgt}'}{scoring}, "
             f"appended to {self.req.results}",
         ]
 
