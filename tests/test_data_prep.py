@@ -162,13 +162,13 @@ def test_option_errors(script, tmp_path, capsys):
     fails(["--frobnicate", out], "unknown option '--frobnicate'")
     fails([], "missing OUTDIR")
     fails([out, tmp_path / "other"], "unexpected argument")
-    fails(["--bpe-size", "lots", out], "--bpe-size 'lots' is not an integer")
-    fails(["--workers", "0", out], "--workers 0 is too small")
+    fails(["--bpe-size", "lots", out], "--bpe-size 'lots': must be an integer >= 1")
+    fails(["--workers", "0", out], "--workers '0': must be an integer >= 1")
     fails(["--mirror", tmp_path / "nowhere", out], "--mirror", "nowhere: no such directory")
-    fails(["--spm-type", "wordpiece", out], "--spm-type 'wordpiece' is not allowed", "unigram bpe")
+    fails(["--spm-type", "wordpiece", out], "--spm-type 'wordpiece' is not one of: unigram bpe")
     fails(["--mirror", tmp_path, "--mirror-url", "http://localhost/x", out], "exclude each other")
     if script != "prepare-multi30k.sh":
-        fails(["--bpe", "bpe-dropout", out], "--bpe 'bpe-dropout' is not allowed", "subword-nmt sentencepiece")
+        fails(["--bpe", "bpe-dropout", out], "--bpe 'bpe-dropout' is not one of: subword-nmt sentencepiece")
     if script.startswith("prepare-wmt14"):
         fails(["--ratio", "0.5", out], "--ratio '0.5' is not allowed")
     assert not out.exists()
@@ -538,7 +538,7 @@ def test_custom_bad_input_is_one_line_before_any_work(tmp_path, capsys):
         ([*custom_args(prefixes)[:-4], "--source-lang", "de", "--target-lang", "de"],
          "--source-lang and --target-lang are both 'de'"),
         (custom_args(prefixes)[2:], "missing --train PREFIX (the files PREFIX.en and PREFIX.de)"),
-        (custom_args(prefixes, "--bpe-size", "5"), "--bpe-size 5 is too small (expected an integer >= 10)"),
+        (custom_args(prefixes, "--bpe-size", "5"), "--bpe-size '5': must be an integer >= 10"),
     ]
     for args, message in cases:
         code, _, err = call_prepare(capsys, "custom", *args, out)

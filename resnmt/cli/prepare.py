@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from resnmt.data.corpora import CUSTOM, DATASETS, LANG_HELP, LANG_RE, Dataset, custom
+from resnmt.experiment.options import choice, integer
 
 PROG = "resnmt-prepare"
 COMMANDS = (*DATASETS, CUSTOM)
@@ -57,22 +58,23 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         super().add_usage(usage, actions, groups, "Usage: " if prefix is None else prefix)
 
 
-def int_at_least(minimum: int):
-    def parse(text: str) -> int:
-        if not text.isdigit():
-            raise argparse.ArgumentTypeError(f"'{text}' is not an integer (expected an integer >= {minimum})")
-        if int(text) < minimum:
-            raise argparse.ArgumentTypeError(f"{int(text)} is too small (expected an integer >= {minimum})")
-        return int(text)
+def argparse_type(check, *args):
+    """An argparse ``type`` checking a value as resnmt-experiment's options are checked
+    (resnmt.experiment.options); argparse names the flag in the error."""
+    def parse(text: str):
+        try:
+            return check(text, *args)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     return parse
+
+
+def int_at_least(minimum: int):
+    return argparse_type(integer, minimum)
 
 
 def one_of(*allowed: str):
-    def parse(text: str) -> str:
-        if text not in allowed:
-            raise argparse.ArgumentTypeError(f"'{text}' is not allowed; choose one of: {' '.join(allowed)}")
-        return text
-    return parse
+    return argparse_type(choice, allowed)
 
 
 def ratio(text: str) -> str:

@@ -38,30 +38,43 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def check_int(flag: str, value, minimum: int) -> int:
-    """``value`` (an int, or its digits as text) as an int >= ``minimum``, else a
-    UsageError naming ``flag``."""
+def integer(value, minimum: int) -> int:
+    """``value`` (an int, or its digits as text) as an int >= ``minimum``, else a ValueError
+    saying so (without the flag: the caller names it)."""
     text = str(value)
     if isinstance(value, bool) or not text.isdigit() or int(text) < minimum:
-        raise UsageError(f"{flag} '{text}': must be an integer >= {minimum}")
+        raise ValueError(f"'{text}': must be an integer >= {minimum}")
     return int(text)
 
 
-def check_number(flag: str, value, minimum: float) -> float:
-    """``value`` (a number, or its text) as a float >= ``minimum``, else a UsageError naming ``flag``."""
+def number(value, minimum: float) -> float:
+    """``value`` (a number, or its text) as a finite float >= ``minimum``, else a ValueError."""
     try:
-        number = float(value)
+        result = float(value)
     except (TypeError, ValueError):
-        number = None
-    if isinstance(value, bool) or number is None or not minimum <= number < float("inf"):
-        raise UsageError(f"{flag} '{value}': must be a number >= {minimum:g}")
-    return number
+        result = None
+    if isinstance(value, bool) or result is None or not minimum <= result < float("inf"):
+        raise ValueError(f"'{value}': must be a number >= {minimum:g}")
+    return result
+
+
+def choice(value: str, allowed: Sequence[str]) -> str:
+    """``value`` if it is one of ``allowed``, else a ValueError naming them."""
+    if value not in allowed:
+        raise ValueError(f"'{value}' is not one of: {' '.join(allowed)}")
+    return value
+
+
+def checked(flag: str, check, value, *args):
+    """``check(value, *args)``, its ValueError as a UsageError naming ``flag``."""
+    try:
+        return check(value, *args)
+    except ValueError as e:
+        raise UsageError(f"{flag} {e}") from None
 
 
 def check_choice(flag: str, value: str, allowed: Sequence[str]) -> str:
-    if value not in allowed:
-        raise UsageError(f"{flag} '{value}' is not one of: {' '.join(allowed)}")
-    return value
+    return checked(flag, choice, value, allowed)
 
 
 def _spec(f: dataclasses.Field) -> Optional[OptionSpec]:
@@ -78,11 +91,11 @@ def convert(f: dataclasses.Field, value):
     """``value`` (command-line text or a typed value) checked and converted as ``f`` declares."""
     spec, flag = _spec(f), flag_name(f.name)
     if spec.kind == "int":
-        return check_int(flag, value, int(spec.minimum))
+        return checked(flag, integer, value, int(spec.minimum))
     if spec.kind == "number":
-        return check_number(flag, value, spec.minimum)
+        return checked(flag, number, value, spec.minimum)
     if spec.kind == "choice":
-        return check_choice(flag, value, spec.choices)
+        return checked(flag, choice, value, spec.choices)
     if spec.kind == "path":
         return Path(value)
     return value
