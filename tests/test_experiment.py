@@ -140,17 +140,31 @@ def test_bad_values_name_the_flag(make, message):
         make()
 
 
-@pytest.mark.parametrize("flag", ["--bf16", "--memory-efficient-bf16"])
-def test_bf16_is_refused_on_construction_without_torch_xla(flag, monkeypatch):
-    import importlib.util
+@pytest.mark.parametrize("args, trainer, precision", [
+    (dict(gpus="1"), "fairseq-train", ["--fp16"]),                     # the paper preset on GPUs: fp16
+    (dict(gpus="1", dtype="fp32"), "fairseq-train", []),
+    (dict(gpus="1", dtype="bf16"), "resnmt-train", ["--bf16"]),         # bf16 kept off TPUs by resnmt-train
+    (dict(gpus="1", extra=["--bf16"]), "resnmt-train", ["--bf16"]),     # fairseq's flag after --: the same
+    (dict(gpus="0", dtype="bf16"), "resnmt-train", ["--cpu", "--bf16"]),
+    (dict(gpus="0"), "fairseq-train", ["--cpu"]),
+])
+def test_dtype_sets_the_precision_and_the_trainer(args, trainer, precision, monkeypatch):
+    monkeypatch.delenv("RESNMT_FAIRSEQ_TRAIN", raising=False)
+    req = presets.TrainRequest("multi30k", "transformer_postln_base", **args)
+    cmd = presets.plan_training(req, dry_run=True).cmd
+    assert os.path.basename(cmd[0]) == trainer
+    assert [f for f in cmd if f in ("--fp16", "--bf16", "--cpu")] == precision
 
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch_xla" else real_find_spec(name, *a))
-    with pytest.raises(UsageError, match=rf"^{flag}: fairseq 0.12 trains in bf16 on TPUs only \({flag} implies --tpu"):
-        presets.TrainRequest("multi30k", "transformer", extra=["--max-update", "10", flag])
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "torch_xla" else real_find_spec(name, *a))
-    assert presets.TrainRequest("multi30k", "transformer", extra=[flag]).extra == [flag]
-    assert presets.TrainRequest("multi30k", "transformer", extra=["--fp16"]).extra == ["--fp16"]
+
+def test_dtype_fp16_on_the_cpu_and_unknown_dtypes_are_refused():
+    with pytest.raises(UsageError, match=r"^--dtype fp16 trains on GPUs only \(fairseq's --fp16\); on the CPU use "
+                                         r"fp32 or bf16$"):
+        presets.plan_training(presets.TrainRequest("multi30k", "transformer", gpus="0", dtype="fp16"), dry_run=True)
+    with pytest.raises(UsageError, match=r"^--dtype fp32 and --bf16 after --: choose one precision$"):
+        presets.plan_training(presets.TrainRequest("multi30k", "transformer", gpus="1", dtype="fp32",
+                                                   extra=["--bf16"]), dry_run=True)
+    with pytest.raises(UsageError, match=r"^--dtype 'fp8'"):
+        presets.TrainRequest("multi30k", "transformer", dtype="fp8")
 
 
 def test_unknown_dataset_names_the_allowed_ones(tmp_path):

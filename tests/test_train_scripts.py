@@ -96,6 +96,14 @@ def test_data_of_another_language_pair_is_refused(train_sh, tiny_bin, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_dtype_bf16_runs_resnmt_train(dry_run, monkeypatch):
+    """--dtype bf16: fairseq's --bf16 through resnmt-train (which keeps it off TPUs)."""
+    monkeypatch.delenv("RESNMT_FAIRSEQ_TRAIN", raising=False)
+    cmd, err = dry_run("--gpus", "1", "--dtype", "bf16", "iwslt15-en-vi", "transformer_postln_base")
+    assert cmd[0] == "resnmt-train" and "--bf16" in cmd and "--fp16" not in cmd
+    assert "preset paper, bf16," in err
+
+
 def test_paper_presets_batch_arithmetic_and_multi_gpu_commands(dry_run):
     # WMT'14 big on 8 GPUs: fairseq spawns 8 processes, 8 x 3584 tokens, update-freq 1, fp16
     cmd, err = dry_run("--gpus", "8", "wmt14-en-de", "transformer_sas_big")

@@ -84,7 +84,9 @@ def default_save_dir(dataset: str, arch: str, tag: Optional[str]) -> Path:
 PRESETS = ("paper", "small", "cpu")
 LAUNCHERS = ("none", "torchrun", "slurm")
 # the options resnmt-experiment shares with the training command; the others are the training command's own
-SHARED_TRAIN_OPTIONS = ("tag", "preset", "gpus", "seed", "max_update", "max_epoch", "max_tokens", "tokens_per_update")
+SHARED_TRAIN_OPTIONS = ("tag", "preset", "gpus", "dtype", "seed", "max_update", "max_epoch", "max_tokens",
+                        "tokens_per_update")
+DTYPES = ("fp32", "fp16", "bf16")
 TRAIN_ONLY_OPTIONS = ("data", "save_dir", "nodes", "launcher", "node_rank", "master_addr", "master_port")
 
 
@@ -107,6 +109,10 @@ class TrainRequest:
         "2+2 layers d=128 FFN 512 for CPU runs and demos (default without GPUs); cpu: small, forced onto "
         "the CPU", kind="choice", choices=PRESETS)
     gpus: Optional[int] = option(None, "N", "GPUs per node (default: all visible; 0 = CPU)", kind="int")
+    dtype: Optional[str] = option(
+        None, "D", "precision: fp32; fp16 (fairseq's --fp16, GPUs only); bf16 (bf16 with float32 master weights, "
+        "run by resnmt-train, which keeps fairseq 0.12's --bf16 off TPUs; GPUs or the CPU) (default: fp16 with "
+        "the paper preset on GPUs, else fp32)", kind="choice", choices=DTYPES)
     nodes: int = option(1, "N", "nodes (N > 1 needs --launcher torchrun or slurm)", kind="int", minimum=1)
     launcher: str = option(
         "none", "L", "none: fairseq spawns one process per GPU; torchrun: run this command once per node "
@@ -131,9 +137,6 @@ class TrainRequest:
     def __post_init__(self):
         convert_options(self)
         self.extra = list(self.extra)
-        bf16_problem = fairseq_bf16_problem(self.extra)
-        if bf16_problem:
-            raise UsageError(bf16_problem)
         if self.node_rank >= self.nodes:
             raise UsageError(f"--node-rank {self.node_rank} must be < --nodes {self.nodes}")
         if self.nodes > 1 and self.launcher == "none":
@@ -165,7 +168,12 @@ def fairseq_bf16_problem(flags: Sequence[str]) -> Optional[str]:
     if not asked or importlib.util.find_spec("torch_xla") is not None:
         return None
     return (f"{asked[0]}: fairseq 0.12 trains in bf16 on TPUs only ({asked[0]} implies --tpu, which needs "
-            "torch_xla, not installed here); on a GPU train in float32 or with --fp16")
+            "torch_xla, not installed here); train in bf16 with resnmt-train, or in float32 or with --fp16")
+
+
+def bf16_requested(req: "TrainRequest") -> bool:
+    """bf16 asked for, by --dtype or by fairseq's flags after ``--``."""
+    return req.dtype == "bf16" or any(flag in FAIRSEQ_BF16_FLAGS for flag in req.extra)
 
 
 def count_gpus() -> int:
@@ -196,7 +204,9 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
     the GPUs asked for against those visible and, unless ``dry_run``, the data."""
     dataset = dataset_of(req.dataset)
     nodes, gpus = req.nodes, req.gpus
-    trainer = shlex.split(os.environ.get("RESNMT_FAIRSEQ_TRAIN", "fairseq-train"))
+    # bf16: resnmt-train (fairseq-train whose --bf16 stays off TPUs; resnmt/bf16.py)
+    default_trainer = "resnmt-train" if bf16_requested(req) else "fairseq-train"
+    trainer = shlex.split(os.environ.get("RESNMT_FAIRSEQ_TRAIN", default_trainer))
     if not trainer:
         raise UsageError("RESNMT_FAIRSEQ_TRAIN is set but empty")
     require_commands(trainer[0])
@@ -255,7 +265,14 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
     elif req.max_epoch is None:
         flags += ["--max-update", str(preset_max_update)]
     flags += ["--max-epoch", str(req.max_epoch)] if req.max_epoch is not None else []
-    flags += ["--cpu"] if gpus == 0 else (["--fp16"] if preset == "paper" else [])
+    extra_bf16 = [f for f in req.extra if f in FAIRSEQ_BF16_FLAGS]  # fairseq's bf16 flags after --
+    dtype = req.dtype or ("bf16" if extra_bf16 else "fp16" if preset == "paper" and gpus > 0 else "fp32")
+    if extra_bf16 and dtype != "bf16":
+        raise UsageError(f"--dtype {dtype} and {extra_bf16[0]} after --: choose one precision")
+    if dtype == "fp16" and gpus == 0:
+        raise UsageError("--dtype fp16 trains on GPUs only (fairseq's --fp16); on the CPU use fp32 or bf16")
+    flags += ["--cpu"] if gpus == 0 else []
+    flags += {"fp32": [], "fp16": ["--fp16"], "bf16": [] if extra_bf16 else ["--bf16"]}[dtype]
 
     # paths
     data = req.data or default_data_root(req.dataset) / "bin"
@@ -291,8 +308,8 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
             dist += ["--distributed-port", str(req.master_port)]
     cmd = [*launch, *trainer, str(data), "--user-dir", str(USER_DIR), *flags, *dist,
            "--save-dir", str(save_dir), "--log-format", "simple", *req.extra]
-    log(f"{dataset.name} {dataset.src}->{dataset.tgt}, {req.arch} ({size}), preset {preset}, {world} process(es) "
-        f"({gpus} GPU(s) x {nodes} node(s))")
+    log(f"{dataset.name} {dataset.src}->{dataset.tgt}, {req.arch} ({size}), preset {preset}, {dtype}, {world} "
+        f"process(es) ({gpus} GPU(s) x {nodes} node(s))")
     log(f"batch: {world} x max-tokens {cap} x update-freq {update_freq} = {world * cap * update_freq} tokens per "
         f"update (target {target})")
     return TrainPlan(cmd=cmd, data=data, save_dir=save_dir)
