@@ -31,3 +31,13 @@ def test_trains_with_the_installed_package_as_user_dir(tiny_bin, tmp_path):
     cfg = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["cfg"]
     assert cfg["common"]["user_dir"] == str(REPO_ROOT / "resnmt")
     assert cfg["model"].encoder_residual == "rskip_ln"
+
+
+def test_help_lists_the_flags_of_the_task_and_optimizer_given(tiny_bin):
+    out = run_cli(["resnmt-train", tiny_bin, "--task", "resnmt_translation", "--optimizer", "adam_fused",
+                   "--help"]).stdout
+    task_help = out[out.index("Task-specific configuration"):]
+    assert re.search(r"^  --compile-layers\s+train with every encoder and decoder layer compiled", task_help, re.M)
+    optimizer_help = out[out.index("Optimizer-specific configuration"):]
+    assert re.search(r"^  --adam-kernel \{auto,fused,foreach\}\s", optimizer_help, re.M)
+    assert "how adam_fused computes fairseq's adam update" in optimizer_help

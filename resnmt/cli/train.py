@@ -25,21 +25,38 @@ HELP_FLAGS = ("-h", "--help")
 DEFAULT_ARCH = "resnmt_transformer"
 
 
-def requested_arch(argv) -> str:
+def requested(argv, flag: str, default=None):
+    """The value of ``flag`` on the command line ``argv`` (the last one given), or ``default``."""
+    value = default
     for i, arg in enumerate(argv):
-        if arg == "--arch" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--arch="):
-            return arg.split("=", 1)[1]
-    return DEFAULT_ARCH
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def requested_arch(argv) -> str:
+    return requested(argv, "--arch", DEFAULT_ARCH)
 
 
 def add_model_flags_for_help(parser) -> None:
-    """fairseq ``modify_parser`` hook: with --help, add the model flags before fairseq's first parse."""
+    """fairseq ``modify_parser`` hook: with --help, add the flags of the model, and of the
+    --task and --optimizer given (``adam_fused``'s --adam-kernel, ``resnmt_translation``'s
+    --compile-layers ...), before fairseq's first parse prints the help."""
     if not any(flag in sys.argv[1:] for flag in HELP_FLAGS):
         return
+    from fairseq.dataclass.utils import gen_parser_from_dataclass
+    from fairseq.optim import OPTIMIZER_DATACLASS_REGISTRY
+    from fairseq.tasks import TASK_DATACLASS_REGISTRY
+
     model = ARCH_MODEL_REGISTRY.get(requested_arch(sys.argv[1:]), ARCH_MODEL_REGISTRY[DEFAULT_ARCH])
     model.add_args(parser.add_argument_group("Model-specific configuration"))
+    for flag, registry, title in (("--task", TASK_DATACLASS_REGISTRY, "Task-specific configuration"),
+                                  ("--optimizer", OPTIMIZER_DATACLASS_REGISTRY, "Optimizer-specific configuration")):
+        dataclass = registry.get(requested(sys.argv[1:], flag))
+        if dataclass is not None:
+            gen_parser_from_dataclass(parser.add_argument_group(title), dataclass())
 
 
 def with_user_dir(argv):
