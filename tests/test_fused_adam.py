@@ -2,7 +2,8 @@
 
 Both optimizers are built by fairseq from parsed command-line flags, with the same lr
 schedule (inverse_sqrt with warm-up), betas and weight decay, and stepped on the same
-gradients: the parameters agree to 1e-6 after every update, in float32 and under
+gradients (scaled and clipped as fairseq's trainer does): the parameters and the
+gradient norms agree to 1e-6 after every update, in float32 and under
 fairseq's bf16 wrappers (FP16Optimizer's float32 master weights; MemoryEfficientFP16Optimizer
 stepping bf16 weights), with both kernels (``fused`` where this torch has it on the CPU).
 End to end, fairseq-train with ``--optimizer adam_fused`` trains a resnmt model with the
@@ -24,6 +25,7 @@ KERNELS = ["foreach"] + (["fused"] if fused_adamw_supported(torch.device("cpu"))
 FLAGS = ["--lr", "2e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "3", "--warmup-init-lr", "1e-7",
          "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6", "--weight-decay", "0.01"]
 UPDATES = 8
+CLIP_NORM = 5.5  # among the updates' gradient norms (4.9 to 6.1 here): some updates are clipped, some not
 
 
 def config(optimizer, *extra):
@@ -61,10 +63,12 @@ def train(optimizer, *extra, wrapper=None, dtype=torch.float32, device="cpu"):
         for p, g in zip(params, gradients(params, update)):
             # the loss whose gradient is g: backward through the wrapper as fairseq does
             opt.backward((p.float() * g).sum()) if wrapper is not None else (p * g).sum().backward()
+        opt.multiply_grads(0.5)  # as the trainer divides by the sample size
+        norm = opt.clip_grad_norm(CLIP_NORM)  # clips where the norm is over CLIP_NORM
         opt.step()
         sched.step_update(update + 1)
         masters = opt.fp32_params if wrapper is optim.FP16Optimizer else params
-        history.append([m.detach().float().clone() for m in masters])
+        history.append([m.detach().float().clone() for m in masters] + [norm.detach().float().reshape(1)])
     return opt, history
 
 
