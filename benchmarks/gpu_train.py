@@ -40,7 +40,6 @@ updates, fp32 timing.
 """
 import argparse
 import json
-import math
 import os
 import platform
 import re
@@ -193,19 +192,22 @@ def run_updates(trainer, batches, start: int, n: int):
 
 
 def count_flops(trainer, sample) -> float:
-    """Matrix-unit FLOPs of one forward and backward of ``sample`` (torch's flop counter)."""
-    import torch
+    """Matrix-unit FLOPs of one forward and backward of ``sample`` (torch's flop counter).
+    Counted in eval mode (no dropout, the same matrix products), where --compile-layers
+    runs its layers eagerly: the counter sees every product, compiled or not."""
     from torch.utils.flop_counter import FlopCounterMode
 
     model, criterion = trainer.model, trainer.criterion
     sample = trainer._prepare_sample(sample)[0]
-    model.train()
+    model.eval()
     counter = FlopCounterMode(display=False)
-    with counter:
-        loss, _, _ = criterion(model, sample)
-        loss.backward()
-    model.zero_grad(set_to_none=True)
-    del loss
+    try:
+        with counter:
+            loss, _, _ = criterion(model, sample)
+            loss.backward()
+    finally:
+        model.train()
+        model.zero_grad(set_to_none=True)
     return float(counter.get_total_flops())
 
 
