@@ -101,7 +101,7 @@ def test_bf16_resume_continues_exactly(tiny_bin, tmp_path):
     torch.save(ckpt, stripped / "checkpoint_last.pt")
 
     proc = train(probe, tiny_bin, tmp_path / "run", tmp_path / "run_probe", "--max-epoch", "2", "--bf16")
-    assert f"Loaded checkpoint {tmp_path / 'run' / 'checkpoint_last.pt'} (epoch 2 @ {first_epoch} updates)" in proc.stderr
+    assert f"Loaded checkpoint {tmp_path / 'run' / 'checkpoint_last.pt'} (epoch 2 @ {first_epoch} updates)" in proc.stdout + proc.stderr
     run = read_losses(tmp_path / "run_probe" / "loss.rank0.jsonl")
     assert sorted(run) == sorted(ref) and max(ref) > first_epoch
     assert run == ref  # every update's loss, exactly
