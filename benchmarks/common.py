@@ -52,7 +52,20 @@ ROWS: Dict[str, Row] = {
     "deepnorm": Row("transformer_deepnorm_base"),
     "rezero": Row("transformer_rezero_base"),
     "admin": Row("transformer_admin_base"),
+    # the methods that cross layers, Peri-LN and the normalization (one seed each so far)
+    "peri_ln": Row("transformer_periln_base", seeds=1),
+    "b2t": Row("transformer_b2t_base", seeds=1),
+    "resi_dual": Row("transformer_resi_dual_base", seeds=1),
+    "dlcl": Row("transformer_dlcl_base", seeds=1),
+    "dlcl_post": Row("transformer_dlcl_post_base", seeds=1),
+    "pre_ln + rms_norm": Row("transformer_preln_base", ("--normalization", "rms_norm"), seeds=1),
+    "post_ln + rms_norm": Row("transformer_postln_base", ("--normalization", "rms_norm"), seeds=1),
+    "pre_ln + dyt": Row("transformer_preln_base", ("--normalization", "dyt"), seeds=1),
+    "post_ln + dyt": Row("transformer_postln_base", ("--normalization", "dyt"), seeds=1),
 }
+# the rows above that the quality table (benchmarks/quality.py) does not train
+NEW_KINDS = ("b2t", "resi_dual", "dlcl", "peri_ln", "dlcl_post", "pre_ln + rms_norm", "post_ln + rms_norm",
+             "pre_ln + dyt", "post_ln + dyt")
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,8 @@ class Control:
 CONTROLS: Dict[str, Control] = {
     "post_ln (warm-up 1000)": Control("post_ln", ("--warmup-updates", "1000")),
     "rskip_ln (λ=2, warm-up 1000)": Control("rskip_ln (λ=2)", ("--warmup-updates", "1000")),
+    "b2t (warm-up 1000)": Control("b2t", ("--warmup-updates", "1000")),
+    "resi_dual (warm-up 1000)": Control("resi_dual", ("--warmup-updates", "1000")),
 }
 CONTROL_ROWS: Dict[str, Row] = {name: Row(ROWS[c.row].arch, (*ROWS[c.row].flags, *c.flags), seeds=1)
                                 for name, c in CONTROLS.items()}
@@ -244,6 +259,15 @@ CONFIGS = {
     "sas_gate64_fused": ("transformer_sas_base", ["--sas-gate-dim", "64", "--fused-connections"]),
     "nswish_fused": ("transformer_postln_base", ["--normalized-activation", "nswish", "--fused-connections"]),
     "nrelu_fused": ("transformer_postln_base", ["--normalized-activation", "nrelu", "--fused-connections"]),
+    "peri_ln": ("transformer_periln_base", []),
+    "b2t": ("transformer_b2t_base", []),
+    "resi_dual": ("transformer_resi_dual_base", []),
+    "dlcl": ("transformer_dlcl_base", []),
+    "dlcl_post": ("transformer_dlcl_post_base", []),
+    "pre_ln_rms_norm": ("transformer_preln_base", ["--normalization", "rms_norm"]),
+    "post_ln_rms_norm": ("transformer_postln_base", ["--normalization", "rms_norm"]),
+    "pre_ln_dyt": ("transformer_preln_base", ["--normalization", "dyt"]),
+    "post_ln_dyt": ("transformer_postln_base", ["--normalization", "dyt"]),
 }
 
 def fairseq_argv(data, config, size, max_tokens):

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 import common
-from common import CONTROL_ROWS, DEFAULT_MILESTONES, slug
+from common import CONTROL_ROWS, DEFAULT_MILESTONES, NEW_KINDS, slug
 from common import CURVES_ROWS as ROWS
 
 from resnmt.averaging import numbered_checkpoints
@@ -60,22 +60,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "curves.jsonl"
 
 # The study, most decisive runs first: (size, row, seed). Pairs that compare directly are
-# adjacent, so that `--workers 2 --threads 1` trains them side by side within a session.
-# Done so far: 2+2 seed 1 of post_ln, rskip_ln (to 4800) and sas (to 3600, then from
-# update 0 to 14400 in sessions 32-34); 6+6 seed 1 of every row, the later kinds and the
-# two warm-up controls included (all to 2400); 2+2 seed 2 of every row and seed 3 of
-# post_ln, rskip_ln and sas (to 2400), then seed 2 of post_ln to 19200 (past the final
-# budget, to show the flat curve), of rskip_ln to 12000 and sas to 14400 (sessions 30-31,
-# from update 0: runs/ had not survived), rskip_ln on to 14400 (session 32, from update
-# 0); 2+2 post_ln seed 1 on from 4800 to 14400, rskip_ln seed 1 to 14400 (sessions 27-29)
-# and xskip_ln seed 1 to 14400 (sessions 31-32); on a GPU, base seed 1 of post_ln to 1200
-# (diverged), of rskip_ln, pre_ln and the two controls to 3600, sas to 2400, 6+6 post_ln
-# and rskip_ln seed 1 to 3600 (`--milestones 600,...,3600`, beyond the CPU's 2400), and
-# 6+6 seed 2 of the four rows and seed 3 of post_ln and rskip_ln to 1200-1800 (one 530 s
-# device call), all six on to 2400 (session 33, from update 0, 553 s); 2+2 pre_ln seed 1
-# and xskip_ln seed 2 from update 0 to 7200 (session 34, side by side).
-# Next (beyond the study's must-haves): those two and pre_ln seed 2 to the final budget
-# of 14400 updates; on a GPU, 6+6 runs to that budget and base second seeds.
+# adjacent, so that `--workers 2 --threads 1` trains them side by side. What is done is in
+# --out (`--list` tells); a run that is not in STUDY_ORDER is trained with --only.
 STUDY_ORDER = (
     [("deep", r, 1) for r in ("post_ln", "rskip_ln (λ=2)", "pre_ln", "sas")]
     + [("deep", r, 1) for r in CONTROL_ROWS]
@@ -86,6 +72,8 @@ STUDY_ORDER = (
     + [("small", r, 3) for r in ("post_ln", "rskip_ln (λ=2)", "sas")]
     + [("deep", r, 2) for r in ("post_ln", "rskip_ln (λ=2)", "sas", "pre_ln")]
     + [("deep", r, 3) for r in ("post_ln", "rskip_ln (λ=2)")]
+    + [(size, r, 1) for r in NEW_KINDS for size in ("deep", "small")]
+    + [("deep", r, 1) for r in ("b2t (warm-up 1000)", "resi_dual (warm-up 1000)")]
     + [("base", r, 1) for r in ("post_ln", "rskip_ln (λ=2)", "pre_ln", "sas")]
     + [("base", r, 1) for r in CONTROL_ROWS]
 )

@@ -77,6 +77,18 @@ ROWS = {
     "sas (gate 64) fused": Comparison("sas_gate64_fused", "transformer", 0.86, None, None),
     "nswish vs swish (fused)": Comparison("nswish_fused", "swish", 0.97, 0.95, 1.05),
     "nrelu vs relu (fused)": Comparison("nrelu_fused", "post_ln", 0.97, 0.95, 1.05),
+    # targets by analogy, set before measuring: B2T adds one sum per layer; ResiDual one sum
+    # per sublayer and a final LN; Peri-LN one LN per sublayer over pre-LN; DLCL a weighted
+    # sum of up to N+1 tensors and an LN per layer; RMSNorm and DyT do what a LayerNorm does
+    "peri_ln": Comparison("peri_ln", "transformer_prenorm", 0.93, 0.93, 1.05),
+    "b2t": Comparison("b2t", "transformer", 0.98, 0.98, 1.05),
+    "resi_dual": Comparison("resi_dual", "transformer", 0.97, 0.97, 1.05),
+    "dlcl": Comparison("dlcl", "transformer_prenorm", 0.93, 0.93, 1.05),
+    "dlcl_post": Comparison("dlcl_post", "transformer", 0.93, 0.93, 1.05),
+    "pre_ln + rms_norm": Comparison("pre_ln_rms_norm", "pre_ln", 0.98, 0.98, 1.05),
+    "post_ln + rms_norm": Comparison("post_ln_rms_norm", "post_ln", 0.98, 0.98, 1.05),
+    "pre_ln + dyt": Comparison("pre_ln_dyt", "pre_ln", 0.98, 0.98, 1.05),
+    "post_ln + dyt": Comparison("post_ln_dyt", "post_ln", 0.98, 0.98, 1.05),
 }
 # --------------------------------------------------------------------------- worker
 
