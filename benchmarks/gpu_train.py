@@ -111,6 +111,7 @@ class Config:
     trainer: object = None
     flops_per_update: float = 0.0
     tokens_per_update: float = 0.0
+    warmup_s: float = 0.0  # the warm-up updates, compilation included
     samples: list = field(default_factory=list)  # (seconds, target tokens) per round
 
     @property
@@ -253,7 +254,7 @@ def summarize(configs: List[Config], tokens_setting: int, peak_tflops: Optional[
                "arch": ROWS[c.row].arch, "flags": list(ROWS[c.row].extra) + list(c.recipe),
                "rounds": len(rates), "tokens_per_s": med, "tokens_per_s_min": lo, "tokens_per_s_max": hi,
                "spread": (hi - lo) / med, "target_tokens_per_update": c.tokens_per_update,
-               "flops_per_update": c.flops_per_update}
+               "flops_per_update": c.flops_per_update, "warmup_s": c.warmup_s}
         if peak_tflops and per_update:
             rec["mfu"] = c.flops_per_update / per_update / (peak_tflops * 1e12)
         ref = by_key.get(reference_of(c, configs))
@@ -512,30 +513,58 @@ def main(argv=None):
             for name in a.recipes.split(","):
                 configs.append(Config(name, "post_ln", "fp32" if a.cpu else "bf16", recipe=RECIPES[name]))
         batches = None
+
+        def failed(c, stage, error):
+            """One configuration's failure (a compiler error, say) is recorded and leaves the others."""
+            c.trainer = None
+            rec = {"kind": "error", "config": c.key, "max_tokens": max_tokens, "stage": stage,
+                   "error": f"{type(error).__name__}: {error}"[-2000:]}
+            write(out, rec)
+            print(json.dumps(rec), file=sys.stderr, flush=True)
+
+        ready = []
         for c in configs:
-            argv_c = train_argv(a.data, ROWS[c.row], c.dtype, max_tokens, c.recipe, a.smoke, a.cpu, a.compile_backend)
-            c.trainer, task, cfg = build_trainer(argv_c)
-            if batches is None:
-                batches = training_batches(task, cfg, a.batches)
-            c.tokens_per_update = statistics.mean(int(b["ntokens"]) for b in batches)
-            c.flops_per_update = count_flops(c.trainer, batches[0]) * c.tokens_per_update / int(batches[0]["ntokens"])
-            run_updates(c.trainer, batches, 0, a.warmup)  # warm-up (and any compilation)
-            synchronize(a.cpu)
+            try:
+                argv_c = train_argv(a.data, ROWS[c.row], c.dtype, max_tokens, c.recipe, a.smoke, a.cpu,
+                                    a.compile_backend)
+                c.trainer, task, cfg = build_trainer(argv_c)
+                if batches is None:
+                    batches = training_batches(task, cfg, a.batches)
+                c.tokens_per_update = statistics.mean(int(b["ntokens"]) for b in batches)
+                first = int(batches[0]["ntokens"])
+                c.flops_per_update = count_flops(c.trainer, batches[0]) * c.tokens_per_update / first
+                synchronize(a.cpu)
+                t0 = time.perf_counter()
+                run_updates(c.trainer, batches, 0, a.warmup)  # warm-up (and any compilation)
+                synchronize(a.cpu)
+                c.warmup_s = time.perf_counter() - t0
+                ready.append(c)
+            except Exception as e:  # noqa: BLE001 (recorded, and the run goes on)
+                failed(c, "build and warm-up", e)
+        configs = ready
         if a.profile and max_tokens == tokens[0]:
             for c in configs:
                 if c.name == STOCK or c.name in RECIPES:
-                    profiles[c.key] = profile_update(c.trainer, batches, a.cpu)
+                    try:
+                        profiles[c.key] = profile_update(c.trainer, batches, a.cpu)
+                    except Exception as e:  # noqa: BLE001
+                        profiles[c.key] = {"error": f"{type(e).__name__}: {e}"[-2000:]}
         for rnd in range(a.rounds):
             if time.monotonic() > deadline and rnd > 0:
                 print(f"[gpu_train] deadline: stopped after {rnd} rounds at --max-tokens {max_tokens}", file=sys.stderr)
                 break
             order = configs if rnd % 2 == 0 else list(reversed(configs))
             for c in order:
-                synchronize(a.cpu)
-                t0 = time.perf_counter()
-                tok = run_updates(c.trainer, batches, a.warmup + rnd * a.updates, a.updates)
-                synchronize(a.cpu)
-                c.samples.append((time.perf_counter() - t0, tok))
+                if c.trainer is None:
+                    continue
+                try:
+                    synchronize(a.cpu)
+                    t0 = time.perf_counter()
+                    tok = run_updates(c.trainer, batches, a.warmup + rnd * a.updates, a.updates)
+                    synchronize(a.cpu)
+                    c.samples.append((time.perf_counter() - t0, tok))
+                except Exception as e:  # noqa: BLE001
+                    failed(c, f"round {rnd + 1}", e)
         rows_here = summarize(configs, max_tokens, peak)
         for rec in rows_here:
             rec["device"] = device

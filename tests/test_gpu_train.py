@@ -66,3 +66,28 @@ def test_without_a_gpu_it_says_so(tiny_bin, tmp_path):
         pytest.skip("a GPU is here")
     proc = run_cli([sys.executable, SCRIPT, "--data", tiny_bin, "--out", tmp_path / "x.jsonl"], check=False)
     assert proc.returncode == 2 and "no CUDA device here" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_a_failing_configuration_is_recorded_and_the_others_measured(tiny_bin, tmp_path, monkeypatch):
+    """(in-process) e.g. a compiler error in one row: an error record, the other rows measured."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import gpu_train
+
+    real = gpu_train.count_flops
+
+    def count_flops(trainer, sample):
+        if type(trainer.model).__name__ == "ResidualTransformerModel":
+            raise RuntimeError("planted failure")
+        return real(trainer, sample)
+
+    monkeypatch.setattr(gpu_train, "count_flops", count_flops)
+    out = tmp_path / "rows.jsonl"
+    gpu_train.main(["--smoke", "--cpu", "--data", str(tiny_bin), "--out", str(out), "--rows", "transformer,post_ln",
+                    "--no-recipe", "--tokens", "600", "--warmup", "1", "--updates", "1", "--rounds", "1",
+                    "--batches", "2"])
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    errors = [r for r in records if r["kind"] == "error"]
+    assert [(e["config"], e["stage"]) for e in errors] == [("post_ln/fp32", "build and warm-up")]
+    assert "RuntimeError: planted failure" in errors[0]["error"]
+    rows = [r for r in records if r["kind"] == "row"]
+    assert [r["config"] for r in rows] == ["transformer"] and rows[0]["warmup_s"] > 0
