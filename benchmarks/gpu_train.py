@@ -212,6 +212,13 @@ def count_flops(trainer, sample) -> float:
     return float(counter.get_total_flops())
 
 
+def compiled_graphs() -> int:
+    """How many graphs torch.compile has made in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def matmul_rate(cpu: bool, size: int, reps: int = 10) -> dict:
     """The card's bf16 matrix-product rate, measured: ``size``-cubed products."""
     import torch
@@ -542,6 +549,7 @@ def main(argv=None):
             except Exception as e:  # noqa: BLE001 (recorded, and the run goes on)
                 failed(c, "build and warm-up", e)
         configs = ready
+        graphs_after_warmup = compiled_graphs()
         if a.profile and max_tokens == tokens[0]:
             for c in configs:
                 if c.name == STOCK or c.name in RECIPES:
@@ -566,8 +574,11 @@ def main(argv=None):
                 except Exception as e:  # noqa: BLE001
                     failed(c, f"round {rnd + 1}", e)
         rows_here = summarize(configs, max_tokens, peak)
+        graphs_at_end = compiled_graphs()
         for rec in rows_here:
             rec["device"] = device
+            # torch.compile graphs made by then (all configurations): equal = none compiled while timed
+            rec["compiled_graphs_after_warmup"], rec["compiled_graphs_at_end"] = graphs_after_warmup, graphs_at_end
             write(out, rec)
         all_rows += rows_here
         for c in configs:  # free this token setting's models before the next

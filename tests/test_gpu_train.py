@@ -15,7 +15,7 @@ SCRIPT = REPO_ROOT / "benchmarks" / "gpu_train.py"
 def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     out, profile = tmp_path / "rows.jsonl", tmp_path / "profile.json"
     proc = run_cli([sys.executable, SCRIPT, "--smoke", "--cpu", "--data", tiny_bin, "--out", out,
-                    "--rows", "transformer,post_ln", "--tokens", "600", "--warmup", "1", "--updates", "2",
+                    "--rows", "transformer,post_ln", "--tokens", "600", "--warmup", "3", "--updates", "2",
                     "--rounds", "2", "--batches", "3", "--profile", profile, "--compile-backend", "eager", "--whole-process",
                     "--whole-runs", "stock_fairseq_train_fp16", "--whole-updates", "4", "--whole-interval", "1",
                     "--whole-skip", "1", "--whole-tokens", "600"])
@@ -35,6 +35,8 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     for r in rows.values():
         assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"] and r["tokens_per_s"] > 0
         assert 0 < r["mfu"] < 1 and r["flops_per_update"] > 0 and r["target_tokens_per_update"] > 0
+    # the compiled recipe compiled during its warm-up only (which saw every batch shape)
+    assert 0 < compiled["compiled_graphs_after_warmup"] == compiled["compiled_graphs_at_end"]
     # the same model, the same math: the same FLOPs
     assert post_ln["flops_per_update"] == rows[("transformer", "fp32")]["flops_per_update"]
     assert "| post_ln | fp32 | 600 |" in proc.stdout and "same-math pair post_ln/transformer" in proc.stdout
