@@ -2,8 +2,10 @@
 # The GPU session's device calls for issue 35 (docs/benchmarks.md, "GPU training through
 # fairseq's trainer"). On a bare machine with Python 3.12 and its own torch, no network:
 #
-#   run(command="bash benchmarks/gpu_job.sh 1", carry=[".gpu"], timeout_s=600)   # first
-#   run(command="bash benchmarks/gpu_job.sh 2", carry=[".gpu"], timeout_s=330)   # then, if time is left
+#   run(command="bash benchmarks/gpu_job.sh 1", carry=[".gpu"], timeout_s=540)   # first
+#   run(command="bash benchmarks/gpu_job.sh 2", carry=[".gpu"], timeout_s=300)   # at once after it
+#   run(command="bash benchmarks/gpu_job.sh 3", carry=[".gpu"], timeout_s=300)   # a later lease
+# (a 15-minute lease holds a start, part 1 and part 2.)
 #
 # .gpu/ (ignored by git; how to rebuild it: docs/benchmarks.md) holds
 #   whl/        ve-fairseq 0.12.3 cp312 and the dependencies the machine lacks
@@ -11,15 +13,16 @@
 #   multi30k/   the prepared Multi30k EN-DE (resnmt's data prep: sentencepiece 8000, joined dictionary)
 #   test-data/  a copy of ../shared/data/multi30k for the tests' tiny corpus (RESNMT_TEST_DATA)
 #
-# Part 1 (GPU_JOB_SECONDS, default 520 s, inside the 600 s call):
+# Part 1 (GPU_JOB_SECONDS, default 450 s):
 #   the GPU checks: adam_fused against adam on CUDA; two ranks sharing the GPU over gloo
 #   (fp32 fairseq-train, bf16 + adam_fused resnmt-train) in lockstep;
 #   the trainer table at 4096 tokens in bf16: every row, stock fp16 and the two recipes,
 #   3 interleaved rounds of 100 updates, and the profile of one update.
-# Part 2 (default 290 s):
-#   whole fairseq-train processes: stock --arch transformer --fp16, --user-dir resnmt
-#   --arch transformer_postln_base --fp16, the recipes through resnmt-train (fairseq's wps);
-#   the same-math pair in fp16 at 4096 tokens; the pair, stock and the recipe at 16384.
+# Part 2 (default 240 s): whole fairseq-train processes: stock --arch transformer --fp16,
+#   --user-dir resnmt --arch transformer_postln_base --fp16, the recipes through
+#   resnmt-train (fairseq's own wps).
+# Part 3 (default 240 s): the same-math pair in fp16 at 4096 tokens; the pair, stock and
+#   the recipe at 16384.
 # Each step stops starting new work at its deadline; whatever finished is under $OUT:
 # job.log, gpu_tests.txt, gpu_train.jsonl, profile.json.
 # GPU_JOB_SMOKE=1 rehearses the steps on the CPU (tiny model, few updates) where fairseq
@@ -28,9 +31,9 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder the results go to}"
 PART=${1:-1}
 case "$PART" in
-    1) BUDGET=${GPU_JOB_SECONDS:-520} ;;
-    2) BUDGET=${GPU_JOB_SECONDS:-290} ;;
-    *) echo "gpu_job.sh: part '$PART': give 1 or 2"; exit 2 ;;
+    1) BUDGET=${GPU_JOB_SECONDS:-450} ;;
+    2|3) BUDGET=${GPU_JOB_SECONDS:-240} ;;
+    *) echo "gpu_job.sh: part '$PART': give 1, 2 or 3"; exit 2 ;;
 esac
 T0=$SECONDS
 left() { echo $(( BUDGET - (SECONDS - T0) )); }
@@ -59,12 +62,13 @@ if [ "$PART" = 1 ]; then
     tail -n 3 "$OUT/gpu_tests.txt"
     echo "[gpu_job] checks done at $((SECONDS - T0)) s"
     "${BENCH[@]}" --tokens 4096 --dtypes bf16 --profile "$OUT/profile.json" --warmup 10 --updates 100 --rounds 3 \
-        --deadline $(( $(left) - 150 )) "${SMOKE[@]}"
+        --deadline $(( $(left) - 130 )) "${SMOKE[@]}"
     echo "[gpu_job] 4096-token bf16 table done at $((SECONDS - T0)) s"
-else
+elif [ "$PART" = 2 ]; then
     "${BENCH[@]}" --tokens "" --no-recipe --whole-process --whole-updates 200 --whole-interval 10 --whole-skip 20 \
-        --deadline $(( $(left) - 190 )) "${SMOKE[@]}"
+        --whole-timeout 100 --deadline $(( $(left) - 100 )) "${SMOKE[@]}"
     echo "[gpu_job] whole processes done at $((SECONDS - T0)) s"
+else
     if [ "$(left)" -gt 60 ]; then
         "${BENCH[@]}" --tokens 4096 --rows transformer,post_ln --dtypes fp16 --no-recipe --warmup 10 --updates 100 \
             --rounds 3 --deadline $(( $(left) - 100 )) "${SMOKE[@]}"
