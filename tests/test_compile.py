@@ -84,6 +84,17 @@ def test_compiled_layers_train_like_eager_and_compile_once(tiny_bin, case):
     assert compiled_calls(compiled) == 4 * 3
 
 
+def test_compile_layers_with_connection_stats_is_refused(tiny_bin):
+    from fairseq import options, tasks
+
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=[
+        str(tiny_bin), "--task", "resnmt_translation", "--arch", "transformer_sas_base", *TINY, "--compile-layers",
+        "--log-connection-stats"])
+    task = tasks.setup_task(args)
+    with pytest.raises(ValueError, match=r"^--compile-layers with --log-connection-stats: the statistics hooks"):
+        task.build_model(args)
+
+
 def test_unknown_backend_is_refused(tiny_bin):
     model, _, _ = build(tiny_bin, "transformer_postln_base")
     with pytest.raises(ValueError, match=r"^--compile-backend cuda: choose one of inductor, aot_eager, eager$"):

@@ -79,6 +79,9 @@ class ResNMTTranslationTask(TranslationTask):
         line naming resnmt-train (resnmt/bf16.py), whatever the --arch; with
         --compile-layers the layers are compiled for training (resnmt/compile.py)."""
         check_bf16_device(cfg)
+        if self.cfg.compile_layers and not from_checkpoint and getattr(cfg, "log_connection_stats", None):
+            raise ValueError("--compile-layers with --log-connection-stats: the statistics hooks are not "
+                             "compiled; train with one of them")
         model = super().build_model(cfg, from_checkpoint)
         if self.cfg.compile_layers and not from_checkpoint:  # training builds; loading for decoding does not
             compile_layers_for_training(model, backend=str(self.cfg.compile_backend))
