@@ -409,6 +409,7 @@ TABLE_HOMES = {
     "speed-table": "docs/benchmarks.md", "fp16-table": "docs/benchmarks.md",
     "fp16-headroom-table": "docs/benchmarks.md", "quality-table": "docs/study.md",
     "curves-table": "docs/study.md", "glance-table": "README.md", "speed-glance": "README.md",
+    "cross-layer-table": "docs/study.md",
 }
 
 
@@ -419,8 +420,8 @@ def test_each_generated_table_lives_in_one_document(monkeypatch):
     import make_tables
     import plot_curves
 
-    begins = [begin for begin, _ in make_tables.MARKERS.values()] + [plot_curves.MARKERS[0],
-                                                                      plot_curves.GLANCE_MARKERS[0]]
+    begins = [begin for begin, _ in make_tables.MARKERS.values()] + [
+        plot_curves.MARKERS[0], plot_curves.GLANCE_MARKERS[0], plot_curves.CROSS_MARKERS[0]]
     names = {re.match(r"<!-- (.+):begin -->", b).group(1) for b in begins}
     assert names == set(TABLE_HOMES)
     docs = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
@@ -483,3 +484,34 @@ def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
     assert "curves-table" not in text and "sacreBLEU mean ± std over seeds" not in text
     bad = run_cli([*argv[:-1], bare], check=False)
     assert bad.returncode == 2 and "neither" in bad.stderr
+
+
+def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
+    """Seed 1 at the newest budget each pair shares: 2+2 minus post-LN, 6+6 minus pre-LN and
+    minus post-LN; a gap within 0.5 BLEU counts as level; rows not trained are left out;
+    the study's figures keep the papers' rows and the cross-layer figure gets the new ones
+    with their references."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import plot_curves
+
+    def line(size, row, updates, bleu, seed=1):
+        return {"benchmark": "curves", "size": {"name": size}, "row": row, "seed": seed, "updates": updates,
+                "bleu": bleu, "device": "cpu"}
+
+    lines = [line("small", "post_ln", 600, 15.0), line("small", "post_ln", 1200, 24.0),
+             line("small", "post_ln", 2400, 30.0), line("small", "post_ln", 2400, 31.0, seed=2),
+             line("small", "b2t", 600, 14.0), line("small", "b2t", 1200, 23.7),
+             line("small", "dlcl", 600, 13.0),
+             line("deep", "post_ln", 600, 7.5), line("deep", "pre_ln", 600, 15.6), line("deep", "pre_ln", 1200, 26.8),
+             line("deep", "b2t", 600, 17.1), line("deep", "b2t", 1200, 25.0), line("deep", "sas", 600, 16.2)]
+    results = tmp_path / "curves.jsonl"
+    results.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    runs = plot_curves.load(results)
+    table = plot_curves.cross_layer_table(runs)
+    assert "| b2t | -0.30 @ 1200 | -1.80 @ 1200 | +9.60 @ 600 | yes | no |" in table
+    assert "| dlcl | -2.00 @ 600 |  |  | no | — |" in table
+    assert "resi_dual" not in table and "sas" not in table
+    study, cross = plot_curves.split_rows(runs)
+    assert set(study[("cpu", "deep")]) == {"post_ln", "pre_ln", "sas"}
+    assert set(cross[("cpu", "deep")]) == {"post_ln", "pre_ln", "b2t"}
+    assert set(cross[("cpu", "small")]["post_ln"][1]) == {600, 1200, 2400}
