@@ -942,7 +942,13 @@ class ResiDualConnection(PostLNConnection):
 
     @classmethod
     def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
-        return ResiDualStream(dim, spec)
+        return ResiDualStream(spec.norm(dim), spec.resi_dual_scale, spec.resi_dual_alpha)
+
+
+def stream_norms(dim: int, spec: ConnectionSpec):
+    """One norm per layer of ``spec``'s side, for DLCL's stream."""
+    layers = spec.encoder_layers if spec.side == "encoder" else spec.decoder_layers
+    return [spec.norm(dim) for _ in range(layers)]
 
 
 DLCL_WINDOW = Flag(
@@ -966,7 +972,7 @@ class DLCLConnection(PreLNConnection):
 
     @classmethod
     def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
-        return DLCLStream(dim, spec, pre_norm=True)
+        return DLCLStream(stream_norms(dim, spec), pre_norm=True, window=spec.dlcl_window)
 
 
 @register_connection
@@ -982,7 +988,7 @@ class DLCLPostConnection(PostLNConnection):
 
     @classmethod
     def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
-        return DLCLStream(dim, spec, pre_norm=False)
+        return DLCLStream(stream_norms(dim, spec), pre_norm=False, window=spec.dlcl_window)
 
 
 CONNECTION_KINDS = tuple(CONNECTION_CLASSES)

@@ -27,13 +27,10 @@ DLCL      y_0..y_l; layer l+1 reads sum_k W[l+1,k] LN(y_k) (pre-norm)       Wang
           or LN(sum_k W[l+1,k] y_k) (post-norm); W from the average
 ========  ===============================================================  =====================
 """
-from typing import TYPE_CHECKING, ClassVar, Dict, List, Optional, Tuple
+from typing import ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
-
-if TYPE_CHECKING:  # pragma: no cover
-    from resnmt.modules.connections import ConnectionSpec
 
 State = Tuple[Tensor, ...]
 
@@ -69,15 +66,15 @@ class ResiDualStream(ResidualStream):
     ``x_{k+1} = LN(x_k + F_k)``, an unnormalized stream ``d`` that adds up the same
     sublayer outputs, ``d_0 = s*x_0``, ``d_{k+1} = d_k + s*F_k``; the stack's output is
     ``alpha*x_N + LN(d_N)`` (s = ``--resi-dual-scale``, alpha = ``--resi-dual-alpha``,
-    both 1 in the paper; the LN is this stream's own, of ``--normalization``)."""
+    both 1 in the paper; ``norm`` is the stream's own LN, of ``--normalization``)."""
 
     reads_sublayer_outputs = True
 
-    def __init__(self, dim: int, spec: "ConnectionSpec"):
+    def __init__(self, norm: nn.Module, scale: float = 1.0, alpha: float = 1.0):
         super().__init__()
-        self.scale = float(spec.resi_dual_scale)
-        self.alpha = float(spec.resi_dual_alpha)
-        self.norm = spec.norm(dim)
+        self.scale = float(scale)
+        self.alpha = float(alpha)
+        self.norm = norm
 
     def begin(self, x: Tensor) -> State:
         return (x * self.scale if self.scale != 1.0 else x,)
@@ -119,19 +116,19 @@ class DLCLStream(ResidualStream):
       output ``LN_N(sum_{k<=N} W[N,k] y_k)``;
 
     W a learned (N+1) x (N+1) lower-triangular matrix starting at the average
-    (:func:`dlcl_initial_weights`), optionally limited to a window of the most recent
-    outputs; LN_k the stream's own norms (one per layer, of ``--normalization``).
+    (:func:`dlcl_initial_weights`), optionally limited to a ``window`` of the most recent
+    outputs; LN_k the stream's own ``norms`` (one per layer, of ``--normalization``).
     """
 
-    def __init__(self, dim: int, spec: "ConnectionSpec", pre_norm: bool):
+    def __init__(self, norms: Sequence[nn.Module], pre_norm: bool, window: Optional[int] = None):
         super().__init__()
-        self.num_layers = spec.encoder_layers if spec.side == "encoder" else spec.decoder_layers
+        self.num_layers = len(norms)
         self.pre_norm = pre_norm
-        self.window = spec.dlcl_window
+        self.window = window
         initial = dlcl_initial_weights(self.num_layers, self.window)
         self.weights = nn.Parameter(initial)
         self.register_buffer("mask", initial > 0, persistent=False)
-        self.norms = nn.ModuleList(spec.norm(dim) for _ in range(self.num_layers))
+        self.norms = nn.ModuleList(norms)
 
     def combination(self) -> Tensor:
         """The weights as used: W with the entries outside the window and above the diagonal at 0."""
