@@ -21,8 +21,8 @@
 # Part 2 (default 240 s): whole fairseq-train processes: stock --arch transformer --fp16,
 #   --user-dir resnmt --arch transformer_postln_base --fp16, the recipes through
 #   resnmt-train (fairseq's own wps).
-# Part 3 (default 240 s): the same-math pair in fp16 at 4096 tokens; the pair, stock and
-#   the recipe at 16384.
+# Part 3 (default 240 s): --compile-layers' inductor kernels against eager on CUDA; the
+#   same-math pair in fp16 at 4096 tokens; the pair, stock and the recipe at 16384.
 # Each step stops starting new work at its deadline; whatever finished is under $OUT:
 # job.log, gpu_tests.txt, gpu_train.jsonl, profile.json.
 # GPU_JOB_SMOKE=1 rehearses the steps on the CPU (tiny model, few updates) where fairseq
@@ -69,6 +69,9 @@ elif [ "$PART" = 2 ]; then
         --whole-timeout 100 --deadline $(( $(left) - 100 )) "${SMOKE[@]}"
     echo "[gpu_job] whole processes done at $((SECONDS - T0)) s"
 else
+    timeout 90 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
+        tests/test_compile.py::test_inductor_on_cuda_trains_like_eager 2>&1 | tail -n 40 > "$OUT/gpu_tests3.txt"
+    tail -n 3 "$OUT/gpu_tests3.txt"
     if [ "$(left)" -gt 60 ]; then
         "${BENCH[@]}" --tokens 4096 --rows transformer,post_ln --dtypes fp16 --no-recipe --warmup 10 --updates 100 \
             --rounds 3 --deadline $(( $(left) - 100 )) "${SMOKE[@]}"

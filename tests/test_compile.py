@@ -84,6 +84,25 @@ def test_compiled_layers_train_like_eager_and_compile_once(tiny_bin, case):
     assert compiled_calls(compiled) == 4 * 3
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/gpu_job.sh 3 runs it)")
+def test_inductor_on_cuda_trains_like_eager(tiny_bin):
+    """inductor's CUDA kernels: the same losses and gradients as eager, over batches of three shapes."""
+    from fairseq import utils as fairseq_utils
+
+    eager, task, _ = build(tiny_bin, "transformer_sas_base", NO_DROPOUT)
+    compiled, _, _ = build(tiny_bin, "transformer_sas_base", NO_DROPOUT)
+    eager.cuda().train(), compiled.cuda().train()
+    compile_layers_for_training(compiled)
+    for batch in training_batches(task):
+        batch = fairseq_utils.move_to_cuda(batch)
+        loss_e, grads_e = loss_and_grads(eager, batch)
+        loss_c, grads_c = loss_and_grads(compiled, batch)
+        torch.testing.assert_close(loss_c, loss_e, rtol=1e-4, atol=1e-5)
+        for name in grads_e:
+            torch.testing.assert_close(grads_c[name], grads_e[name], rtol=1e-3, atol=1e-5, msg=name)
+    assert compiled_calls(compiled) == 4 * 3
+
+
 def test_compile_layers_with_connection_stats_is_refused(tiny_bin):
     from fairseq import options, tasks
 
