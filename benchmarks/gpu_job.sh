@@ -5,6 +5,7 @@
 #   run(command="bash benchmarks/gpu_job.sh 1", carry=[".gpu"], timeout_s=540)   # first
 #   run(command="bash benchmarks/gpu_job.sh 2", carry=[".gpu"], timeout_s=300)   # at once after it
 #   run(command="bash benchmarks/gpu_job.sh 3", carry=[".gpu"], timeout_s=300)   # a later lease
+#   run(command="bash benchmarks/gpu_job.sh 4", carry=[".gpu"], timeout_s=300)   # a later lease
 # (a 15-minute lease holds a start, part 1 and part 2.)
 #
 # .gpu/ (ignored by git; how to rebuild it: docs/benchmarks.md) holds
@@ -23,6 +24,8 @@
 #   resnmt-train (fairseq's own wps).
 # Part 3 (default 240 s): --compile-layers' inductor kernels against eager on CUDA; the
 #   same-math pair in fp16 at 4096 tokens; the pair, stock and the recipe at 16384.
+# Part 4 (default 240 s): the methods that cross layers, Peri-LN and RMSNorm/DyT against
+#   their references, at 4096 tokens in bf16 (gpu_train.CROSS_LAYER_ROWS).
 # Each step stops starting new work at its deadline; whatever finished is under $OUT:
 # job.log, gpu_tests.txt, gpu_train.jsonl, profile.json.
 # GPU_JOB_SMOKE=1 rehearses the steps on the CPU (tiny model, few updates) where fairseq
@@ -32,8 +35,8 @@ set -uo pipefail
 PART=${1:-1}
 case "$PART" in
     1) BUDGET=${GPU_JOB_SECONDS:-450} ;;
-    2|3) BUDGET=${GPU_JOB_SECONDS:-240} ;;
-    *) echo "gpu_job.sh: part '$PART': give 1, 2 or 3"; exit 2 ;;
+    2|3|4) BUDGET=${GPU_JOB_SECONDS:-240} ;;
+    *) echo "gpu_job.sh: part '$PART': give 1, 2, 3 or 4"; exit 2 ;;
 esac
 T0=$SECONDS
 left() { echo $(( BUDGET - (SECONDS - T0) )); }
@@ -64,6 +67,10 @@ if [ "$PART" = 1 ]; then
     "${BENCH[@]}" --tokens 4096 --dtypes bf16 --profile "$OUT/profile.json" --warmup 10 --updates 100 --rounds 3 \
         --deadline $(( $(left) - 130 )) "${SMOKE[@]}"
     echo "[gpu_job] 4096-token bf16 table done at $((SECONDS - T0)) s"
+elif [ "$PART" = 4 ]; then
+    "${BENCH[@]}" --tokens 4096 --dtypes bf16 --no-recipe --warmup 10 --updates 100 --rounds 3 \
+        --rows transformer,transformer_prenorm,post_ln,pre_ln,peri_ln,b2t,resi_dual,dlcl,dlcl_post,pre_ln_rms_norm,post_ln_rms_norm,pre_ln_dyt,post_ln_dyt \
+        --deadline $(( $(left) - 40 )) "${SMOKE[@]}"
 elif [ "$PART" = 2 ]; then
     "${BENCH[@]}" --tokens "" --no-recipe --whole-process --whole-updates 200 --whole-interval 10 --whole-skip 20 \
         --whole-timeout 100 --deadline $(( $(left) - 100 )) "${SMOKE[@]}"
