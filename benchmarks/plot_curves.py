@@ -453,33 +453,44 @@ def last_shared(rows: dict, row: str, other: str, seed: int = 1):
 
 
 def _gap(rows: dict, row: str, other: str):
+    """(the difference, the budget, its cell) at the newest budget both rows reached."""
     u = last_shared(rows, row, other)
     if u is None:
-        return None, ""
+        return None, None, ""
     d = rows[row][1][u]["bleu"] - rows[other][1][u]["bleu"]
-    return d, f"{d:+.2f} @ {u}"
+    return d, u, f"{d:+.2f} @ {u}"
+
+
+# The budgets a verdict waits for: 2+2 post-LN and pre-LN differ from 2400 updates on;
+# 6+6 post-LN is far behind every repair from 1200 on.
+VERDICT_BUDGETS = {"small": 2400, "deep": 1200}
 
 
 def cross_layer_table(runs, tolerance: float = 0.5) -> str:
     """Per method (seed 1, the newest budget both rows reached): does it get post-LN's
     quality at 2+2 layers (sacreBLEU minus post-LN's) and pre-LN's stability at 6+6
     (minus pre-LN's, and minus post-LN's)? A gap within ``tolerance`` BLEU counts as
-    level: one seed cannot resolve less (the 2+2 seeds of one row differ by 0.3-0.6)."""
+    level: one seed cannot resolve less (the 2+2 seeds of one row differ by 0.3-0.6).
+    Before ``VERDICT_BUDGETS`` the verdict is "not yet"."""
     small, deep = runs.get(("cpu", "small"), {}), runs.get(("cpu", "deep"), {})
     lines = ["| method | 2+2: − post-LN | 6+6: − pre-LN | 6+6: − post-LN | post-LN's 2+2 quality? | "
              "pre-LN's 6+6 stability? |", "|---|---:|---:|---:|---|---|"]
 
-    def judged(d):
-        return "—" if d is None else "yes" if d >= -tolerance else "no"
+    def judged(d, u, size):
+        if d is None:
+            return "—"
+        if u < VERDICT_BUDGETS[size]:
+            return "not yet"
+        return "yes" if d >= -tolerance else "no"
 
     for row in NEW_KINDS:
         if row not in small and row not in deep:
             continue
-        d_small, small_cell = _gap(small, row, "post_ln")
-        d_deep, deep_cell = _gap(deep, row, "pre_ln")
-        _, deep_post_cell = _gap(deep, row, "post_ln")
-        lines.append(f"| {row} | {small_cell} | {deep_cell} | {deep_post_cell} | {judged(d_small)} | "
-                     f"{judged(d_deep)} |")
+        d_small, u_small, small_cell = _gap(small, row, "post_ln")
+        d_deep, u_deep, deep_cell = _gap(deep, row, "pre_ln")
+        deep_post_cell = _gap(deep, row, "post_ln")[2]
+        lines.append(f"| {row} | {small_cell} | {deep_cell} | {deep_post_cell} | {judged(d_small, u_small, 'small')} | "
+                     f"{judged(d_deep, u_deep, 'deep')} |")
     return "\n".join(lines)
 
 

@@ -488,7 +488,8 @@ def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
 
 def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
     """Seed 1 at the newest budget each pair shares: 2+2 minus post-LN, 6+6 minus pre-LN and
-    minus post-LN; a gap within 0.5 BLEU counts as level; rows not trained are left out;
+    minus post-LN; a gap within 0.5 BLEU counts as level, and no verdict before 2400 (2+2)
+    or 1200 (6+6) updates; rows not trained are left out;
     the study's figures keep the papers' rows and the cross-layer figure gets the new ones
     with their references."""
     monkeypatch.syspath_prepend(str(BENCH))
@@ -500,7 +501,7 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
 
     lines = [line("small", "post_ln", 600, 15.0), line("small", "post_ln", 1200, 24.0),
              line("small", "post_ln", 2400, 30.0), line("small", "post_ln", 2400, 31.0, seed=2),
-             line("small", "b2t", 600, 14.0), line("small", "b2t", 1200, 23.7),
+             line("small", "b2t", 600, 14.0), line("small", "b2t", 1200, 23.7), line("small", "b2t", 2400, 29.7),
              line("small", "dlcl", 600, 13.0),
              line("deep", "post_ln", 600, 7.5), line("deep", "pre_ln", 600, 15.6), line("deep", "pre_ln", 1200, 26.8),
              line("deep", "b2t", 600, 17.1), line("deep", "b2t", 1200, 25.0), line("deep", "sas", 600, 16.2)]
@@ -508,8 +509,8 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
     results.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
     runs = plot_curves.load(results)
     table = plot_curves.cross_layer_table(runs)
-    assert "| b2t | -0.30 @ 1200 | -1.80 @ 1200 | +9.60 @ 600 | yes | no |" in table
-    assert "| dlcl | -2.00 @ 600 |  |  | no | — |" in table
+    assert "| b2t | -0.30 @ 2400 | -1.80 @ 1200 | +9.60 @ 600 | yes | no |" in table
+    assert "| dlcl | -2.00 @ 600 |  |  | not yet | — |" in table
     assert "resi_dual" not in table and "sas" not in table
     study, cross = plot_curves.split_rows(runs)
     assert set(study[("cpu", "deep")]) == {"post_ln", "pre_ln", "sas"}
