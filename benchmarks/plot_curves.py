@@ -92,7 +92,7 @@ def updates_axis(ax, size: str) -> None:
         if ticks:
             ax.set_xticks(ticks, [str(u) for u in ticks])
             ax.xaxis.set_minor_formatter(NullFormatter())
-    if size in FINAL_BUDGETS:
+    if size in FINAL_BUDGETS and FINAL_BUDGETS[size] <= hi:  # marked where the panel reaches it
         ax.axvline(FINAL_BUDGETS[size], color="gray", linestyle="--", linewidth=0.8)
         ax.text(FINAL_BUDGETS[size], 0.5, "final budget ", transform=ax.get_xaxis_transform(), fontsize=7,
                 color="gray", rotation=90, ha="right", va="center")
