@@ -337,7 +337,6 @@ def markdown(rows: List[dict]) -> str:
 
 def profile_update(trainer, batches, cpu: bool) -> dict:
     """torch.profiler over one update (after warm-up): top kernels, launches, syncs."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([] if cpu else [ProfilerActivity.CUDA])

@@ -25,7 +25,6 @@ SUBWORD_KINDS = ("sentencepiece", "subword_nmt")
 # fairseq.data.data_utils.post_process's other spellings of subword_nmt
 _SUBWORD_NMT_ALIASES = ("@@ ", "@@")
 # what each kind leaves in text it was not undone from
-MARKERS = {"sentencepiece": "\u2581", "subword_nmt": "@@ "}
 _MARKER_RES = {"sentencepiece": re.compile("\u2581"), "subword_nmt": re.compile(r"@@(?: |$)")}
 _DESCRIPTIONS = {"sentencepiece": "sentencepiece pieces ('\u2581')", "subword_nmt": "BPE markers ('@@ ')"}
 # the hub's arguments naming each kind's model file (fairseq's --sentencepiece-model, --bpe-codes)

@@ -34,12 +34,12 @@ Reported (``BLEU`` below is corpus BLEU with sacreBLEU's defaults, one reference
 One JSON object per run is appended to ``--json-out``; a summary goes to stdout.
 """
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 from resnmt.cli.common import OneLineErrorParser
+from resnmt.experiment.results import append_jsonl
 from resnmt.scoring import (PROG, EvaluateError, is_generate_output, parse_generate_output, read_lines,  # noqa: F401
                             score_files, split_compounds, summary, unescape_moses)
 
@@ -112,13 +112,6 @@ def evaluate(args) -> dict:
                        compound_split=args.compound_split)
 
 
-def append_json(path: Path, result: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(result, ensure_ascii=False, sort_keys=True) + "\n"
-    with open(path, "a", encoding="utf-8") as f:  # one write: concurrent runs append whole lines
-        f.write(line)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -129,7 +122,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
     if args.json_out:
-        append_json(Path(args.json_out), result)
+        append_jsonl(Path(args.json_out), result, sort_keys=True)
     print(f"{result['bleu']:.2f}" if args.quiet else summary(result))
     return 0
 

@@ -10,12 +10,12 @@ from typing import List
 MAX_NAME_PART = 60
 
 
-def append_jsonl(path: Path, record: dict) -> None:
+def append_jsonl(path: Path, record: dict, sort_keys: bool = False) -> None:
     """Append one JSON line with a single write (concurrent writers append whole lines)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        f.write(json.dumps(record, ensure_ascii=False, sort_keys=sort_keys) + "\n")
 
 
 def read_jsonl(path: Path) -> List[dict]:

@@ -167,7 +167,8 @@ class ResidualTransformerDecoder(ResidualStack, TransformerDecoderBase):
                     if encoder_out and encoder_out["encoder_padding_mask"] else None)
         x = self.embed_target(prev_output_tokens, incremental_state)
         tokens = prev_output_tokens[:, -1:] if incremental_state is not None else prev_output_tokens
-        self_attn_padding_mask = tokens.eq(self.padding_idx) if tokens.eq(self.padding_idx).any() else None
+        padding = tokens.eq(self.padding_idx)
+        self_attn_padding_mask = padding if padding.any() else None
 
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]

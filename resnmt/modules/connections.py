@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Tuple, Type
 
 import torch
-from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
 from resnmt.modules.fused import fused_sas_output, require_compile

@@ -91,17 +91,19 @@ class ResiDualStream(ResidualStream):
         return f"scale={self.scale:g}, alpha={self.alpha:g}"
 
 
+def window_start(row: int, window: Optional[int]) -> int:
+    """The first of y_0..y_row that row ``row`` of DLCL's weights combines (0 without a window)."""
+    return max(0, row + 1 - window) if window else 0
+
+
 def dlcl_initial_weights(num_layers: int, window: Optional[int]) -> Tensor:
     """DLCL's combination weights at the start: row l (the input of layer l, l = N the
     stack's output) averages the ``window`` most recent of y_0..y_l (all of them without a
     window); entries outside the window, and above the diagonal, are 0 and stay 0."""
     n = num_layers + 1
-    rows = torch.arange(n).unsqueeze(1)
-    cols = torch.arange(n).unsqueeze(0)
-    mask = cols <= rows
-    if window:
-        mask &= cols > rows - window
-    weights = mask.double()
+    weights = torch.zeros(n, n, dtype=torch.float64)
+    for row in range(n):
+        weights[row, window_start(row, window):row + 1] = 1.0
     return (weights / weights.sum(dim=1, keepdim=True)).float()
 
 
@@ -140,7 +142,7 @@ class DLCLStream(ResidualStream):
         return {"dlcl_weights": self.combination().detach().float().cpu().tolist()}
 
     def _combine(self, state: State, row: int) -> Tensor:
-        first = max(0, row + 1 - self.window) if self.window else 0
+        first = window_start(row, self.window)
         weights = self.weights[row, first:row + 1]
         sources = state[first:row + 1]
         out = sources[0] * weights[0].to(sources[0].dtype)
