@@ -259,10 +259,10 @@ def train_cmd(data, save_dir, arch, *extra):
 
 @pytest.fixture(scope="module")
 def trained(tiny_bin, tmp_path_factory):
-    """Four short fairseq-train runs, side by side: an SAS+NReLU model logging per-layer
+    """Five short fairseq-train runs, side by side: an SAS+NReLU model logging per-layer
     statistics, an Admin-encoder/ReZero-decoder model logging per side, a post-LN model
     without the flag, and a DLCL (pre-norm encoder, post-norm decoder with a window)
-    model. {name: (save_dir, log text)}."""
+    model, and a pre-LN model with DyT. {name: (save_dir, log text)}."""
     jobs = {
         "sas": ("transformer_sas_base", "--normalized-activation", "nrelu", "--log-connection-stats", "layer",
                 "--task", "resnmt_translation"),
@@ -270,6 +270,7 @@ def trained(tiny_bin, tmp_path_factory):
                          "--task", "resnmt_translation"),
         "postln": ("transformer_postln_base",),
         "dlcl": ("transformer_dlcl_base", "--decoder-residual", "dlcl_post", "--dlcl-window", "2"),
+        "dyt": ("transformer_preln_base", "--normalization", "dyt"),
     }
     procs = {}
     for name, (arch, *extra) in jobs.items():
@@ -448,3 +449,33 @@ def test_analyze_dlcl_checkpoint_reports_and_draws_the_combination_weights(train
         float(state["decoder.residual_stream.weights"][2, 1]))
     assert set(result["statistics"]) == {"grad_norm"}
     assert png_size(out / "dlcl_weights.png") == (920, 400)
+
+
+def test_analyze_dyt_checkpoint_reports_and_draws_each_learned_alpha(trained, tiny_bin, tmp_path):
+    """Every DyT norm's alpha as trained (3 updates moved each off 0.5), per layer and
+    sublayer, the stacks' final norms as one value, and their plot."""
+    save_dir, _ = trained["dyt"]
+    ckpt = save_dir / "checkpoint_last.pt"
+    out = tmp_path / "out"
+    assert analyze_main([str(ckpt), "--data", str(tiny_bin), "--num-sentences", "8", "--out", str(out),
+                         "--no-progress-bar"]) == 0
+    alphas = json.loads((out / "analysis.json").read_text())["norms"]["dyt_alpha"]
+    state = torch.load(ckpt, weights_only=False)["model"]
+    stored = {k: float(v) for k, v in state.items() if k.endswith(".alpha")}
+    assert len(stored) == 2 * 2 + 3 * 2 + 2  # two sublayers per encoder layer, three per decoder layer, two final
+    reported = {}
+    for side, places in alphas.items():
+        reported.update({f"{side}.{where}.alpha": v for where, v in places["stack"].items()})
+        for where, values in places["layers"].items():
+            reported.update({f"{side}.layers.{i}.{where}.alpha": v for i, v in enumerate(values)})
+    assert reported == pytest.approx(stored)
+    assert all(v != 0.5 for v in stored.values())
+    assert png_size(out / "dyt_alpha.png") == (920, 360)
+
+
+def test_analyze_reports_no_norm_scalars_without_dyt(trained, tiny_bin, tmp_path):
+    out = tmp_path / "out"
+    assert analyze_main([str(trained["dlcl"][0] / "checkpoint_last.pt"), "--data", str(tiny_bin),
+                         "--num-sentences", "4", "--out", str(out), "--no-progress-bar"]) == 0
+    assert json.loads((out / "analysis.json").read_text())["norms"] == {}
+    assert not (out / "dyt_alpha.png").exists()

@@ -110,3 +110,35 @@ def plot_stream_weights(name: str, per_side: Dict[str, List[List[float]]], title
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+NORM_LABELS = {  # learned norm scalars -> title
+    "dyt_alpha": "DyT's learned alpha (tanh(alpha x)), per layer",
+}
+
+
+def plot_learned_norms(name: str, per_side: Dict[str, dict], title: str, path: Path) -> Path:
+    """Write ``path`` (PNG): one panel per side, one line per place a norm sits in a layer
+    (its value at each layer), and the stack's own norms (the final norm) as squares after
+    the last layer (``per_side``: ``resnmt.cli.analyze.learned_norms``' entries)."""
+    sides = [side for side in SIDES if side in per_side]
+    fig, axes = plt.subplots(1, len(sides), figsize=(4.6 * len(sides), 3.6), constrained_layout=True,
+                             squeeze=False, sharey=True)
+    for ax, side in zip(axes[0], sides):
+        layers, stack = per_side[side]["layers"], per_side[side]["stack"]
+        num_layers = max((len(v) for v in layers.values()), default=0)
+        for where, values in layers.items():
+            ax.plot(range(len(values)), [float("nan") if v is None else v for v in values], "o-", label=where)
+        for where, value in stack.items():
+            ax.plot([num_layers], [value], "s", label=f"{where} (stack)")
+        ax.set_title(side)
+        ax.set_xlabel(f"layer ({num_layers} = the stack's own norms)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("alpha")
+    fig.suptitle(f"{title}: {NORM_LABELS.get(name, name)}", fontsize=11)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

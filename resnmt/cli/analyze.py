@@ -22,6 +22,7 @@ Writes ``OUT/analysis.json`` and ``OUT/<statistic>.png``. Exact definitions:
 import argparse
 import json
 import logging
+import re
 import warnings
 import sys
 from pathlib import Path
@@ -146,7 +147,7 @@ def analyze(args) -> dict:
 
     from resnmt.analysis.gradients import BlockOutputs, block_gradient_norms
     from resnmt.analysis.hooks import Accumulator, StatsCollector, side_kinds
-    from resnmt.analysis.plotting import plot_all, plot_stream_weights
+    from resnmt.analysis.plotting import plot_all, plot_learned_norms, plot_stream_weights
 
     logging.getLogger().setLevel(logging.WARNING)  # fairseq's INFO lines would bury the summary
     # emitted by fairseq's attention on every batch; not actionable here
@@ -210,6 +211,7 @@ def analyze(args) -> dict:
         "descriptions": {name: STATISTICS[name].description for name in statistics},
         "statistics": statistics,
         "streams": stream_weights(model),
+        "norms": learned_norms(model),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
@@ -220,6 +222,8 @@ def analyze(args) -> dict:
     written = plot_all(statistics, title, args.out, kinds)
     written += [plot_stream_weights(name, sides, title, args.out / f"{name}.png")
                 for name, sides in result["streams"].items()]
+    written += [plot_learned_norms(name, sides, title, args.out / f"{name}.png")
+                for name, sides in result["norms"].items()]
     print_summary(result, args.out, written)
     return result
 
@@ -233,6 +237,30 @@ def stream_weights(model) -> Dict[str, Dict[str, list]]:
         for name, matrix in (stream.learned() if stream is not None else {}).items():
             out.setdefault(name, {})[side] = matrix
     return out
+
+
+def learned_norms(model) -> Dict[str, Dict[str, dict]]:
+    """``{"dyt_alpha": {side: {"layers": {where: [value per layer]}, "stack": {where: value}}}}``:
+    the learned scalar of every DyT norm (``--normalization dyt``), by side and by where the
+    norm sits: inside a layer (``where`` its module name there, ``self_attn_connection.norm``)
+    or in the stack itself (``layer_norm``, the final norm). Empty without DyT."""
+    from resnmt.modules.norms import DynamicTanh
+
+    out: Dict[str, dict] = {}
+    for name, module in model.named_modules():
+        match = re.match(r"(encoder|decoder)\.(?:layers\.(\d+)\.)?(.+)$", name)
+        if not isinstance(module, DynamicTanh) or match is None:
+            continue
+        side, layer, where = match.groups()
+        places = out.setdefault(side, {"layers": {}, "stack": {}})
+        alpha = float(module.alpha.detach()[0])
+        if layer is None:
+            places["stack"][where] = alpha
+        else:
+            values = places["layers"].setdefault(where, [])
+            values.extend([None] * (int(layer) + 1 - len(values)))
+            values[int(layer)] = alpha
+    return {"dyt_alpha": out} if out else {}
 
 
 def move_to(sample, device):
