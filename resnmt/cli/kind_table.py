@@ -40,11 +40,9 @@ def docs_table() -> str:
 
 
 def docstring_table() -> str:
-    """An RST simple table, as the package's docstring shows it."""
-    rows = [("kind", "output y", "source")] + [
-        (kind, output(cls, False), cls.source) for kind, cls in CONNECTION_CLASSES.items()
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    """An RST simple table of each kind's output, as the package's docstring shows it."""
+    rows = [("kind", "output y")] + [(kind, output(cls, False)) for kind, cls in CONNECTION_CLASSES.items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
     rule = "  ".join("=" * w for w in widths)
 
     def line(row):

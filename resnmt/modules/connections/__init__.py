@@ -27,25 +27,25 @@ The package, by job:
 it: ``python -m resnmt.cli.kind_table --write``):
 
 <!-- kind-docstring-table:begin -->
-=========  =============================================================================================================  =================================================
-kind       output y                                                                                                       source
-=========  =============================================================================================================  =================================================
-post_ln    LN(x + F)                                                                                                      Vaswani et al. 2017 (fairseq's default)
-pre_ln     x + F(LN(x)), a final LN after each stack                                                                      He et al. 2016
-xskip      λ·x + F, no normalization                                                                                      rSkip paper, eq. 2
-xskip_ln   LN(λ·x + F), --skip-lambda-learned: λ a learned vector                                                         rSkip paper, eq. 3
-rskip_ln   y₁ = LN₁(x + F), y_k = LN_k(x + y_{k-1}), output y_λ, λ an integer ≥ 1                                         rSkip paper, eq. 4
-sas        α·x + β·F + γ·LN(x + F), α, β learned gates, γ = (1-α)(1-β) (eq. 4) or a third gate (eq. 3, --sas-gamma gate)  SAS eq.3/4
-highway    t·F + (1-t)·x, t = σ(x W_T + b_T)                                                                              Srivastava et al. 2015
-deepnorm   LN(α·x + F), α and the init's β from the depths                                                                DeepNet, Wang et al. 2022, arXiv:2203.00555
-rezero     x + a·F, a learned from 0, no LayerNorm                                                                        ReZero, Bachlechner et al. 2020, arXiv:2003.04887
-admin      LN(ω ⊙ x + F), ω learned, initialised from the depth                                                           Admin, Liu et al. 2020, arXiv:2004.08249
-peri_ln    x + LN_out(F(LN_in(x))), a final LN after each stack                                                           Peri-LN, Kim et al. 2025, arXiv:2502.02732
-b2t        LN(h + F(h) + x₀), post-LN; a layer's last LN also takes the layer's input x₀                                  B2T, Takase et al. 2023, arXiv:2206.00330
-resi_dual  x_N + LN(d), d = x₀ + ΣF, post-LN sublayers; d adds every sublayer's F                                         ResiDual, Xie et al. 2023, arXiv:2304.14802
-dlcl       x_l = Σ_{k<l} W[l,k]·LN(y_k), pre-LN layers; W learned from the average                                        DLCL, Wang et al. 2019, arXiv:1906.01787
-dlcl_post  x_l = LN(Σ_{k<l} W[l,k]·y_k), post-LN layers; W learned from the average                                       DLCL, Wang et al. 2019, arXiv:1906.01787
-=========  =============================================================================================================  =================================================
+=========  ============================================================================================
+kind       output y
+=========  ============================================================================================
+post_ln    LN(x + F)
+pre_ln     x + F(LN(x)), a final LN after each stack
+xskip      λ·x + F, no normalization
+xskip_ln   LN(λ·x + F), --skip-lambda-learned: λ a learned vector
+rskip_ln   y₁ = LN₁(x + F), y_k = LN_k(x + y_{k-1}), output y_λ, λ an integer ≥ 1
+sas        α·x + β·F + γ·LN(x + F), α, β learned gates, γ = (1-α)(1-β) (--sas-gamma gate: a third gate)
+highway    t·F + (1-t)·x, t = σ(x W_T + b_T)
+deepnorm   LN(α·x + F), α and the init's β from the depths
+rezero     x + a·F, a learned from 0, no LayerNorm
+admin      LN(ω ⊙ x + F), ω learned, initialised from the depth
+peri_ln    x + LN_out(F(LN_in(x))), a final LN after each stack
+b2t        LN(h + F(h) + x₀), post-LN; a layer's last LN also takes the layer's input x₀
+resi_dual  x_N + LN(d), d = x₀ + ΣF, post-LN sublayers; d adds every sublayer's F
+dlcl       x_l = Σ_{k<l} W[l,k]·LN(y_k), pre-LN layers; W learned from the average
+dlcl_post  x_l = LN(Σ_{k<l} W[l,k]·y_k), post-LN layers; W learned from the average
+=========  ============================================================================================
 <!-- kind-docstring-table:end -->
 
 Every normalization a kind owns is ``--normalization`` (LayerNorm, RMSNorm or DyT;

@@ -24,7 +24,7 @@ class SASConnection(SublayerConnection):
 
     kind = "sas"
     equation = "α·x + β·F + γ·LN(x + F)"
-    note = "α, β learned gates, γ = (1-α)(1-β) (eq. 4) or a third gate (eq. 3, --sas-gamma gate)"
+    note = "α, β learned gates, γ = (1-α)(1-β) (--sas-gamma gate: a third gate)"
     source = "SAS eq.3/4"
     flags = (
         Flag("sas_gate", "two_layer", choices=SAS_GATE_FORMS,
