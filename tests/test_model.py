@@ -260,3 +260,25 @@ def test_deepnorm_constants_follow_the_layer_counts_and_init_is_beta_scaled(tiny
             z = torch.cat([(w.detach() / (gain * (2.0 / sum(w.shape)) ** 0.5)).flatten() for w in ws])
             assert float(z.std()) == pytest.approx(1.0, rel=0.04), (side, name)
             assert abs(float(z.mean())) < 0.03, (side, name)
+
+
+def test_choices_are_resolved_from_the_flags_and_never_written_back(tiny_bin):
+    """The arch sets its defaults; resolve_model decides the rest without touching the flags."""
+    args = parse_train_args(tiny_bin, "transformer_dlcl_base", ["--decoder-residual", "pre_ln"])
+    given = dict(vars(args))
+    resolved = resolve_model(args)
+    assert vars(args) == given
+    assert (resolved.encoder.kind, resolved.decoder.kind) == ("dlcl", "pre_ln")
+    assert resolved.encoder.has_final_norm and resolved.decoder.has_final_norm
+    assert getattr(args, "encoder_residual", None) is None and not args.encoder_normalize_before
+    assert (resolved.encoder.layers, resolved.decoder.layers) == (2, 2)  # TINY's
+
+
+def test_final_norm_and_depth_are_decided_with_fairseqs_flags(tiny_bin):
+    args = parse_train_args(tiny_bin, "resnmt_transformer", ["--residual", "pre_ln", "--no-decoder-final-norm",
+                                                              "--encoder-layers-to-keep", "0"])
+    resolved = resolve_model(args)
+    assert resolved.encoder.has_final_norm and not resolved.decoder.has_final_norm
+    assert resolved.encoder.layers == 1  # fairseq builds one layer for --encoder-layers-to-keep 0
+    model, _, _ = build(tiny_bin, "resnmt_transformer", ["--residual", "pre_ln", "--no-decoder-final-norm"])
+    assert model.encoder.layer_norm is not None and model.decoder.layer_norm is None

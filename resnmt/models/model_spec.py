@@ -117,5 +117,5 @@ def depth(args, side: str) -> int:
     builds that many), else ``--{side}-layers`` (6 where unset, fairseq's base)."""
     keep = getattr(args, f"{side}_layers_to_keep", None)
     if keep:
-        return len(keep.split(","))
+        return len(keep.split(",") if isinstance(keep, str) else keep)
     return int(getattr(args, f"{side}_layers", None) or 6)
