@@ -37,7 +37,6 @@ from resnmt.modules.connections import (
     QUERY,
     VALUE,
     ConnectionSpec,
-    SublayerConnection,
     build_connection,
 )
 
