@@ -9,6 +9,7 @@ import torch
 
 from conftest import REPO_ROOT, run_cli
 from model_utils import TINY
+from resnmt.models.model_spec import resolve_model
 
 FAMILIES = ["postln", "preln", "xskip", "rskip", "sas", "highway", "deepnorm", "rezero", "admin", "periln", "b2t",
             "resi_dual", "dlcl", "dlcl_post"]
@@ -137,7 +138,7 @@ def test_deepnorm_with_nswish_trains_and_decodes(tiny_bin, tmp_path):
                        "--max-update", "3", "--task", "resnmt_translation"))
     state = torch.load(save_dir / "checkpoint_last.pt", weights_only=True)
     assert state["cfg"]["model"].normalized_activation == "nswish"
-    assert state["cfg"]["model"].encoder_residual == "deepnorm"
+    assert resolve_model(state["cfg"]["model"]).encoder.kind == "deepnorm"  # what loading the checkpoint builds
     out = run_cli([
         "fairseq-generate", tiny_bin, "--user-dir", USER_DIR, "--task", "resnmt_translation",
         "--path", save_dir / "checkpoint_last.pt", "--gen-subset", "valid", "--beam", "4", "--batch-size", "32",

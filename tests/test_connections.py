@@ -357,3 +357,13 @@ def test_registry_is_the_one_list():
             measured = conn.measure(x, fx)
         assert set(measured) == {stat.name for stat in conn.measured_statistics()}, kind
         assert all(v.shape == x.shape[:-1] for v in measured.values()), kind
+
+
+def test_a_spec_for_one_layer_knows_its_index_and_is_the_same_otherwise():
+    """A kind may depend on its layer's position: each layer's connections are built from
+    ``spec.at_layer(i)``, which changes nothing else and validates nothing again."""
+    spec = ConnectionSpec(kind="xskip_ln", side="decoder", decoder_layers=4, skip_lambda=1.5)
+    layer = spec.at_layer(3)
+    assert spec.layer_index is None and layer.layer_index == 3
+    assert layer.settings() == {**spec.settings(), "layer_index": 3} and layer.options == spec.options
+    assert layer.layers == spec.layers == 4

@@ -122,7 +122,7 @@ def test_b2t_layer_equation(tiny_bin, side):
     memory = torch.randn(4, 2, 16)
     with torch.no_grad():
         if side == "encoder":
-            got = layer(x, None)
+            got = layer(x, None)[0]  # a layer returns (x, extra, residual sum)
             c1, c2 = layer.self_attn_connection, layer.ffn_connection
             h = c1.norm(x + attention_by_hand(layer.self_attn, x, x))
             expected = c2.norm(h + ffn_by_hand(layer, h) + x)
@@ -247,7 +247,7 @@ def test_dlcl_stack_against_a_hand_run(tiny_bin, kind):
             combined = sum(W[i, k] * history[k] for k in range(i + 1))
             if kind == "dlcl_post" and i > 0:
                 combined = stream.norms[i - 1](combined)
-            y = layer(combined, mask)
+            y = layer(combined, mask)[0]
             history.append(stream.norms[i](y) if kind == "dlcl" else y)
         out = sum(W[3, k] * history[k] for k in range(4))
         expected = encoder.layer_norm(out) if kind == "dlcl" else stream.norms[2](out)

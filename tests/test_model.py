@@ -12,6 +12,7 @@ from model_utils import (
     randomize_norms,
     sample_batch,
 )
+from resnmt.models.model_spec import resolve_model
 from resnmt.modules.connections import CONNECTION_KINDS
 
 KIND_ARGS = {
@@ -141,8 +142,8 @@ def test_finite_under_bf16_autocast(tiny_bin, name):
     ],
 )
 def test_named_arch_defaults(tiny_bin, arch, kind, skip_lambda):
-    parser_args = parse_train_args(tiny_bin, arch.replace("_base", "_big"), [])
-    assert parser_args.encoder_residual == parser_args.decoder_residual == kind
+    resolved = resolve_model(parse_train_args(tiny_bin, arch.replace("_base", "_big"), []))
+    assert resolved.encoder.kind == resolved.decoder.kind == kind
     model, _, args = build(tiny_bin, arch, [])
     conn = model.encoder.layers[0].self_attn_connection
     assert type(conn).__name__.lower().startswith(kind.replace("_", "")[:4])
@@ -170,8 +171,9 @@ def test_command_line_overrides_arch(tiny_bin):
         tiny_bin, "transformer_sas_base",
         ["--encoder-residual", "pre_ln", "--sas-gate-dim", "8", "--sas-alpha-bias-init", "3", "--dropout", "0.2"],
     )
-    assert (args.encoder_residual, args.decoder_residual) == ("pre_ln", "sas")
-    assert args.encoder_normalize_before and not args.decoder_normalize_before
+    resolved = resolve_model(args)
+    assert (resolved.encoder.kind, resolved.decoder.kind) == ("pre_ln", "sas")
+    assert resolved.encoder.has_final_norm and not resolved.decoder.has_final_norm
     assert args.sas_gate_dim == 8 and args.sas_alpha_bias_init == 3.0 and args.dropout == 0.2
     assert args.encoder_embed_dim == 16  # TINY overrides the base size
     args = parse_train_args(tiny_bin, "transformer_rskip_base", ["--skip-lambda", "3"])
@@ -179,8 +181,8 @@ def test_command_line_overrides_arch(tiny_bin):
 
 
 def test_fairseq_normalize_before_flags_select_pre_ln(tiny_bin):
-    args = parse_train_args(tiny_bin, "resnmt_transformer", ["--encoder-normalize-before"])
-    assert (args.encoder_residual, args.decoder_residual) == ("pre_ln", "post_ln")
+    resolved = resolve_model(parse_train_args(tiny_bin, "resnmt_transformer", ["--encoder-normalize-before"]))
+    assert (resolved.encoder.kind, resolved.decoder.kind) == ("pre_ln", "post_ln")
 
 
 @pytest.mark.parametrize(
@@ -258,3 +260,25 @@ def test_deepnorm_constants_follow_the_layer_counts_and_init_is_beta_scaled(tiny
             z = torch.cat([(w.detach() / (gain * (2.0 / sum(w.shape)) ** 0.5)).flatten() for w in ws])
             assert float(z.std()) == pytest.approx(1.0, rel=0.04), (side, name)
             assert abs(float(z.mean())) < 0.03, (side, name)
+
+
+def test_choices_are_resolved_from_the_flags_and_never_written_back(tiny_bin):
+    """The arch sets its defaults; resolve_model decides the rest without touching the flags."""
+    args = parse_train_args(tiny_bin, "transformer_dlcl_base", ["--decoder-residual", "pre_ln"])
+    given = dict(vars(args))
+    resolved = resolve_model(args)
+    assert vars(args) == given
+    assert (resolved.encoder.kind, resolved.decoder.kind) == ("dlcl", "pre_ln")
+    assert resolved.encoder.has_final_norm and resolved.decoder.has_final_norm
+    assert getattr(args, "encoder_residual", None) is None and not args.encoder_normalize_before
+    assert (resolved.encoder.layers, resolved.decoder.layers) == (2, 2)  # TINY's
+
+
+def test_final_norm_and_depth_are_decided_with_fairseqs_flags(tiny_bin):
+    args = parse_train_args(tiny_bin, "resnmt_transformer", ["--residual", "pre_ln", "--no-decoder-final-norm",
+                                                              "--encoder-layers-to-keep", "0"])
+    resolved = resolve_model(args)
+    assert resolved.encoder.has_final_norm and not resolved.decoder.has_final_norm
+    assert resolved.encoder.layers == 1  # fairseq builds one layer for --encoder-layers-to-keep 0
+    model, _, _ = build(tiny_bin, "resnmt_transformer", ["--residual", "pre_ln", "--no-decoder-final-norm"])
+    assert model.encoder.layer_norm is not None and model.decoder.layer_norm is None

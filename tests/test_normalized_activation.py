@@ -12,7 +12,8 @@ from fairseq.models.transformer import TransformerConfig
 
 from model_utils import assert_incremental_equals_full, build, parse_train_args, sample_batch
 
-from resnmt.models.options import activation_defaults, activation_spec, add_activation_args
+from resnmt.models.model_spec import resolve_model
+from resnmt.models.options import add_activation_args
 from resnmt.modules.normalized_activation import ActivationSpec, NormalizedActivation, UnnormalizedActivation
 
 KINDS = ["nrelu", "nswish"]
@@ -386,8 +387,12 @@ def parse(argv):
     add_activation_args(parser)
     args = parser.parse_args(argv)
     args.encoder_layers = args.decoder_layers = 6
-    activation_defaults(args)
     return args
+
+
+def activation_spec(cfg):
+    """The FFN activations' part of the model's resolved choices."""
+    return resolve_model(cfg).activation
 
 
 def normalized_activation_from_cfg(cfg, side, layer_index, num_layers):
@@ -401,11 +406,12 @@ def validate_normalized_activation_args(args):
 
 def test_flag_defaults():
     args = parse([])
-    assert args.normalized_activation is None
-    assert args.normalized_activation_stats == "instance"
-    assert args.normalized_activation_momentum == 0.9
-    assert (args.normalized_activation_clamp_min, args.normalized_activation_clamp_max) == (LO, HI)
-    assert args.encoder_unnormalized_top_layers == args.decoder_unnormalized_top_layers == 0
+    spec = activation_spec(args)  # unset flags read as their defaults
+    assert spec.kind is None
+    assert spec.stats == "instance"
+    assert spec.momentum == 0.9
+    assert (spec.clamp_min, spec.clamp_max) == (LO, HI)
+    assert spec.encoder_unnormalized_top_layers == spec.decoder_unnormalized_top_layers == 0
     validate_normalized_activation_args(args)
 
 

@@ -2,9 +2,12 @@
 
 Sizes are fairseq's: ``*_base`` = ``transformer_wmt_en_de`` (6+6 layers, d=512, FFN 2048,
 8 heads, dropout 0.1), ``*_big`` = ``transformer_vaswani_wmt_en_de_big`` (d=1024, FFN 4096,
-16 heads, dropout 0.3). Each arch only chooses the connection; any flag given on the
-command line overrides the arch's choice (fairseq leaves unset flags absent, and every
-default below is a ``getattr`` fallback).
+16 heads, dropout 0.3). An arch function sets defaults only: its connection kind as
+``--residual``'s and the flag values its family chooses, then fairseq's sizes; any flag
+given on the command line overrides them (fairseq leaves unset flags absent, and every
+default below is a ``getattr`` fallback). Everything else is decided from the flags by
+:func:`~resnmt.models.model_spec.resolve_model`, which fairseq's parsing runs here so
+that a bad choice stops the command before any data is read.
 """
 from fairseq.models import register_model_architecture
 from fairseq.models.transformer.transformer_legacy import (
@@ -13,9 +16,9 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from resnmt.analysis.training_log import check_log_connection_stats_task
-from resnmt.models.options import activation_defaults, check_model_args, connection_defaults
-from resnmt.modules.connections import CONNECTION_CLASSES
+from resnmt.models.model_spec import resolve_model
 from resnmt.models.resnmt_transformer import exit_on_bad_args
+from resnmt.modules.connections import CONNECTION_CLASSES
 
 MODEL = "resnmt_transformer"
 
@@ -26,21 +29,18 @@ FAMILIES = {
 SIZES = {"base": fairseq_base_sizes, "big": fairseq_big_sizes}
 
 
-def resnmt_defaults(args) -> None:
-    """Fill in resnmt's flags, then stop with one clear line on a bad value."""
-    connection_defaults(args)
-    activation_defaults(args)
-    exit_on_bad_args(check_model_args, args)
+def stop_on_bad_choices(args) -> None:
+    """Resolve the model's choices once, at parsing, to stop with one clear line on a bad
+    value (the model resolves them again from the same flags when it is built)."""
+    exit_on_bad_args(resolve_model, args)
     exit_on_bad_args(check_log_connection_stats_task, args)
 
 
 @register_model_architecture(MODEL, MODEL)
 def resnmt_transformer(args):
     """Transformer base sizes with post-LN unless flags say otherwise."""
-    # fairseq's pre-LN flags are read before the size defaults set them to False
-    connection_defaults(args)
     fairseq_base_sizes(args)
-    resnmt_defaults(args)
+    stop_on_bad_choices(args)
 
 
 def make_arch(family: str, size: str):
@@ -52,9 +52,8 @@ def make_arch(family: str, size: str):
         for dest, value in options.items():
             if getattr(args, dest, None) is None:
                 setattr(args, dest, value)
-        connection_defaults(args)
         sizes(args)
-        resnmt_defaults(args)
+        stop_on_bad_choices(args)
 
     arch.__name__ = arch.__qualname__ = f"transformer_{family}_{size}"
     arch.__doc__ = f"{size} sizes, every sublayer connection {kind}" + "".join(

@@ -1,12 +1,20 @@
-"""fairseq's Transformer encoder and decoder with resnmt layers.
+"""fairseq's Transformer encoder and decoder with resnmt layers, and the one layer loop they share.
 
-The layer factories are overridden, so fairseq keeps doing everything else: embeddings,
-positions, LayerDrop, activation checkpointing and FSDP wrapping, the final norm of
-pre-LN stacks (``normalize_before``), incremental decoding. A kind whose stack carries a
-residual stream (ResiDual, DLCL: :mod:`resnmt.modules.streams`) runs the layer loop below
-instead of fairseq's; every other kind runs fairseq's loop untouched.
+Each stack is built from its side of the model's resolved choices (a
+:class:`~resnmt.modules.connections.ConnectionSpec`, ``spec``) and reads nothing else.
+The layer factories are overridden, so fairseq keeps building everything else:
+embeddings, positions, LayerDrop, activation checkpointing and FSDP wrapping, the final
+norm (told by the spec through fairseq's own ``normalize_before``), incremental decoding.
+
+Both stacks run their layers through :meth:`ResidualStack.run_layers`: every layer
+returns ``(x, extra, residual_sum)`` (``extra``: the encoder's fc2 output with
+``return_fc``, the decoder's attention), and the stack's residual stream
+(:mod:`resnmt.modules.streams`; plain stacking for most kinds) decides what each layer
+reads and what the stack returns. Around the loop the stacks compute exactly what
+fairseq's own forward computes, so post-LN equals fairseq's ``transformer``.
 """
-from typing import Dict, List, Optional
+import copy
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from fairseq.distributed import fsdp_wrap
@@ -14,10 +22,11 @@ from fairseq.models.transformer import TransformerDecoderBase, TransformerEncode
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor
 
-from resnmt.models.options import activation_spec, side_connection_spec
+from resnmt.models.model_spec import ModelSpec
 from resnmt.modules.connections import build_stream
 from resnmt.modules.ffn_activation import build_ffn_activation
 from resnmt.modules.layers import ResidualDecoderLayer, ResidualEncoderLayer
+from resnmt.modules.streams import ResidualStream
 
 
 def wrap_layer(layer, cfg):
@@ -29,100 +38,128 @@ def wrap_layer(layer, cfg):
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
-class ResidualStack:
-    """What the encoder and decoder share: the kind's residual stream, and the stack's
-    final norm of the chosen ``--normalization``. Mixed into fairseq's two stacks."""
+def fairseq_config(cfg, side: str, final_norm: bool):
+    """A copy of fairseq's ``cfg`` whose ``{side}.normalize_before`` is ``final_norm``: in
+    fairseq that flag decides the stack's final LayerNorm (the layers ignore it here)."""
+    cfg = copy.copy(cfg)
+    sub = copy.copy(getattr(cfg, side))
+    sub.normalize_before = final_norm
+    setattr(cfg, side, sub)
+    return cfg
 
-    def _build_stack_extras(self, embed_dim: int) -> None:
+
+class ResidualStack:
+    """What the encoder and decoder share: their side's spec, the residual stream, the
+    layers' construction and the layer loop. Mixed into fairseq's two stacks."""
+
+    side: str
+
+    def _take_spec(self, spec: ModelSpec, embed_dim: int) -> None:
+        """Before fairseq's ``__init__`` builds the layers: what they are built from."""
+        self.connection_spec = spec.side(self.side)
+        self.activation_spec = spec.activation
+        # a module cannot be registered before nn.Module.__init__: kept aside until _finish_stack
+        object.__setattr__(self, "_stream", build_stream(embed_dim, self.connection_spec) or ResidualStream())
+        self._layers_built = 0
+
+    def _finish_stack(self, embed_dim: int) -> None:
+        """After fairseq's ``__init__``: the stream, and the final norm of ``--normalization``."""
         spec = self.connection_spec
         if self.layer_norm is not None and spec.normalization != "layer_norm":
             self.layer_norm = spec.norm(embed_dim)  # the final norm of pre-LN-like stacks
-        self.residual_stream = build_stream(embed_dim, spec)
+        self.residual_stream = self.__dict__.pop("_stream")
 
-    def run_layer(self, layer, x: Tensor, **kwargs):
-        """One layer in the stream loop: ``(x, extra, residual_sum or None)``."""
+    def _layer_parts(self, activation_fn: str):
+        """The next layer's connection spec (its index set) and its FFN activation."""
+        index = self._layers_built
+        self._layers_built += 1
+        spec = self.connection_spec.at_layer(index)
+        activation = build_ffn_activation(self.activation_spec, activation_fn, self.side, index, spec.layers)
+        return spec, activation, self._stream.reads_sublayer_outputs
+
+    def run_layers(self, x: Tensor, layer_args: Dict[str, Any], alignment_layer: Optional[int] = None
+                   ) -> Tuple[Tensor, List[Tensor], List[Optional[Tensor]]]:
+        """The layer loop of both stacks.
+
+        Args:
+            x: the embedded input ``(seq_len, batch, embed_dim)``.
+            layer_args: what every layer is called with besides its input.
+            alignment_layer: (decoder) the layer asked for its attention weights.
+
+        Returns:
+            the stack's output (after the stream's end and the final norm), each layer's
+            output, and each layer's extra output (fc2 output or attention, or None).
+        """
         stream = self.residual_stream
-        if stream.reads_sublayer_outputs:
-            return layer(x, return_residual_sum=True, **kwargs)
-        out = layer(x, **kwargs)
-        return (out[0], out[1], None) if isinstance(out, tuple) else (out, None, None)
+        state = stream.begin(x)
+        outputs: List[Tensor] = []
+        extras: List[Optional[Tensor]] = []
+        for index, layer in enumerate(self.layers):
+            if alignment_layer is not None:
+                layer_args["need_attn"] = layer_args["need_head_weights"] = index == alignment_layer
+            x, extra, residual_sum = layer(stream.layer_input(state, index, x), **layer_args)
+            state = stream.after_layer(state, index, x, residual_sum)
+            outputs.append(x)
+            extras.append(extra)
+        x = stream.end(state, x)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        return x, outputs, extras
 
 
 class ResidualTransformerEncoder(ResidualStack, TransformerEncoderBase):
-    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
-        # read by build_encoder_layer, which the parent's __init__ calls
-        self.connection_spec = side_connection_spec(cfg, "encoder")
-        self.activation_spec = activation_spec(cfg)
-        self._layers_built = 0
-        cfg.encoder.normalize_before = self.connection_spec.has_final_norm
+    side = "encoder"
+
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False, *, spec: ModelSpec):
+        self._take_spec(spec, embed_tokens.embedding_dim)  # read by build_encoder_layer, which __init__ calls
+        cfg = fairseq_config(cfg, self.side, self.connection_spec.has_final_norm)
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
-        self._build_stack_extras(embed_tokens.embedding_dim)
+        self._finish_stack(embed_tokens.embedding_dim)
 
     def build_encoder_layer(self, cfg):
-        activation = build_ffn_activation(
-            self.activation_spec, cfg.activation_fn, "encoder", self._layers_built, cfg.encoder.layers
-        )
-        self._layers_built += 1
-        layer = ResidualEncoderLayer(cfg, self.connection_spec, activation, return_fc=self.return_fc)
+        spec, activation, collects = self._layer_parts(cfg.activation_fn)
+        layer = ResidualEncoderLayer(cfg, spec, activation, return_fc=self.return_fc, collect_residual_sum=collects)
         return wrap_layer(layer, cfg)
 
     def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
                            token_embeddings: Optional[Tensor] = None):
-        """fairseq's encoder forward; with a residual stream, the stream's loop."""
-        if self.residual_stream is None:
-            return super().forward_scriptable(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+        """fairseq's encoder forward, its layers run by :meth:`run_layers`."""
         padding_mask = src_tokens.eq(self.padding_idx)
         has_pads = bool(padding_mask.any())
         x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
         if has_pads:
             x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
         x = x.transpose(0, 1)  # B x T x C -> T x B x C
-
-        states: List[Tensor] = [x] if return_all_hiddens else []
-        fc_results: List[Optional[Tensor]] = []
-        stream = self.residual_stream
-        state = stream.begin(x)
-        for index, layer in enumerate(self.layers):
-            x = stream.layer_input(state, index, x)
-            x, fc_result, residual_sum = self.run_layer(
-                layer, x, encoder_padding_mask=padding_mask if has_pads else None
-            )
-            state = stream.after_layer(state, index, x, residual_sum)
-            if return_all_hiddens:
-                states.append(x)
-                fc_results.append(fc_result)
-        x = stream.end(state, x)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
+        embedded = x
+        x, outputs, fc_results = self.run_layers(x, {"encoder_padding_mask": padding_mask if has_pads else None})
         src_lengths = src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
         return {
             "encoder_out": [x],  # T x B x C
             "encoder_padding_mask": [padding_mask],  # B x T
             "encoder_embedding": [encoder_embedding],  # B x T x C
-            "encoder_states": states,
-            "fc_results": fc_results,
+            "encoder_states": [embedded, *outputs] if return_all_hiddens else [],
+            "fc_results": fc_results if return_all_hiddens else [],
             "src_tokens": [],
             "src_lengths": [src_lengths],
         }
 
 
 class ResidualTransformerDecoder(ResidualStack, TransformerDecoderBase):
-    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
-        self.connection_spec = side_connection_spec(cfg, "decoder")
-        self.activation_spec = activation_spec(cfg)
-        self._layers_built = 0
-        cfg.decoder.normalize_before = self.connection_spec.has_final_norm
+    side = "decoder"
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None, *,
+                 spec: ModelSpec):
+        self._take_spec(spec, embed_tokens.embedding_dim)
+        cfg = fairseq_config(cfg, self.side, self.connection_spec.has_final_norm)
         super().__init__(
             cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn, output_projection=output_projection
         )
-        self._build_stack_extras(embed_tokens.embedding_dim)
+        self._finish_stack(embed_tokens.embedding_dim)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        activation = build_ffn_activation(
-            self.activation_spec, cfg.activation_fn, "decoder", self._layers_built, cfg.decoder.layers
-        )
-        self._layers_built += 1
-        layer = ResidualDecoderLayer(cfg, self.connection_spec, activation, no_encoder_attn=no_encoder_attn)
+        spec, activation, collects = self._layer_parts(cfg.activation_fn)
+        layer = ResidualDecoderLayer(cfg, spec, activation, no_encoder_attn=no_encoder_attn,
+                                     collect_residual_sum=collects)
         return wrap_layer(layer, cfg)
 
     def upgrade_state_dict_named(self, state_dict, name):
@@ -156,10 +193,7 @@ class ResidualTransformerDecoder(ResidualStack, TransformerDecoderBase):
     def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
                                     incremental_state=None, full_context_alignment: bool = False,
                                     alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
-        """fairseq's decoder features; with a residual stream, the stream's loop."""
-        if self.residual_stream is None:
-            return super().extract_features_scriptable(prev_output_tokens, encoder_out, incremental_state,
-                                                       full_context_alignment, alignment_layer, alignment_heads)
+        """fairseq's decoder features, its layers run by :meth:`run_layers`."""
         if alignment_layer is None:
             alignment_layer = self.num_layers - 1
         enc = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
@@ -168,29 +202,19 @@ class ResidualTransformerDecoder(ResidualStack, TransformerDecoderBase):
         x = self.embed_target(prev_output_tokens, incremental_state)
         tokens = prev_output_tokens[:, -1:] if incremental_state is not None else prev_output_tokens
         padding = tokens.eq(self.padding_idx)
-        self_attn_padding_mask = padding if padding.any() else None
-
-        attn: Optional[Tensor] = None
+        layer_args = dict(
+            encoder_out=enc, encoder_padding_mask=enc_mask, incremental_state=incremental_state,
+            self_attn_mask=self.buffered_future_mask(x) if incremental_state is None and not full_context_alignment
+            else None,
+            self_attn_padding_mask=padding if padding.any() else None,
+        )
         inner_states: List[Optional[Tensor]] = [x]
-        stream = self.residual_stream
-        state = stream.begin(x)
-        for index, layer in enumerate(self.layers):
-            x = stream.layer_input(state, index, x)
-            mask = self.buffered_future_mask(x) if incremental_state is None and not full_context_alignment else None
-            x, layer_attn, residual_sum = self.run_layer(
-                layer, x, encoder_out=enc, encoder_padding_mask=enc_mask, incremental_state=incremental_state,
-                self_attn_mask=mask, self_attn_padding_mask=self_attn_padding_mask,
-                need_attn=index == alignment_layer, need_head_weights=index == alignment_layer,
-            )
-            state = stream.after_layer(state, index, x, residual_sum)
-            inner_states.append(x)
-            if layer_attn is not None and index == alignment_layer:
-                attn = layer_attn.float().to(x)
-        if attn is not None:
+        x, outputs, attentions = self.run_layers(x, layer_args, alignment_layer)
+        inner_states.extend(outputs)
+        attn: Optional[Tensor] = None
+        if alignment_layer < len(attentions) and attentions[alignment_layer] is not None:
+            attn = attentions[alignment_layer].float().to(outputs[alignment_layer])
             attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
-        x = stream.end(state, x)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
         x = x.transpose(0, 1)  # T x B x C -> B x T x C
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)

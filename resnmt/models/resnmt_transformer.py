@@ -8,7 +8,8 @@ from fairseq.models.transformer import TransformerConfig, TransformerModel
 from resnmt.analysis.training_log import add_log_connection_stats_args
 from resnmt.bf16 import check_bf16_device
 from resnmt.models.encoder_decoder import ResidualTransformerDecoder, ResidualTransformerEncoder
-from resnmt.models.options import add_activation_args, add_connection_args, add_fused_args, check_model_args
+from resnmt.models.model_spec import resolve_model
+from resnmt.models.options import add_model_args
 
 
 @register_model("resnmt_transformer")
@@ -20,25 +21,24 @@ class ResidualTransformerModel(TransformerModel):
     @staticmethod
     def add_args(parser):
         TransformerModel.add_args(parser)
-        add_connection_args(parser)
-        add_activation_args(parser)
-        add_fused_args(parser)
+        add_model_args(parser)
         add_log_connection_stats_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
         check_bf16_device(args)  # stock fairseq-train --bf16 without torch_xla: one line naming resnmt-train
-        check_model_args(args)
         return super().build_model(args, task)  # no hooks: the task attaches them in training
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
-        return ResidualTransformerEncoder(TransformerConfig.from_namespace(cfg), src_dict, embed_tokens)
+        cfg = TransformerConfig.from_namespace(cfg)
+        return ResidualTransformerEncoder(cfg, src_dict, embed_tokens, spec=resolve_model(cfg))
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(cfg)
-        return ResidualTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        return ResidualTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention,
+                                          spec=resolve_model(cfg))
 
 
 def exit_on_bad_args(check, args) -> None:

@@ -27,11 +27,10 @@ class ScalarGates(nn.Module):
         hidden_dim: hidden size of the two-layer form, or None for the single-layer form.
         bias_init: the initial output bias ``b_ff,i`` of each gate; its length is ``n``.
 
-    Input ``(..., input_dim)``, or its consecutive pieces (``gates(x, fx)`` for
-    ``z = [x; fx]``): the pieces are multiplied by the matching column blocks of the
-    weights and summed, which is ``z W`` without materializing ``z`` (autograd would
-    otherwise keep the concatenated copy alive for the backward pass). Output
-    ``(..., n)`` in ``(0, 1)``.
+    Input: the two halves of ``z = [x; fx]`` (``gates(x, fx)``), each ``(..., input_dim / 2)``:
+    they are multiplied by the matching column blocks of the weights and summed, which is
+    ``z W`` without materializing ``z`` (autograd would otherwise keep the concatenated
+    copy alive for the backward pass). Output ``(..., n)`` in ``(0, 1)``.
     """
 
     def __init__(self, input_dim: int, hidden_dim: Optional[int], bias_init: Sequence[float]):
@@ -56,29 +55,22 @@ class ScalarGates(nn.Module):
         for i in range(self.num_gates):  # W_ff,i is hidden x 1 (or in x 1)
             nn.init.xavier_uniform_(self.out_weight.data[i : i + 1])
 
-    @staticmethod
-    def _linear_on_pieces(pieces: Sequence[Tensor], weight: Tensor, bias: Tensor) -> Tensor:
-        """``[p1; p2; ...] W^T + b`` computed piece by piece."""
-        out, start = None, 0
-        for piece in pieces:
-            width = piece.size(-1)
-            term = F.linear(piece, weight[:, start : start + width])
-            out = term if out is None else out + term
-            start += width
-        if start != weight.size(1):
-            raise ValueError(f"gate inputs have {start} features in total, the gate expects {weight.size(1)}")
-        return out + bias
-
-    def logits(self, *pieces: Tensor) -> Tensor:
-        """``S_i(z)`` before the sigmoid, ``(..., n)``, for ``z`` given whole or in pieces."""
+    def logits(self, x: Tensor, fx: Tensor) -> Tensor:
+        """``S_i(z)`` before the sigmoid, ``(..., n)``, for ``z = [x; fx]`` given in its two pieces."""
         if self.hidden is None:
-            return self._linear_on_pieces(pieces, self.out_weight, self.out_bias)
-        h = torch.tanh(self._linear_on_pieces(pieces, self.hidden.weight, self.hidden.bias))
-        h = h.view(*h.shape[:-1], self.num_gates, self.hidden_dim)
+            return self._linear_on_pieces(x, fx, self.out_weight, self.out_bias)
+        h = torch.tanh(self._linear_on_pieces(x, fx, self.hidden.weight, self.hidden.bias))
+        h = h.unflatten(-1, (self.num_gates, h.size(-1) // self.num_gates))
         return torch.einsum("...gh,gh->...g", h, self.out_weight) + self.out_bias
 
-    def forward(self, *pieces: Tensor) -> Tensor:
-        return torch.sigmoid(self.logits(*pieces))
+    @staticmethod
+    def _linear_on_pieces(x: Tensor, fx: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        """``[x; fx] W^T + b`` computed piece by piece."""
+        width = x.size(-1)
+        return F.linear(x, weight[:, :width]) + F.linear(fx, weight[:, width:]) + bias
+
+    def forward(self, x: Tensor, fx: Tensor) -> Tensor:
+        return torch.sigmoid(self.logits(x, fx))
 
     def extra_repr(self) -> str:
         form = "single_layer" if self.hidden is None else f"two_layer(hidden={self.hidden_dim})"

@@ -3,21 +3,23 @@
 A sublayer connection (:mod:`resnmt.modules.connections`) sees one sublayer's ``x`` and
 ``F``. Methods that cross layers need more: ResiDual adds every sublayer's ``F`` into a
 second, unnormalized stream; DLCL feeds each layer a learned combination of all earlier
-layers' outputs. Such a method is a :class:`ResidualStream`, named by its connection kind
-(``stream``), built once per stack, and driven by the stack's loop
-(:mod:`resnmt.models.encoder_decoder`)::
+layers' outputs. Such a method is a :class:`ResidualStream`, returned by its connection
+kind's ``build_stream``, built once per stack, and driven by the one layer loop of both
+stacks (``ResidualStack.run_layers``, :mod:`resnmt.models.encoder_decoder`)::
 
     state = stream.begin(x)                      # x: the embedded input (T, B, C)
     for i, layer in enumerate(layers):
-        x = stream.layer_input(state, i, x)
-        x, residual_sum = layer(x, ...)          # residual_sum: the layer's sum of its
-        state = stream.after_layer(state, i, x, residual_sum)   # sublayers' dropout(F)
-    x = stream.end(state, x)                     # then the kind's final norm, if any
+        x, extra, residual_sum = layer(stream.layer_input(state, i, x), ...)
+        state = stream.after_layer(state, i, x, residual_sum)   # residual_sum: the sum of
+    x = stream.end(state, x)                     # the sublayers' dropout(F); then the final norm
 
 The state is a tuple of tensors and every method is pure (it returns a new state), so
 activation checkpointing recomputes the same values, and every operation is per
 position, so one step of incremental decoding computes what the full forward computes at
-that position. Kinds without a stream (``stream = None``) run fairseq's own loop.
+that position. Kinds without a stream of their own get the base class, plain stacking.
+What the stream hands a layer need not be ``(T, B, C)``: a stream may carry a wider
+state (n copies of ``x``, say) that its kind's connections read and update; only
+:meth:`ResidualStream.end` must return ``(T, B, C)``.
 
 ========  ===============================================================  =====================
 stream    what it carries                                                  source
@@ -38,8 +40,8 @@ State = Tuple[Tensor, ...]
 class ResidualStream(nn.Module):
     """Base class: plain stacking (each layer reads the previous layer's output).
 
-    ``reads_sublayer_outputs``: the stack asks each layer for the sum of its sublayers'
-    ``dropout(F)`` (passed to :meth:`after_layer` as ``residual_sum``).
+    ``reads_sublayer_outputs``: the stack builds its layers to return the sum of their
+    sublayers' ``dropout(F)`` (passed to :meth:`after_layer` as ``residual_sum``).
     """
 
     reads_sublayer_outputs: ClassVar[bool] = False

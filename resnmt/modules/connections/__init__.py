@@ -1,0 +1,98 @@
+"""Sublayer connections: how a sublayer's output F is combined with its input x.
+
+Every Transformer sublayer (self-attention, encoder-decoder attention, FFN) is run as::
+
+    fx = dropout(sublayer(connection.prenorm(x)))
+    y  = connection(x, fx)
+
+A connection owns its normalizations, gates and constants, so the encoder and decoder
+layers hold one connection per sublayer and never branch on the kind. Shapes: ``x`` and
+``fx`` are ``(seq_len, batch, embed_dim)``; every gate is computed per position, so a
+step of incremental decoding sees exactly what the full forward sees.
+
+The package, by job:
+
+* :mod:`~resnmt.modules.connections.spec`: the registry of kinds and
+  :class:`ConnectionSpec`, one side's resolved and validated choices (flags are
+  declared with :class:`resnmt.modules.flags.Flag`);
+* :mod:`~resnmt.modules.connections.base`: :class:`SublayerConnection`, what every kind
+  is, and the forms several kinds share;
+* the kinds, one class each: :mod:`~resnmt.modules.connections.classic` (post-LN,
+  pre-LN), :mod:`~resnmt.modules.connections.rskip` (the rSkip paper's),
+  :mod:`~resnmt.modules.connections.gated` (SAS, highway),
+  :mod:`~resnmt.modules.connections.deep` (DeepNorm, ReZero, Admin, Peri-LN),
+  :mod:`~resnmt.modules.connections.cross_layer` (B2T, ResiDual, DLCL).
+
+**The registry is the one list of kinds**, in this order (the table is generated from
+it: ``python -m resnmt.cli.kind_table --write``):
+
+<!-- kind-docstring-table:begin -->
+=========  ============================================================================================
+kind       output y
+=========  ============================================================================================
+post_ln    LN(x + F)
+pre_ln     x + F(LN(x)), a final LN after each stack
+xskip      λ·x + F, no normalization
+xskip_ln   LN(λ·x + F), --skip-lambda-learned: λ a learned vector
+rskip_ln   y₁ = LN₁(x + F), y_k = LN_k(x + y_{k-1}), output y_λ, λ an integer ≥ 1
+sas        α·x + β·F + γ·LN(x + F), α, β learned gates, γ = (1-α)(1-β) (--sas-gamma gate: a third gate)
+highway    t·F + (1-t)·x, t = σ(x W_T + b_T)
+deepnorm   LN(α·x + F), α and the init's β from the depths
+rezero     x + a·F, a learned from 0, no LayerNorm
+admin      LN(ω ⊙ x + F), ω learned, initialised from the depth
+peri_ln    x + LN_out(F(LN_in(x))), a final LN after each stack
+b2t        LN(h + F(h) + x₀), post-LN; a layer's last LN also takes the layer's input x₀
+resi_dual  x_N + LN(d), d = x₀ + ΣF, post-LN sublayers; d adds every sublayer's F
+dlcl       x_l = Σ_{k<l} W[l,k]·LN(y_k), pre-LN layers; W learned from the average
+dlcl_post  x_l = LN(Σ_{k<l} W[l,k]·y_k), post-LN layers; W learned from the average
+=========  ============================================================================================
+<!-- kind-docstring-table:end -->
+
+Every normalization a kind owns is ``--normalization`` (LayerNorm, RMSNorm or DyT;
+:mod:`resnmt.modules.norms`). B2T's last connection of a layer also reads the layer's
+input (``reads_layer_input``); ResiDual and DLCL add a
+:class:`~resnmt.modules.streams.ResidualStream` that the stack carries from layer to layer
+(``build_stream``).
+"""
+from resnmt.modules.connections.spec import (  # noqa: F401
+    CONNECTION_CLASSES,
+    CONNECTION_FLAGS,
+    ConnectionConfigError,
+    ConnectionSpec,
+    Statistic,
+    check_flags_used,
+    connection_class,
+    register_connection,
+)
+from resnmt.modules.connections.base import (  # noqa: F401
+    FFN_IN,
+    FFN_OUT,
+    KEY,
+    OUTPUT,
+    QUERY,
+    VALUE,
+    ScaledSkipConnection,
+    SublayerConnection,
+    build_connection,
+    build_stream,
+)
+# the kinds, registered in this order (the order of --residual's choices and of every kind table)
+from resnmt.modules.connections.classic import PostLNConnection, PreLNConnection  # noqa: F401
+from resnmt.modules.connections.rskip import RSkipLNConnection, XSkipConnection, XSkipLNConnection  # noqa: F401
+from resnmt.modules.connections.gated import HighwayConnection, SASConnection  # noqa: F401
+from resnmt.modules.connections.deep import (  # noqa: F401
+    AdminConnection,
+    DeepNormConnection,
+    PeriLNConnection,
+    ReZeroConnection,
+    admin_omega,
+    deepnorm_constants,
+)
+from resnmt.modules.connections.cross_layer import (  # noqa: F401
+    B2TConnection,
+    DLCLConnection,
+    DLCLPostConnection,
+    ResiDualConnection,
+)
+
+CONNECTION_KINDS = tuple(CONNECTION_CLASSES)

@@ -1,0 +1,189 @@
+"""What every connection kind is, and the forms several kinds share.
+
+A kind is one :class:`SublayerConnection` subclass registered with
+:func:`~resnmt.modules.connections.spec.register_connection`. Kinds with the same form
+share a base here instead of inheriting another kind and undoing it:
+:class:`ScaledSkipConnection` is ``[LN](s (.) x + F)`` with ``s`` a constant or a learned
+vector (xSkip, xSkip+LN, DeepNorm, Admin differ only in where ``s`` comes from).
+"""
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from resnmt.modules.connections.spec import CONNECTION_CLASSES, ConnectionSpec, Statistic
+from resnmt.modules.flags import Flag
+from resnmt.modules.streams import ResidualStream
+
+# roles of the projections a layer hands to ``initialize_sublayer``
+QUERY, KEY, VALUE, OUTPUT, FFN_IN, FFN_OUT = "query", "key", "value", "output", "ffn_in", "ffn_out"
+
+
+class SublayerConnection(nn.Module):
+    """Base class. ``prenorm(x)`` is what the sublayer reads; ``forward(x, fx)`` is the output.
+
+    Class attributes a kind sets (read by the flags, the archs, the docs and the analysis):
+
+    * ``kind``, ``equation``, ``note``, ``source``: its ``--residual`` name, its output
+      as a formula (and a few words more), the paper; ``--residual``'s help and the
+      kind tables (``python -m resnmt.cli.kind_table``) are made of them;
+    * ``flags``: its :class:`~resnmt.modules.flags.Flag` s (shared flags are the same
+      object in several kinds);
+    * ``final_norm``: the stack ends with a norm (pre-LN);
+    * ``statistics``: the :class:`Statistic` s :meth:`measure` returns;
+    * ``arch_family``, ``arch_options``: named archs ``transformer_<family>_{base,big}``
+      and the flag values they choose (no family: no named arch);
+    * ``normalized``: the kind owns normalizations (``--normalization`` replaces them);
+    * ``reads_layer_input``: :meth:`forward` of the layer's last sublayer also takes the
+      layer's input (B2T);
+    * :meth:`build_stream`: the :class:`~resnmt.modules.streams.ResidualStream` the stack
+      carries from layer to layer besides ``x`` (ResiDual, DLCL; None: plain stacking).
+
+    A connection is built once per sublayer from its layer's spec
+    (``spec.layer_index`` is the layer), so a kind may depend on the layer's position.
+    ``x`` is what the stream hands the layer (``(seq_len, batch, embed_dim)`` for every
+    kind so far; a stream may carry a wider state, which its kind's ``prenorm`` reduces
+    to the sublayer's input).
+    """
+
+    kind: ClassVar[str]
+    equation: ClassVar[str]
+    note: ClassVar[str] = ""
+    source: ClassVar[str]
+    flags: ClassVar[Tuple[Flag, ...]] = ()
+    final_norm: ClassVar[bool] = False
+    statistics: ClassVar[Tuple[Statistic, ...]] = ()
+    arch_family: ClassVar[Optional[str]] = None
+    arch_options: ClassVar[Mapping[str, Any]] = {}
+    normalized: ClassVar[bool] = True
+    reads_layer_input: ClassVar[bool] = False
+
+    @classmethod
+    def check_spec(cls, spec: ConnectionSpec) -> None:
+        """Kind-specific checks beyond each flag's own (raise ConnectionConfigError)."""
+
+    @classmethod
+    def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
+        """The stack's residual stream for this kind; None: the layers are simply stacked."""
+        return None
+
+    @classmethod
+    def crosses_layers(cls) -> bool:
+        """Whether the kind's stack carries a residual stream (overrides :meth:`build_stream`)."""
+        return cls.build_stream.__func__ is not SublayerConnection.build_stream.__func__
+
+    def prenorm(self, x: Tensor) -> Tensor:
+        return x
+
+    def forward(self, x: Tensor, fx: Tensor) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def initialize_sublayer(self, projections: Mapping[str, nn.Module]) -> None:
+        """Called by the layer, once, for the sublayer this connection wraps, with its
+        linear projections by role (``query``, ``key``, ``value``, ``output`` for
+        attention; ``ffn_in``, ``ffn_out`` for the FFN). Default: keep fairseq's init."""
+
+    def measured_statistics(self) -> Tuple[Statistic, ...]:
+        """The statistics :meth:`measure` returns for this instance."""
+        return self.statistics
+
+    def measure(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
+        """``{statistic name: per-position values (seq_len, batch)}``; run under no_grad."""
+        return {}
+
+
+def build_connection(dim: int, spec: ConnectionSpec) -> SublayerConnection:
+    """The one place that chooses among connection kinds."""
+    return CONNECTION_CLASSES[spec.kind](dim, spec)
+
+
+def build_stream(dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
+    """The residual stream of ``spec``'s stack (None: plain stacking)."""
+    return CONNECTION_CLASSES[spec.kind].build_stream(dim, spec)
+
+
+# ---------------------------------------------------------------------------- helpers the kinds share
+
+
+def layer_norm_sigma(norm, z: Tensor) -> Tensor:
+    """What ``norm`` divides ``z - mean`` by: ``sqrt(Var[z] + eps)`` over features
+    (biased variance, the LayerNorm's own eps), shape ``z.shape[:-1]``."""
+    z = z.float()
+    return torch.sqrt(z.var(dim=-1, unbiased=False) + float(norm.eps))
+
+
+def per_position(value: Tensor, like: Tensor) -> Tensor:
+    """A per-sublayer number broadcast to every position of ``like`` ``(seq_len, batch, dim)``."""
+    return value.detach().float().expand(like.shape[:-1])
+
+
+SKIP_RATIO = Statistic(
+    "skip_ratio", "skip_ratio", "skip:residual norm ratio ||lambda*x|| / ||F||", "||lambda (.) x|| / ||F||"
+)
+
+
+# ---------------------------------------------------------------------------- a shared form
+
+
+class ScaledSkipConnection(SublayerConnection):
+    """The form ``s (.) x + F``, followed by a norm when ``with_norm``.
+
+    The skip scale ``s`` is a constant (``skip_scale`` a float) or, when
+    :meth:`learned_scale` says so, a learned per-dimension vector (``skip_scale`` a
+    parameter) initialised to :meth:`initial_scale`. A kind of this form says only where
+    ``s`` starts, whether it is learned and whether a norm follows; its ``statistics``
+    are the skip ratio and, for a kind that may learn ``s``, the mean of ``s``.
+    """
+
+    with_norm: ClassVar[bool] = True
+    statistics = (SKIP_RATIO,)
+
+    def __init__(self, dim: int, spec: ConnectionSpec):
+        super().__init__()
+        initial = float(self.initial_scale(spec))
+        if self.learned_scale(spec):
+            self.skip_scale = nn.Parameter(torch.full((dim,), initial))
+        else:
+            self.skip_scale = initial
+        self.norm = spec.norm(dim) if self.with_norm else None
+
+    @classmethod
+    def initial_scale(cls, spec: ConnectionSpec) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def learned_scale(cls, spec: ConnectionSpec) -> bool:
+        return False
+
+    @property
+    def learned(self) -> bool:
+        return isinstance(self.skip_scale, Tensor)
+
+    def scaled_sum(self, x: Tensor, fx: Tensor) -> Tensor:
+        scale = self.skip_scale
+        if isinstance(scale, Tensor):
+            return torch.addcmul(fx, x, scale.to(x.dtype))
+        # one fused pass (fx + lambda * x) instead of a scaled copy of x and then a sum
+        return torch.add(fx, x, alpha=scale)
+
+    def forward(self, x: Tensor, fx: Tensor) -> Tensor:
+        if self.norm is not None:
+            return self.norm(self.scaled_sum(x, fx))
+        return self.scaled_sum(x, fx)
+
+    def measured_statistics(self) -> Tuple[Statistic, ...]:
+        return self.statistics if self.learned else self.statistics[:1]
+
+    def measure(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
+        """The skip:residual ratio ``||s (.) x|| / ||F||`` per position (norms over
+        features), and with a learned scale its mean over features."""
+        scale = self.skip_scale.detach().float() if self.learned else self.skip_scale
+        skip = torch.linalg.vector_norm(x.float() * scale, dim=-1)
+        residual = torch.linalg.vector_norm(fx.float(), dim=-1).clamp(min=1e-12)
+        out = {SKIP_RATIO.name: skip / residual}
+        if self.learned:
+            out[self.statistics[1].name] = per_position(self.skip_scale.mean(), x)
+        return out
+
+    def extra_repr(self) -> str:
+        return "learned, dim={}".format(self.skip_scale.numel()) if self.learned else f"lambda={self.skip_scale:g}"

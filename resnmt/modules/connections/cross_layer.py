@@ -1,0 +1,128 @@
+"""Kinds that cross a sublayer: B2T reads its layer's input; ResiDual and DLCL carry a
+residual stream from layer to layer (:mod:`resnmt.modules.streams`).
+
+A method that needs more than one sublayer's ``x`` and ``F`` is one stream class (what the
+stack carries) and one kind here whose :meth:`build_stream` returns it.
+"""
+from typing import Mapping, Optional
+
+import torch
+from torch import Tensor, nn
+
+from resnmt.modules.connections.classic import PostLNConnection, PreLNConnection
+from resnmt.modules.connections.spec import ConnectionSpec, register_connection
+from resnmt.modules.flags import Flag, positive_float, positive_int
+from resnmt.modules.streams import DLCLStream, ResiDualStream, ResidualStream
+
+
+@register_connection
+class B2TConnection(PostLNConnection):
+    """B2T, bottom-to-top: post-LN whose layer's last LN also receives the layer's input
+    ``x_0``: ``h = LN(x_0 + F_1(x_0))`` ... and ``y = LN(h + F_last(h) + x_0)`` (encoder: after
+    self-attention and FFN; decoder: after self-, cross-attention and FFN) (Takase et al.,
+    Findings of ACL 2023, arXiv:2206.00330). With ``--b2t-rescale-init`` every projection
+    of the layer starts scaled by ``L^-0.5`` (L the side's layers), the paper's option for
+    deep stacks."""
+
+    kind = "b2t"
+    equation = "LN(h + F(h) + x₀)"
+    note = "post-LN; a layer's last LN also takes the layer's input x₀"
+    source = "B2T, Takase et al. 2023, arXiv:2206.00330"
+    flags = (
+        Flag("b2t_rescale_init", False, switch=True, owners_only=True,
+             help="b2t: scale every attention and FFN projection's initial weights by L^-0.5, L the side's "
+             "layers (the B2T paper's rescaling for deep stacks) (default: fairseq's init)"),
+    )
+    arch_family = "b2t"
+    reads_layer_input = True
+
+    def __init__(self, dim: int, spec: ConnectionSpec):
+        super().__init__(dim, spec)
+        self.rescale = spec.layers ** -0.5 if spec.b2t_rescale_init else None
+
+    def forward(self, x: Tensor, fx: Tensor, layer_input: Optional[Tensor] = None) -> Tensor:
+        if layer_input is None:
+            return self.norm(x + fx)
+        return self.norm(x + fx + layer_input)
+
+    def initialize_sublayer(self, projections: Mapping[str, nn.Module]) -> None:
+        if self.rescale is None:
+            return
+        with torch.no_grad():
+            for linear in projections.values():
+                linear.weight.mul_(self.rescale)
+
+
+RESI_DUAL_FLAGS = (
+    Flag("resi_dual_scale", 1.0, check=positive_float, metavar="S",
+         help="resi_dual: scale s of the dual stream, d_0 = s*x_0, d_{k+1} = d_k + s*F_k (default: 1, the paper's)"),
+    Flag("resi_dual_alpha", 1.0, check=float, metavar="A",
+         help="resi_dual: the stack's output alpha*x_N + LN(d_N) (default: 1, the paper's)"),
+)
+
+
+@register_connection
+class ResiDualConnection(PostLNConnection):
+    """ResiDual: post-LN sublayers plus an unnormalized dual stream that adds up the same
+    sublayer outputs; the stack's output is ``alpha*x_N + LN(d_N)``
+    (:class:`~resnmt.modules.streams.ResiDualStream`; Xie et al. 2023, arXiv:2304.14802)."""
+
+    kind = "resi_dual"
+    equation = "x_N + LN(d), d = x₀ + ΣF"
+    note = "post-LN sublayers; d adds every sublayer's F"
+    source = "ResiDual, Xie et al. 2023, arXiv:2304.14802"
+    flags = RESI_DUAL_FLAGS
+    arch_family = "resi_dual"
+
+    @classmethod
+    def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
+        return ResiDualStream(spec.norm(dim), spec.resi_dual_scale, spec.resi_dual_alpha)
+
+
+def stream_norms(dim: int, spec: ConnectionSpec):
+    """One norm per layer of ``spec``'s side, for DLCL's stream."""
+    return [spec.norm(dim) for _ in range(spec.layers)]
+
+
+DLCL_WINDOW = Flag(
+    "dlcl_window", None, check=positive_int, metavar="N",
+    help="dlcl/dlcl_post: each layer combines only the N most recent of the earlier layers' outputs "
+    "(the embedding counts as one) (default: all of them, the DLCL paper's)",
+)
+
+
+@register_connection
+class DLCLConnection(PreLNConnection):
+    """DLCL, pre-norm: pre-LN layers whose input is a learned linear combination of all
+    earlier layers' normalized outputs, ``x_{l+1} = sum_{k<=l} W_k LN(y_k)``
+    (:class:`~resnmt.modules.streams.DLCLStream`; Wang et al., ACL 2019, arXiv:1906.01787)."""
+
+    kind = "dlcl"
+    equation = "x_l = Σ_{k<l} W[l,k]·LN(y_k)"
+    note = "pre-LN layers; W learned from the average"
+    source = "DLCL, Wang et al. 2019, arXiv:1906.01787"
+    flags = (DLCL_WINDOW,)
+    arch_family = "dlcl"
+
+    @classmethod
+    def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
+        return DLCLStream(stream_norms(dim, spec), pre_norm=True, window=spec.dlcl_window)
+
+
+@register_connection
+class DLCLPostConnection(PostLNConnection):
+    """DLCL, post-norm: post-LN layers whose input is the normalized learned combination
+    of all earlier layers' outputs, ``x_{l+1} = LN(sum_{k<=l} W_k y_k)``."""
+
+    kind = "dlcl_post"
+    equation = "x_l = LN(Σ_{k<l} W[l,k]·y_k)"
+    note = "post-LN layers; W learned from the average"
+    source = "DLCL, Wang et al. 2019, arXiv:1906.01787"
+    flags = (DLCL_WINDOW,)
+    arch_family = "dlcl_post"
+
+    @classmethod
+    def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
+        return DLCLStream(stream_norms(dim, spec), pre_norm=False, window=spec.dlcl_window)
+
+

@@ -1,0 +1,223 @@
+"""The connection kinds' registry and one side's resolved, validated spec.
+
+This is the flag/spec layer of the connections, apart from their ``nn`` code: what a kind
+declares beside its equation (its :class:`~resnmt.modules.flags.Flag` s, the
+:class:`Statistic` s it measures), the registry that maps ``--residual`` names to kind
+classes (:func:`register_connection`), and :class:`ConnectionSpec`, everything one side's
+connections are built from, checked once, when it is made.
+"""
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Type
+
+from torch import nn
+
+from resnmt.modules.flags import Flag
+from resnmt.modules.norms import DEFAULT_DYT_ALPHA, DEFAULT_NORMALIZATION, NORMALIZATIONS, build_norm
+
+SIDES = ("encoder", "decoder")
+
+
+class ConnectionConfigError(ValueError):
+    """A connection option with a value outside what is allowed."""
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """What ``resnmt-analyze`` and ``--log-connection-stats`` report for a connection:
+    ``name`` (analysis.json, PNG file), ``log_key`` (training log), a one-line
+    ``description`` (``"what: meaning"``), the plot's ``axis_label``, and whether the
+    value lies in [0, 1] (plotted on that range)."""
+
+    name: str
+    log_key: str
+    description: str
+    axis_label: str
+    unit_interval: bool = False
+
+
+# ---------------------------------------------------------------------------- the registry
+
+CONNECTION_CLASSES: Dict[str, Type[nn.Module]] = {}  # --residual name -> kind class, in registration order
+CONNECTION_FLAGS: Dict[str, Flag] = {}  # dest -> flag, over every registered kind
+
+
+def register_connection(cls):
+    """Class decorator: add a kind class (a ``SublayerConnection``) under ``cls.kind``."""
+    if cls.kind in CONNECTION_CLASSES:
+        raise ValueError(f"connection kind {cls.kind!r} registered twice")
+    for flag in cls.flags:
+        known = CONNECTION_FLAGS.setdefault(flag.dest, flag)
+        if known is not flag:
+            raise ValueError(f"{flag.option} is declared twice with different definitions")
+    CONNECTION_CLASSES[cls.kind] = cls
+    return cls
+
+
+def connection_class(kind: str):
+    return CONNECTION_CLASSES[kind]
+
+
+# ---------------------------------------------------------------------------- the spec
+
+# ConnectionSpec's settings besides the kind and the kinds' flags, with their defaults
+SETTINGS = {
+    "side": "encoder",
+    "encoder_layers": 6,
+    "decoder_layers": 6,
+    "export": False,
+    "fused": False,
+    "normalization": DEFAULT_NORMALIZATION,
+    "dyt_alpha_init": DEFAULT_DYT_ALPHA,
+    "no_final_norm": False,
+    "layer_index": None,
+}
+
+
+class ConnectionSpec:
+    """Everything one side's connections, stream and final norm are built from: immutable,
+    and validated once, here.
+
+    Args:
+        kind: a registered connection kind (``CONNECTION_KINDS``).
+        side: "encoder" or "decoder" (DeepNorm's and Admin's constants depend on it).
+        encoder_layers, decoder_layers: the stacks' depths N and M.
+        export: fairseq's ``--export`` (use torch's LayerNorm).
+        fused: ``--fused-connections`` (SAS's combination compiled, :mod:`resnmt.modules.fused`).
+        normalization: ``--normalization`` (:mod:`resnmt.modules.norms`): what every norm
+            the connections, the stream and the stack own is (layer_norm, rms_norm or dyt).
+        dyt_alpha_init: ``--dyt-alpha-init``, DyT's initial alpha.
+        no_final_norm: fairseq's ``--no-decoder-final-norm`` (the decoder side only).
+        layer_index: the layer a connection is built for (0-based; :meth:`at_layer`),
+            None for the side as a whole. A kind whose form depends on the layer reads it.
+        **options: values of the kinds' flags by ``dest`` (``skip_lambda=2.0``,
+            ``sas_gate_dim=64``, ...); a flag left out takes its default.
+    """
+
+    __slots__ = ("kind", *SETTINGS, "options")
+
+    def __init__(self, kind: str = "post_ln", **given):
+        settings = {name: given.pop(name, default) for name, default in SETTINGS.items()}
+        unknown = sorted(set(given) - set(CONNECTION_FLAGS))
+        if unknown:
+            raise TypeError(f"ConnectionSpec got unknown options {unknown}; flags are {sorted(CONNECTION_FLAGS)}")
+        values = {dest: flag.default for dest, flag in CONNECTION_FLAGS.items()}
+        values.update({k: v for k, v in given.items() if v is not None or CONNECTION_FLAGS[k].default is None})
+        for cast, names in ((int, ("encoder_layers", "decoder_layers")), (bool, ("export", "fused", "no_final_norm")),
+                            (float, ("dyt_alpha_init",))):
+            for name in names:
+                settings[name] = cast(settings[name])
+        object.__setattr__(self, "kind", kind)
+        for name, value in settings.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "options", tuple(sorted(values.items())))
+        check_connection_spec(self)
+
+    def __getattr__(self, name: str):
+        if name in CONNECTION_FLAGS:
+            return dict(object.__getattribute__(self, "options"))[name]
+        raise AttributeError(f"ConnectionSpec has no attribute {name!r}")
+
+    def __setattr__(self, name, value):
+        raise AttributeError("ConnectionSpec is immutable")
+
+    def settings(self) -> Dict[str, Any]:
+        return {name: getattr(self, name) for name in SETTINGS}
+
+    def __reduce__(self):  # copy, deepcopy and pickle rebuild (and re-validate) through __init__
+        return (_rebuild_spec, (self.kind, self.settings(), dict(self.options)))
+
+    def _key(self):
+        return (self.kind, tuple(self.settings().items()), self.options)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ConnectionSpec) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        own = {flag.dest for flag in connection_class(self.kind).flags} if self.kind in CONNECTION_CLASSES else set()
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.options if k in own)
+        norm = "" if self.normalization == DEFAULT_NORMALIZATION else f", normalization={self.normalization!r}"
+        layer = "" if self.layer_index is None else f", layer_index={self.layer_index}"
+        return (f"ConnectionSpec(kind={self.kind!r}, side={self.side!r}, layers={self.encoder_layers}+"
+                f"{self.decoder_layers}{norm}{layer}{', ' + shown if shown else ''})")
+
+    def at_layer(self, index: int) -> "ConnectionSpec":
+        """This spec for the connections of layer ``index`` (already validated: no check again)."""
+        spec = object.__new__(ConnectionSpec)
+        for name in ("kind", *SETTINGS, "options"):
+            object.__setattr__(spec, name, getattr(self, name))
+        object.__setattr__(spec, "layer_index", int(index))
+        return spec
+
+    def norm(self, dim: int) -> nn.Module:
+        """A new normalization of ``dim`` features, of this spec's ``--normalization``."""
+        return build_norm(dim, self.normalization, export=self.export, dyt_alpha_init=self.dyt_alpha_init)
+
+    @property
+    def layers(self) -> int:
+        """This side's depth (N for the encoder, M for the decoder)."""
+        return self.encoder_layers if self.side == "encoder" else self.decoder_layers
+
+    @property
+    def has_final_norm(self) -> bool:
+        """Whether the stack ends with a norm (pre-LN; fairseq's ``normalize_before``): the
+        kind's rule, unless fairseq's ``--no-decoder-final-norm`` removes it."""
+        return connection_class(self.kind).final_norm and not self.no_final_norm
+
+    @property
+    def num_sublayers(self) -> int:
+        """Residual sublayers in this side's stack: 2N (encoder) or 3M (decoder)."""
+        return 2 * self.encoder_layers if self.side == "encoder" else 3 * self.decoder_layers
+
+    def crosses_layers(self) -> bool:
+        """Whether this side's stack carries a residual stream (its layers combine by position)."""
+        return connection_class(self.kind).crosses_layers()
+
+
+def _rebuild_spec(kind, settings, options) -> ConnectionSpec:
+    return ConnectionSpec(kind, **settings, **options)
+
+
+def check_connection_spec(spec: ConnectionSpec) -> None:
+    """Raise ConnectionConfigError naming the flag, the value and what is allowed."""
+    if spec.kind not in CONNECTION_CLASSES:
+        raise ConnectionConfigError(
+            f"--residual {spec.kind!r} is not a connection kind; choose one of {', '.join(CONNECTION_CLASSES)}"
+        )
+    if spec.side not in SIDES:
+        raise ConnectionConfigError(f"connection side {spec.side!r}: choose encoder or decoder")
+    cls = connection_class(spec.kind)
+    if spec.normalization not in NORMALIZATIONS:
+        raise ConnectionConfigError(
+            f"--normalization {spec.normalization!r}: choose one of {', '.join(NORMALIZATIONS)}"
+        )
+    if spec.normalization != DEFAULT_NORMALIZATION and not cls.normalized:
+        raise ConnectionConfigError(
+            f"--normalization {spec.normalization} is invalid for --residual {spec.kind}: it has no normalization "
+            f"to replace (kinds with one: {', '.join(k for k, c in CONNECTION_CLASSES.items() if c.normalized)})"
+        )
+    if not spec.dyt_alpha_init > 0:
+        raise ConnectionConfigError(f"--dyt-alpha-init {spec.dyt_alpha_init:g} is invalid: it must be a real number > 0")
+    cls.check_spec(spec)  # the kind's own rules first: their messages name the kind
+    for flag in cls.flags:
+        problem = flag.problem(getattr(spec, flag.dest))
+        if problem:
+            raise ConnectionConfigError(problem)
+    check_flags_used([spec.kind], dict(spec.options))
+
+
+def check_flags_used(kinds, values: Mapping[str, Any]) -> None:
+    """Flags of other kinds are ignored, except ``owners_only`` ones: set to a
+    non-default value while none of ``kinds`` (the encoder's and decoder's) takes it,
+    they are an error."""
+    for flag in CONNECTION_FLAGS.values():
+        if not flag.owners_only or values.get(flag.dest, flag.default) in (None, flag.default):
+            continue
+        if not any(flag in CONNECTION_CLASSES[kind].flags for kind in kinds):
+            owners = ", ".join(k for k, c in CONNECTION_CLASSES.items() if flag in c.flags)
+            raise ConnectionConfigError(
+                f"{flag.option} is invalid for --residual {'/'.join(dict.fromkeys(kinds))}: "
+                f"it applies only to {owners}{flag.hint}"
+            )

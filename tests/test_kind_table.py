@@ -1,0 +1,19 @@
+"""The kind tables (README, docs/connections.md, the connections package's docstring) are
+generated from the registry: regenerate with python -m resnmt.cli.kind_table --write."""
+import pytest
+
+from resnmt.cli import kind_table
+from resnmt.modules.connections import CONNECTION_CLASSES
+
+
+@pytest.mark.parametrize("name", list(kind_table.TABLES))
+def test_committed_kind_tables_are_the_generated_ones(name):
+    _path, table = kind_table.TABLES[name]
+    assert kind_table.committed(name) == table()
+
+
+def test_every_kind_has_a_row_of_its_own_words():
+    rows = kind_table.readme_table().splitlines()[2:]
+    assert [row.split(" | ")[0] for row in rows] == [f"| `{kind}`" for kind in CONNECTION_CLASSES]
+    for cls in CONNECTION_CLASSES.values():
+        assert cls.equation and cls.source and "|" not in cls.equation + cls.note + cls.source
