@@ -38,7 +38,6 @@ because the CPU run has it) and are plotted in panels of their own; the settings
 settings key) are the same, fp32 on both.
 """
 import argparse
-import datetime
 import fcntl
 import shutil
 import subprocess
@@ -53,8 +52,8 @@ from common import CURVES_ROWS as ROWS
 from resnmt.averaging import numbered_checkpoints
 from resnmt.experiment import steps
 from resnmt.experiment.presets import SIZES
-from resnmt.experiment.results import append_jsonl, read_jsonl
 from resnmt.experiment.runtime import tool_env
+from resnmt.shared import append_jsonl, read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "curves.jsonl"
@@ -190,7 +189,7 @@ def one_run(a, settings, key, size, row, seed, milestones_done, env, device):
             "data": common.repo_relative(a.bin_dir, Path.cwd()), "ref": common.repo_relative(a.ref, Path.cwd()),
             "train_seconds": round(total, 1), "decode_seconds": round(decode_seconds, 1),
             **device, "torch_threads": a.threads,
-            "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "finished": common.run_id(),
         }
         append_jsonl(a.out, record)
         print(f"[curves] {size} {row} seed {seed} @ {updates}: sacreBLEU {record['bleu']:.2f}, "

@@ -31,9 +31,7 @@ not overflow; fairseq starts at 128), the largest block output and the largest l
     python benchmarks/fp16.py --headroom --checkpoint runs/curves/.../checkpoint_last.pt
 """
 import argparse
-import datetime
 import math
-import re
 import subprocess
 import sys
 import time
@@ -41,39 +39,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import common
-from common import ROWS, fp16_table, headroom_table, slug
+from common import ROWS, fp16_log_record, fp16_verdicts, slug
+from result_tables import fp16_table, headroom_table
 
 from resnmt.experiment.presets import SIZES, fairseq_bf16_problem
-from resnmt.experiment.results import append_jsonl
 from resnmt.experiment.runtime import tool_env
+from resnmt.experiment.steps import FairseqLog
+from resnmt.shared import append_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "fp16.jsonl"
 BASELINE = "post_ln"
-
-OVERFLOW_RE = re.compile(r"gradient overflow detected, ignoring gradient, setting loss scale to: ([\d.e+-]+)")
-MIN_SCALE_RE = re.compile(r"Minimum loss scale reached")
-FIELD_RE = {name: re.compile(rf"[ |]{name}=([^,\s]+)") for name in ("loss", "loss_scale", "num_updates")}
-
-
-def read_log(text: str) -> dict:
-    """Overflow count, last loss scale and last training loss in a ``fairseq-train`` log
-    (``--log-format simple``: ``| train_inner | ... loss=4.2, ..., num_updates=50, ..., loss_scale=64, ...``)."""
-    overflows = OVERFLOW_RE.findall(text)
-    last = None
-    for line in text.splitlines():
-        if "| train_inner |" in line:
-            fields = {name: rx.search(line) for name, rx in FIELD_RE.items()}
-            if all(fields.values()):
-                last = {name: m.group(1) for name, m in fields.items()}
-    return {
-        "overflows": len(overflows),
-        "loss_scale": float(last["loss_scale"]) if last else (float(overflows[-1]) if overflows else None),
-        "train_loss": float(last["loss"]) if last else None,
-        "updates_logged": int(last["num_updates"]) if last else 0,
-        "min_scale_reached": bool(MIN_SCALE_RE.search(text)),
-    }
-
 
 def one_run(a, row, work: Path, env) -> dict:
     arch, flags = ROWS[row].arch, list(ROWS[row].flags)
@@ -89,7 +65,7 @@ def one_run(a, row, work: Path, env) -> dict:
     with open(log, "w", encoding="utf-8") as f:
         proc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
     seconds = time.time() - t0
-    rec = read_log(log.read_text(encoding="utf-8", errors="replace"))
+    rec = fp16_log_record(FairseqLog.read(log))
     rec.update(row=row, arch=arch, flags=flags, exit_code=proc.returncode, seconds=round(seconds, 1))
     print(f"[fp16] {row}: exit {proc.returncode}, {rec['overflows']} overflows, scale {rec['loss_scale']}, "
           f"loss {rec['train_loss']} @ {rec['updates_logged']} ({seconds:.0f}s)", file=sys.stderr, flush=True)
@@ -173,7 +149,7 @@ def measure_headroom(a, rows) -> int:
         probes = [(common.repo_relative(Path(c)), None, Path(c)) for c in a.checkpoint]
     else:
         probes = [(row, row, None) for row in rows]
-    run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    run_id = common.run_id()
     # a checkpoint keeps its own size, batch size and dropout
     settings = ({"at": "checkpoint"} if a.checkpoint else
                 {"at": "initialization", "size": a.size, "max_tokens": a.max_tokens, "dropout": 0.1})
@@ -198,17 +174,6 @@ def measure_headroom(a, rows) -> int:
                                    **common.cpu_description(), **rec})
     print(headroom_table(records))
     return 0
-
-
-def verdicts(records):
-    """Each record's ``passed``: it finished with a finite loss and no more overflows than the baseline."""
-    base = next((r for r in records if r["row"] == BASELINE), None)
-    for r in records:
-        finite = r["train_loss"] is not None and r["train_loss"] == r["train_loss"] and r["train_loss"] != float("inf")
-        ok = r["exit_code"] == 0 and not r["min_scale_reached"] and finite
-        r["baseline_overflows"] = base["overflows"] if base else None
-        r["passed"] = bool(ok and (base is None or r["overflows"] <= base["overflows"]))
-    return records
 
 
 def main(argv=None):
@@ -264,12 +229,12 @@ def main(argv=None):
     env = tool_env(threads=1)
     with ThreadPoolExecutor(max_workers=a.workers) as pool:
         records = list(pool.map(lambda row: one_run(a, row, work, env), rows))
-    run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    run_id = common.run_id()
     settings = {"precision": "bf16" if a.bf16 else "fp16", "size": a.size, "updates": a.updates,
                 "max_tokens": a.max_tokens, "lr": a.lr, "warmup_updates": a.warmup, "dropout": 0.1,
                 "initial_loss_scale": 128}
     device = common.cuda_description()
-    records = verdicts(records)
+    records = fp16_verdicts(records, BASELINE)
     for r in records:
         append_jsonl(Path(a.out), {"benchmark": "fp16", "run_id": run_id, "settings": settings, **device, **r})
     print(fp16_table(records))

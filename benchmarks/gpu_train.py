@@ -52,55 +52,51 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-USER_DIR = str(REPO_ROOT / "resnmt")
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+import common  # noqa: E402
+from common import CONFIGS, Comparison, fairseq_argv, judge_training  # noqa: E402
+from result_tables import gpu_training_table  # noqa: E402
 
-@dataclass(frozen=True)
-class Row:
-    """A configuration: fairseq-train flags, and the row it is compared with."""
-
-    arch: str
-    extra: tuple = ()
-    reference: Optional[str] = None  # None: a reference itself
-    target: Optional[float] = None  # ratio to the reference to reach (at least), None: none fixed
-    flops_target: Optional[float] = None  # at least this fraction of the ratio its FLOPs predict
-    band: Optional[tuple] = None  # same-math rows: the ratio must lie in this band
+from resnmt.experiment.presets import SIZES, ModelSize  # noqa: E402
+from resnmt.experiment.runtime import USER_DIR  # noqa: E402
+from resnmt.experiment.steps import FairseqLog  # noqa: E402
+from resnmt.shared import append_jsonl  # noqa: E402
 
 
-ROWS: Dict[str, Row] = {
-    "transformer": Row("transformer"),
-    "post_ln": Row("transformer_postln_base", reference="transformer", band=(0.98, 1.02)),
-    "transformer_prenorm": Row("transformer", ("--encoder-normalize-before", "--decoder-normalize-before")),
-    "pre_ln": Row("transformer_preln_base", reference="transformer_prenorm", band=(0.98, 1.02)),
-    "xskip_ln": Row("transformer_xskip_base", ("--skip-lambda", "2"), "transformer", 0.97),
-    "rskip_ln": Row("transformer_rskip_base", ("--skip-lambda", "2"), "transformer", 0.97),
-    "deepnorm": Row("transformer_deepnorm_base", (), "transformer", 0.97),
-    "admin": Row("transformer_admin_base", (), "transformer", 0.97),
-    "rezero": Row("transformer_rezero_base", (), "transformer", 0.97),
-    "sas": Row("transformer_sas_base", (), "transformer", flops_target=0.95),  # the paper's gate
-    "sas_gate64": Row("transformer_sas_base", ("--sas-gate-dim", "64"), "transformer", flops_target=0.95),
-    # plain Swish: nswish with every FFN left unnormalized (fairseq 0.12 has no swish --activation-fn)
-    "swish": Row("transformer_postln_base", ("--normalized-activation", "nswish", "--encoder-unnormalized-top-layers",
-                                             "{L}", "--decoder-unnormalized-top-layers", "{L}")),
-    "nswish": Row("transformer_postln_base", ("--normalized-activation", "nswish"), "swish", 0.95),
-    "nrelu": Row("transformer_postln_base", ("--normalized-activation", "nrelu"), "transformer", 0.95),
+# The rows: a config of common.CONFIGS against its reference row, and the ratio to reach
+# (a same-math pair: a band; SAS: a fraction of the ratio its FLOPs predict)
+ROWS: Dict[str, Comparison] = {
+    "transformer": Comparison("transformer"),
+    "post_ln": Comparison("post_ln", "transformer", band=(0.98, 1.02)),
+    "transformer_prenorm": Comparison("transformer_prenorm"),
+    "pre_ln": Comparison("pre_ln", "transformer_prenorm", band=(0.98, 1.02)),
+    "xskip_ln": Comparison("xskip_ln2", "transformer", train=0.97),
+    "rskip_ln": Comparison("rskip_ln2", "transformer", train=0.97),
+    "deepnorm": Comparison("deepnorm", "transformer", train=0.97),
+    "admin": Comparison("admin", "transformer", train=0.97),
+    "rezero": Comparison("rezero", "transformer", train=0.97),
+    "sas": Comparison("sas", "transformer", flops=0.95),  # the paper's gate
+    "sas_gate64": Comparison("sas_gate64", "transformer", flops=0.95),
+    "swish": Comparison("swish"),  # plain Swish (fairseq 0.12 has no swish --activation-fn)
+    "nswish": Comparison("nswish", "swish", train=0.95),
+    "nrelu": Comparison("nrelu", "transformer", train=0.95),
 }
 # The methods that cross layers, Peri-LN and the normalizations: measured on their own
 # (gpu_job.sh part 4, --rows), not by default, so that the rows above keep their rounds in
 # a lease. Targets set by analogy before measuring: B2T and ResiDual add sums, DLCL and
 # Peri-LN a weighted sum or a LayerNorm per sublayer, RMSNorm and DyT replace a LayerNorm.
-CROSS_LAYER_ROWS: Dict[str, Row] = {
-    "peri_ln": Row("transformer_periln_base", (), "transformer_prenorm", 0.93),
-    "b2t": Row("transformer_b2t_base", (), "transformer", 0.97),
-    "resi_dual": Row("transformer_resi_dual_base", (), "transformer", 0.97),
-    "dlcl": Row("transformer_dlcl_base", (), "transformer_prenorm", 0.93),
-    "dlcl_post": Row("transformer_dlcl_post_base", (), "transformer", 0.93),
-    "pre_ln_rms_norm": Row("transformer_preln_base", ("--normalization", "rms_norm"), "pre_ln", 0.97),
-    "post_ln_rms_norm": Row("transformer_postln_base", ("--normalization", "rms_norm"), "post_ln", 0.97),
-    "pre_ln_dyt": Row("transformer_preln_base", ("--normalization", "dyt"), "pre_ln", 0.97),
-    "post_ln_dyt": Row("transformer_postln_base", ("--normalization", "dyt"), "post_ln", 0.97),
+CROSS_LAYER_ROWS: Dict[str, Comparison] = {
+    "peri_ln": Comparison("peri_ln", "transformer_prenorm", train=0.93),
+    "b2t": Comparison("b2t", "transformer", train=0.97),
+    "resi_dual": Comparison("resi_dual", "transformer", train=0.97),
+    "dlcl": Comparison("dlcl", "transformer_prenorm", train=0.93),
+    "dlcl_post": Comparison("dlcl_post", "transformer", train=0.93),
+    "pre_ln_rms_norm": Comparison("pre_ln_rms_norm", "pre_ln", train=0.97),
+    "post_ln_rms_norm": Comparison("post_ln_rms_norm", "post_ln", train=0.97),
+    "pre_ln_dyt": Comparison("pre_ln_dyt", "pre_ln", train=0.97),
+    "post_ln_dyt": Comparison("post_ln_dyt", "post_ln", train=0.97),
 }
 DEFAULT_ROWS = tuple(ROWS)
 ROWS.update(CROSS_LAYER_ROWS)
@@ -110,11 +106,13 @@ RECIPE_FLAGS = ("--optimizer", "adam_fused")
 COMPILE_FLAGS = ("--task", "resnmt_translation", "--compile-layers")
 STOCK = "stock_fp16"
 RECIPES = {"recipe": RECIPE_FLAGS, "recipe_compiled": RECIPE_FLAGS + COMPILE_FLAGS}
+RECIPE_TARGET = Comparison("post_ln", STOCK, times=3.0)
 WHOLE_RUNS = "stock_fairseq_train_fp16,resnmt_postln_fp16,resnmt_train_recipe_bf16,resnmt_train_recipe_compiled_bf16"
-BASE = None  # the archs' own sizes: 6+6 layers, d=512, FFN 2048, 8 heads
-SMOKE_SIZE = ("--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "64",
-              "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256",
-              "--encoder-attention-heads", "4", "--decoder-attention-heads", "4")
+SMOKE_SIZE = ModelSize(2, 64, 256, 4)
+# fairseq-train's settings of every configuration (beside common.fairseq_argv's)
+TRAINING_FLAGS = ("--task", "translation", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
+                  "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000", "--num-workers", "0",
+                  "--no-progress-bar", "--log-format", "json")
 
 
 @dataclass
@@ -136,17 +134,11 @@ class Config:
         return f"{self.name}/{self.dtype}"
 
 
-def train_argv(data, row: Row, dtype: str, max_tokens: int, recipe: tuple, smoke: bool, cpu: bool,
+def train_argv(data, row: Comparison, dtype: str, max_tokens: int, recipe: tuple, smoke: bool, cpu: bool,
                compile_backend: str = "inductor") -> List[str]:
-    layers = "2" if smoke else "6"
-    extra = [e.replace("{L}", layers) for e in row.extra]
-    argv = [str(data), "--user-dir", USER_DIR, "--task", "translation", "--arch", row.arch, *extra,
-            "--share-all-embeddings", "--dropout", "0.1", "--criterion", "label_smoothed_cross_entropy",
-            "--label-smoothing", "0.1", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
-            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000", "--max-tokens", str(max_tokens),
-            "--seed", "1", "--num-workers", "0", "--no-progress-bar", "--log-format", "json"]
-    if smoke:
-        argv += SMOKE_SIZE
+    """fairseq-train's command line (without the program) of ``row`` at the papers' base
+    size (6+6 layers, d=512, FFN 2048, 8 heads; ``smoke``: 2+2, d=64), in ``dtype``."""
+    argv = [*fairseq_argv(data, row.config, SMOKE_SIZE if smoke else SIZES["base"], max_tokens), *TRAINING_FLAGS]
     if dtype in ("fp16", "bf16"):
         argv.append(f"--{dtype}")
     argv += list(recipe)
@@ -181,15 +173,8 @@ def build_trainer(argv: List[str]):
 
 def training_batches(task, cfg, n: int):
     """The first ``n`` batches of epoch 1 as fairseq-train builds them (seed 1)."""
-    from fairseq import utils
-
     task.load_dataset("train", combine=False, epoch=1)
-    itr = task.get_batch_iterator(
-        dataset=task.dataset("train"), max_tokens=cfg.dataset.max_tokens, max_sentences=None,
-        max_positions=utils.resolve_max_positions(task.max_positions(), (1024, 1024)),
-        ignore_invalid_inputs=True, required_batch_size_multiple=8, seed=1, num_workers=0,
-    ).next_epoch_itr(shuffle=True)
-    return [next(itr) for _ in range(n)]
+    return common.training_batches(task, cfg.dataset.max_tokens, n)
 
 
 def synchronize(cpu: bool):
@@ -254,11 +239,6 @@ def matmul_rate(cpu: bool, size: int, reps: int = 10) -> dict:
     return {"matmul_size": size, "bf16_tflops": 2 * size ** 3 / seconds / 1e12}
 
 
-def write(out: Path, record: dict):
-    with open(out, "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
 def median_min_max(values):
     return statistics.median(values), min(values), max(values)
 
@@ -274,8 +254,9 @@ def summarize(configs: List[Config], tokens_setting: int, peak_tflops: Optional[
         med, lo, hi = median_min_max(rates)
         per_update = statistics.median(sec / (tok / c.tokens_per_update) for sec, tok in c.samples) \
             if c.tokens_per_update else None
+        arch, flags = CONFIGS[ROWS[c.row].config]
         rec = {"kind": "row", "config": c.name, "dtype": c.dtype, "max_tokens": tokens_setting,
-               "arch": ROWS[c.row].arch, "flags": list(ROWS[c.row].extra) + list(c.recipe),
+               "arch": arch, "flags": list(flags) + list(c.recipe),
                "rounds": len(rates), "tokens_per_s": med, "tokens_per_s_min": lo, "tokens_per_s_max": hi,
                "spread": (hi - lo) / med, "target_tokens_per_update": c.tokens_per_update,
                "flops_per_update": c.flops_per_update, "warmup_s": c.warmup_s}
@@ -288,7 +269,7 @@ def summarize(configs: List[Config], tokens_setting: int, peak_tflops: Optional[
             rec.update(reference=ref.key, ratio=r_med, ratio_min=r_lo, ratio_max=r_hi)
             if c.flops_per_update and ref.flops_per_update:
                 rec["flops_ratio"] = ref.flops_per_update / c.flops_per_update  # the speed ratio FLOPs predict
-            rec.update(verdict(c, rec))
+            rec.update(judge_training(RECIPE_TARGET if c.name in RECIPES else ROWS[c.row], rec))
         rows.append(rec)
     return rows
 
@@ -298,41 +279,6 @@ def reference_of(c: Config, configs: List[Config]) -> Optional[str]:
         return next((s.key for s in configs if s.name == STOCK), None)
     ref = ROWS[c.row].reference
     return f"{ref}/{c.dtype}" if ref else None
-
-
-def verdict(c: Config, rec: dict) -> dict:
-    row = ROWS[c.row]
-    if c.name in RECIPES:
-        return {"target": ">= 3x stock fp16", "meets": rec["ratio"] >= 3.0}
-    if row.band:
-        lo, hi = row.band
-        resolves = rec["spread"] < 0.02 and rec["ratio_max"] - rec["ratio_min"] < 0.02
-        return {"target": f"{lo}-{hi}", "meets": lo <= rec["ratio"] <= hi, "resolves": resolves}
-    if row.flops_target and "flops_ratio" in rec:
-        goal = row.flops_target * rec["flops_ratio"]
-        return {"target": f">= {row.flops_target} x FLOPs ratio = {goal:.3f}", "meets": rec["ratio"] >= goal}
-    if row.target:
-        return {"target": f">= {row.target}", "meets": rec["ratio"] >= row.target}
-    return {}
-
-
-def markdown(rows: List[dict]) -> str:
-    lines = ["| config | dtype | max tokens | target tok/update | tokens/s median (min-max) | ratio (min-max) | "
-             "reference | target | meets | MFU |", "|" + "---|" * 10]
-    for r in rows:
-        ratio = f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f})" if "ratio" in r else ""
-        mfu = f"{100 * r['mfu']:.1f} %" if "mfu" in r else ""
-        lines.append(f"| {r['config']} | {r['dtype']} | {r['max_tokens']} | {r['target_tokens_per_update']:.0f} | "
-                     f"{r['tokens_per_s']:,.0f} ({r['tokens_per_s_min']:,.0f}-{r['tokens_per_s_max']:,.0f}) | {ratio} | "
-                     f"{r.get('reference', '')} | {r.get('target', '')} | {r.get('meets', '')} | {mfu} |")
-    pair = [r for r in rows if r["config"] == "post_ln" and "resolves" in r]
-    for r in pair:
-        lines.append(f"\nsame-math pair post_ln/transformer ({r['dtype']}, {r['max_tokens']}): ratio {r['ratio']:.3f}, "
-                     f"spread {100 * r['spread']:.1f} %: " + ("resolves (within 2 %, spread under 2 %)" if r["resolves"]
-                                                                  else "does NOT resolve 2 %: rows within "
-                                                                  f"{100 * (r['ratio_max'] - r['ratio_min']):.1f} % of "
-                                                                  "each other cannot be separated"))
-    return "\n".join(lines)
 
 
 def profile_update(trainer, batches, cpu: bool) -> dict:
@@ -401,7 +347,7 @@ def whole_process(a, out: Path, deadline: float):
         if "--optimizer" in cmd[4:]:  # the recipe's adam_fused replaces adam
             i = argv.index("--optimizer", argv.index(str(a.data)))
             del argv[i:i + 2]
-        argv += list(SMOKE_SIZE) if a.smoke else []
+        argv += SMOKE_SIZE.fairseq_flags() if a.smoke else []
         argv += ["--cpu"] if a.cpu else [dtype[name]]
         t0 = time.perf_counter()
         try:
@@ -409,13 +355,12 @@ def whole_process(a, out: Path, deadline: float):
                                   env=dict(os.environ, PYTHONPATH=os.pathsep.join(
                                       [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])))
         except subprocess.TimeoutExpired:
-            write(out, {"kind": "whole_process", "run": name, "error": f"timed out after {a.whole_timeout} s"})
+            append_jsonl(out, {"kind": "whole_process", "run": name, "error": f"timed out after {a.whole_timeout} s"})
             continue
         wall = time.perf_counter() - t0
-        inner = [json.loads(line[line.index("{"):]) for line in (proc.stdout + proc.stderr).splitlines()
-                 if "train_inner" in line and '"num_updates"' in line]
+        inner = [r for r in FairseqLog.parse(proc.stdout + proc.stderr).inner if "num_updates" in r]
         if proc.returncode != 0 or not inner:
-            write(out, {"kind": "whole_process", "run": name, "error": (proc.stderr or proc.stdout)[-2000:]})
+            append_jsonl(out, {"kind": "whole_process", "run": name, "error": (proc.stderr or proc.stdout)[-2000:]})
             continue
         wps = [float(r["wps"]) for r in inner if int(r["num_updates"]) > a.whole_skip]
         losses[name] = {int(r["num_updates"]): float(r["loss"]) for r in inner}
@@ -429,7 +374,7 @@ def whole_process(a, out: Path, deadline: float):
             common = sorted(set(ref) & set(losses[name]))
             rec["max_abs_loss_diff_vs_stock"] = max(abs(ref[u] - losses[name][u]) for u in common)
             rec["loss_diff_updates"] = len(common)
-        write(out, rec)
+        append_jsonl(out, rec)
         print(json.dumps(rec), flush=True)
 
 
@@ -516,7 +461,7 @@ def main(argv=None):
 
     env["fairseq"] = fairseq.__version__
     env.update(matmul_rate(a.cpu, 512 if a.smoke else a.matmul_size))
-    write(out, env)
+    append_jsonl(out, env)
     print(json.dumps(env), flush=True)
     peak = env["bf16_tflops"]
 
@@ -544,7 +489,7 @@ def main(argv=None):
             c.trainer = None
             rec = {"kind": "error", "config": c.key, "max_tokens": max_tokens, "stage": stage,
                    "error": f"{type(error).__name__}: {error}"[-2000:]}
-            write(out, rec)
+            append_jsonl(out, rec)
             print(json.dumps(rec), file=sys.stderr, flush=True)
 
         ready = []
@@ -597,7 +542,7 @@ def main(argv=None):
             rec["device"] = device
             # torch.compile graphs made by then (all configurations): equal = none compiled while timed
             rec["compiled_graphs_after_warmup"], rec["compiled_graphs_at_end"] = graphs_after_warmup, graphs_at_end
-            write(out, rec)
+            append_jsonl(out, rec)
         all_rows += rows_here
         for c in configs:  # free this token setting's models before the next
             c.trainer = None
@@ -607,7 +552,7 @@ def main(argv=None):
         Path(a.profile).write_text(json.dumps({"device": device, "profiles": profiles}, indent=1))
     if a.whole_process:
         whole_process(a, out, deadline)
-    print(markdown(all_rows))
+    print(gpu_training_table(all_rows))
     print(f"[gpu_train] {time.monotonic() - start:.0f} s; rows in {out}", file=sys.stderr)
 
 

@@ -14,7 +14,6 @@ several sessions (a run interrupted half-way restarts from its last checkpoint).
     python benchmarks/quality.py --list                # what is done and what is missing
 """
 import argparse
-import datetime
 import os
 import shutil
 import sys
@@ -26,8 +25,8 @@ from common import ROWS, slug
 
 from resnmt.experiment import steps
 from resnmt.experiment.presets import SIZES
-from resnmt.experiment.results import append_jsonl, read_jsonl
 from resnmt.experiment.runtime import tool_env
+from resnmt.shared import append_jsonl, read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT / "data" / "multi30k"
@@ -88,7 +87,7 @@ def one_run(a, row, seed, settings, bin_dir, ref, env):
         "bleu": score["bleu"], "signature": score["signature"], "tok_intl_bleu": score.get("tok_intl_bleu"),
         "n_sentences": score["n_sentences"], "final_train_loss": losses[-1] if losses else None,
         "train_seconds": round(train_s, 1), "generate_seconds": round(gen_s, 1),
-        "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "finished": common.run_id(),
         "host": os.uname().nodename,
     }
 

@@ -19,7 +19,6 @@ Outputs: one JSON line per row appended to ``--out`` (default
     python benchmarks/speed.py --device cuda --dtype bf16 --warmup 5 --updates 20  # the GPU table's runs
 """
 import argparse
-import datetime
 import json
 import math
 import os
@@ -29,33 +28,20 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
-from common import Optimizer, fairseq_argv, speed_table, train_step, training_batches
+import common
+from common import Comparison, Optimizer, fairseq_argv, train_step, training_batches
+from result_tables import speed_table
 
 from resnmt.experiment.presets import SIZES
-from resnmt.experiment.results import read_jsonl
+from resnmt.shared import read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT / "data" / "multi30k" / "bin"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "speed.jsonl"
 
-
-@dataclass(frozen=True)
-class Comparison:
-    """A row of the speed table: a config of ``common.CONFIGS`` measured against its
-    reference, with the target ratios it should reach (None: no fixed target; SAS with the
-    paper's gate is compared with its predicted cost)."""
-
-    config: str
-    reference: str
-    train: Optional[float]  # training tokens/s over the reference's, at least
-    decode: Optional[float]  # decoding sentences/s over the reference's, at least
-    memory: Optional[float]  # peak memory over the reference's, at most
-
-
+# the speed table's rows: a config against its reference, the train, decode and memory targets
 ROWS = {
     "post_ln": Comparison("post_ln", "transformer", 0.98, 0.98, 1.05),
     "pre_ln": Comparison("pre_ln", "transformer_prenorm", 0.98, 0.98, 1.05),
@@ -372,7 +358,7 @@ def main(argv=None):
             per_row.setdefault(r["row"], []).append(r["results"])
         rows = [r for r in ROWS if r in per_row]
     else:
-        run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        run_id = common.run_id()
         machine = machine_description(a.device)
         per_row = {r: [] for r in rows}
         started = time.time()
