@@ -3,8 +3,9 @@ and the helpers only benchmarks use: settings keys, run names and the machine a 
 was measured on, training to a budget and resuming, fairseq-train's command for a
 benchmark run, the checkpoints at a budget, the measured model configs and what each is
 compared with (speed.py, gpu_train.py; profile_ops.py profiles them), their training
-batches and step, and the verdicts on what was measured. The tables of the results are
-result_tables.py's and study_tables.py's (make_tables.py writes them into the documents).
+batches and step, and the verdicts on what was measured. fairseq's own Trainer, built and
+timed, is fairseq_trainer.py's; the tables of the results are result_tables.py's and
+study_tables.py's (make_tables.py writes them into the documents).
 fairseq's log is read by ``resnmt.experiment.steps.FairseqLog``, and the experiment's
 steps themselves are resnmt's (``resnmt.experiment``); the scripts import this module
 (and the tables' modules), never each other.
@@ -307,12 +308,14 @@ def fairseq_argv(data, config, size, max_tokens):
     ]
 
 
-def training_batches(task, max_tokens, n):
-    """The first ``n`` training batches of epoch 1 (seed 1), as fairseq-train batches them
-    (the train split loaded)."""
+def training_batches(task, max_tokens, n, *, seed=1, max_positions=(1024, 1024), max_sentences=None,
+                     required_batch_size_multiple=8):
+    """The first ``n`` training batches of epoch 1 (the train split loaded) as fairseq-train
+    batches them: shuffled with ``seed``, sentences longer than ``max_positions`` left out."""
     itr = task.get_batch_iterator(
-        dataset=task.dataset("train"), max_tokens=max_tokens, max_positions=(1024, 1024),
-        ignore_invalid_inputs=True, required_batch_size_multiple=8, seed=1,
+        dataset=task.dataset("train"), max_tokens=max_tokens, max_sentences=max_sentences,
+        max_positions=max_positions, ignore_invalid_inputs=True,
+        required_batch_size_multiple=required_batch_size_multiple, seed=seed,
     ).next_epoch_itr(shuffle=True)
     return [next(itr) for _ in range(n)]
 

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import common
 from common import ROWS, fp16_log_record, fp16_verdicts, slug
+from fairseq_trainer import fairseq_training
 from result_tables import fp16_table, headroom_table
 
 from resnmt.experiment.presets import SIZES, fairseq_bf16_problem
@@ -77,7 +78,7 @@ FP16_MAX = 65504.0  # the largest finite float16
 
 def first_step(train_argv, checkpoint=None, data=None) -> dict:
     """One training step in float32 on the CPU, as ``fairseq-train train_argv`` takes its
-    first one (``fairseq_cli/train.py``: the seed set before the model is built, the first
+    first one (``fairseq_trainer.fairseq_training``: the seed set before the model is built, the first
     batch of epoch 1, the trainer's seed before the forward pass), or with the weights of
     ``checkpoint`` (its own settings, ``data`` as the data directory). Returns the loss and
     gradient norm as fairseq logs them (base 2 per token; gradient norm of the loss divided
@@ -85,31 +86,22 @@ def first_step(train_argv, checkpoint=None, data=None) -> dict:
     import torch
 
     import resnmt  # noqa: F401  (registers the archs; checkpoints load with weights_only)
-    from fairseq import checkpoint_utils, options, tasks, utils
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq import checkpoint_utils, utils
 
     if checkpoint is None:
-        args = options.parse_args_and_arch(options.get_training_parser(), [str(x) for x in train_argv[1:]])
-        cfg = convert_namespace_to_omegaconf(args)
-        utils.set_torch_seed(cfg.common.seed)
-        task = tasks.setup_task(cfg.task)
-        model = task.build_model(cfg.model)
+        cfg, task, model, criterion = fairseq_training(train_argv[1:])
         updates = 0
     else:
         models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
             [str(checkpoint)], arg_overrides={"data": str(data)} if data else None)
         model = models[0].float()
         updates = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))["optimizer_history"][-1]["num_updates"]
-    criterion = task.build_criterion(cfg.criterion)
+        criterion = task.build_criterion(cfg.criterion)
     task.load_dataset("train", epoch=1)
-    batches = task.get_batch_iterator(
-        dataset=task.dataset("train"), max_tokens=cfg.dataset.max_tokens,
-        max_sentences=cfg.dataset.batch_size,
-        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions(),
-                                                  cfg.dataset.max_tokens),
-        ignore_invalid_inputs=True, required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
-        seed=cfg.common.seed, epoch=1)
-    sample = next(iter(batches.next_epoch_itr(shuffle=True)))
+    (sample,) = common.training_batches(
+        task, cfg.dataset.max_tokens, 1, seed=cfg.common.seed, max_sentences=cfg.dataset.batch_size,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions(), cfg.dataset.max_tokens),
+        required_batch_size_multiple=cfg.dataset.required_batch_size_multiple)
 
     outputs = {}
     def record(name):

@@ -42,7 +42,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -55,8 +54,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-import common  # noqa: E402
 from common import CONFIGS, Comparison, fairseq_argv, judge_training  # noqa: E402
+from fairseq_trainer import (build_trainer, compiled_graphs, count_flops, matmul_rate, profile_update,  # noqa: E402
+                             run_updates, synchronize, training_batches)
 from result_tables import gpu_training_table  # noqa: E402
 
 from resnmt.experiment.presets import SIZES, ModelSize  # noqa: E402
@@ -149,96 +149,6 @@ def train_argv(data, row: Comparison, dtype: str, max_tokens: int, recipe: tuple
     return argv
 
 
-def build_trainer(argv: List[str]):
-    """What fairseq_cli.train.main does up to the Trainer, from a fairseq-train command line."""
-    import numpy as np
-    from fairseq import options, tasks, utils
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from fairseq.trainer import Trainer
-
-    from resnmt.bf16 import untie_bf16_from_tpu
-
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, input_args=argv)
-    untie_bf16_from_tpu(args, argv)  # resnmt-train's parse
-    cfg = convert_namespace_to_omegaconf(args)
-    utils.import_user_module(cfg.common)
-    np.random.seed(cfg.common.seed)
-    utils.set_torch_seed(cfg.common.seed)
-    task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)
-    criterion = task.build_criterion(cfg.criterion)
-    return Trainer(cfg, task, model, criterion), task, cfg
-
-
-def training_batches(task, cfg, n: int):
-    """The first ``n`` batches of epoch 1 as fairseq-train builds them (seed 1)."""
-    task.load_dataset("train", combine=False, epoch=1)
-    return common.training_batches(task, cfg.dataset.max_tokens, n)
-
-
-def synchronize(cpu: bool):
-    import torch
-
-    if not cpu:
-        torch.cuda.synchronize()
-
-
-def run_updates(trainer, batches, start: int, n: int):
-    """``n`` updates through Trainer.train_step; returns target tokens trained on."""
-    tokens = 0
-    for i in range(start, start + n):
-        sample = batches[i % len(batches)]
-        trainer.train_step([sample])
-        tokens += int(sample["ntokens"])
-    return tokens
-
-
-def count_flops(trainer, sample) -> float:
-    """Matrix-unit FLOPs of one forward and backward of ``sample`` (torch's flop counter).
-    Counted in eval mode (no dropout, the same matrix products), where --compile-layers
-    runs its layers eagerly: the counter sees every product, compiled or not."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    model, criterion = trainer.model, trainer.criterion
-    sample = trainer._prepare_sample(sample)[0]
-    model.eval()
-    counter = FlopCounterMode(display=False)
-    try:
-        with counter:
-            loss, _, _ = criterion(model, sample)
-            loss.backward()
-    finally:
-        model.train()
-        model.zero_grad(set_to_none=True)
-    return float(counter.get_total_flops())
-
-
-def compiled_graphs() -> int:
-    """How many graphs torch.compile has made in this process."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-def matmul_rate(cpu: bool, size: int, reps: int = 10) -> dict:
-    """The card's bf16 matrix-product rate, measured: ``size``-cubed products."""
-    import torch
-
-    device = "cpu" if cpu else "cuda"
-    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    synchronize(cpu)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    synchronize(cpu)
-    seconds = (time.perf_counter() - t0) / reps
-    return {"matmul_size": size, "bf16_tflops": 2 * size ** 3 / seconds / 1e12}
-
-
 def median_min_max(values):
     return statistics.median(values), min(values), max(values)
 
@@ -281,52 +191,15 @@ def reference_of(c: Config, configs: List[Config]) -> Optional[str]:
     return f"{ref}/{c.dtype}" if ref else None
 
 
-def profile_update(trainer, batches, cpu: bool) -> dict:
-    """torch.profiler over one update (after warm-up): top kernels, launches, syncs."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([] if cpu else [ProfilerActivity.CUDA])
-    synchronize(cpu)
-    t0 = time.perf_counter()
-    with profile(activities=activities) as prof:
-        run_updates(trainer, batches, 0, 1)
-        synchronize(cpu)
-    wall = time.perf_counter() - t0
-    events = prof.key_averages()
-
-    def device_time(e):
-        return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) or 0
-
-    def count(pattern):
-        return sum(e.count for e in events if re.search(pattern, e.key))
-
-    kernels = [e for e in events if device_time(e) > 0 and not e.key.startswith(("aten::", "autograd::"))]
-    kernels.sort(key=device_time, reverse=True)
-    ops = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
-    return {
-        "wall_ms": 1e3 * wall,
-        "device_time_ms": sum(device_time(e) for e in kernels) / 1e3,
-        "kernel_launches": count(r"^(cudaLaunchKernel|cuLaunchKernel|cudaLaunchKernelExC)$"),
-        "host_syncs": {k: count(rf"^{k}$") for k in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
-                                                    "cudaEventSynchronize")},
-        "memcpy_dtoh_or_sync_copies": count(r"^Memcpy DtoH") + count(r"^aten::_local_scalar_dense$"),
-        "item_calls": count(r"^aten::item$"),
-        "top_kernels": [{"name": e.key[:160], "count": e.count, "device_ms": device_time(e) / 1e3}
-                        for e in kernels[:15]],
-        "top_cpu_ops": [{"name": e.key[:160], "count": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3}
-                        for e in ops[:15]],
-    }
-
-
 def whole_process(a, out: Path, deadline: float):
     """fairseq-train processes, stock against resnmt: fairseq's own wps from its json log."""
     runs = {
         "stock_fairseq_train_fp16": [sys.executable, "-m", "fairseq_cli.train", "--arch", "transformer"],
-        "resnmt_postln_fp16": [sys.executable, "-m", "fairseq_cli.train", "--user-dir", USER_DIR,
+        "resnmt_postln_fp16": [sys.executable, "-m", "fairseq_cli.train", "--user-dir", str(USER_DIR),
                                "--arch", "transformer_postln_base"],
-        "resnmt_train_recipe_bf16": [sys.executable, "-m", "resnmt.cli.train", "--user-dir", USER_DIR,
+        "resnmt_train_recipe_bf16": [sys.executable, "-m", "resnmt.cli.train", "--user-dir", str(USER_DIR),
                                      "--arch", "transformer_postln_base", *RECIPE_FLAGS],
-        "resnmt_train_recipe_compiled_bf16": [sys.executable, "-m", "resnmt.cli.train", "--user-dir", USER_DIR,
+        "resnmt_train_recipe_compiled_bf16": [sys.executable, "-m", "resnmt.cli.train", "--user-dir", str(USER_DIR),
                                               "--arch", "transformer_postln_base", *RECIPE_FLAGS, *COMPILE_FLAGS,
                                               "--compile-backend", a.compile_backend],
     }
@@ -378,7 +251,7 @@ def whole_process(a, out: Path, deadline: float):
         print(json.dumps(rec), flush=True)
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--data", required=True, help="fairseq-binarized data (train split) with a joined dictionary")
@@ -417,8 +290,14 @@ def main(argv=None):
                    "(the first round of each token setting always runs; default: none)")
     p.add_argument("--smoke", action="store_true", help="tiny model (2+2, d=64) for a quick check")
     p.add_argument("--cpu", action="store_true", help="run on the CPU (with --smoke: the test suite's check; fp32)")
-    a = p.parse_args(argv)
+    return p
 
+
+def parse(argv=None):
+    """``(a, rows, dtypes, tokens, limits)``: the command line, checked (a bad value: one
+    error line, exit status 2); ``limits``: {("dtype" or "tokens", value): rows}."""
+    p = parser()
+    a = p.parse_args(argv)
     rows = [r for r in a.rows.split(",") if r]
     bad = [r for r in rows if r not in ROWS]
     if bad:
@@ -446,8 +325,103 @@ def main(argv=None):
     if bad:
         p.error(f"--recipes {','.join(bad)}: unknown; choose from {', '.join(RECIPES)}")
     if a.cpu:
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         dtypes = ["fp32"]  # bf16 on the CPU is tested in tests/test_bf16.py; timing here is only the smoke check
+    return a, rows, dtypes, tokens, limits
+
+
+def configs_at(a, max_tokens: int, rows, dtypes, limits) -> List[Config]:
+    """The configurations measured at ``max_tokens``: each row at each precision (within
+    ``limits``), then stock fp16 and the recipes."""
+    configs = []
+    allowed_tokens = limits.get(("tokens", str(max_tokens)), rows)
+    for dtype in dtypes:
+        allowed = limits.get(("dtype", dtype), rows)
+        for name in rows:
+            if name in allowed and name in allowed_tokens:
+                configs.append(Config(name, name, dtype))
+    if not a.no_recipe:
+        configs.append(Config(STOCK, "transformer", "fp32" if a.cpu else "fp16"))
+        for name in a.recipes.split(","):
+            configs.append(Config(name, "post_ln", "fp32" if a.cpu else "bf16", recipe=RECIPES[name]))
+    return configs
+
+
+def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadline: float, device: str,
+                    peak_tflops: float, profiles: Optional[dict]) -> List[dict]:
+    """Build and warm up ``configs`` at ``max_tokens``, profile one update of stock fp16
+    and the recipes into ``profiles`` (when given), time the interleaved rounds; the rows
+    (MFU against ``peak_tflops``), each also appended to ``out``.
+    A configuration that fails (a compiler error, say) is recorded and leaves the others."""
+    batches = None
+
+    def failed(c, stage, error):
+        c.trainer = None
+        rec = {"kind": "error", "config": c.key, "max_tokens": max_tokens, "stage": stage,
+               "error": f"{type(error).__name__}: {error}"[-2000:]}
+        append_jsonl(out, rec)
+        print(json.dumps(rec), file=sys.stderr, flush=True)
+
+    ready = []
+    for c in configs:
+        try:
+            argv_c = train_argv(a.data, ROWS[c.row], c.dtype, max_tokens, c.recipe, a.smoke, a.cpu, a.compile_backend)
+            c.trainer, task, cfg = build_trainer(argv_c)
+            if batches is None:
+                batches = training_batches(task, cfg, a.batches)
+            c.tokens_per_update = statistics.mean(int(b["ntokens"]) for b in batches)
+            first = int(batches[0]["ntokens"])
+            c.flops_per_update = count_flops(c.trainer, batches[0]) * c.tokens_per_update / first
+            synchronize(a.cpu)
+            t0 = time.perf_counter()
+            run_updates(c.trainer, batches, 0, a.warmup)  # warm-up (and any compilation)
+            synchronize(a.cpu)
+            c.warmup_s = time.perf_counter() - t0
+            ready.append(c)
+        except Exception as e:  # noqa: BLE001 (recorded, and the run goes on)
+            failed(c, "build and warm-up", e)
+    configs = ready
+    graphs_after_warmup = compiled_graphs()
+    for c in configs if profiles is not None else ():
+        if c.name == STOCK or c.name in RECIPES:
+            try:
+                profiles[c.key] = profile_update(c.trainer, batches, a.cpu)
+            except Exception as e:  # noqa: BLE001
+                profiles[c.key] = {"error": f"{type(e).__name__}: {e}"[-2000:]}
+    for rnd in range(a.rounds):
+        if time.monotonic() > deadline and rnd > 0:
+            print(f"[gpu_train] deadline: stopped after {rnd} rounds at --max-tokens {max_tokens}", file=sys.stderr)
+            break
+        order = configs if rnd % 2 == 0 else list(reversed(configs))
+        for c in order:
+            if c.trainer is None:
+                continue
+            try:
+                synchronize(a.cpu)
+                t0 = time.perf_counter()
+                tok = run_updates(c.trainer, batches, a.warmup + rnd * a.updates, a.updates)
+                synchronize(a.cpu)
+                c.samples.append((time.perf_counter() - t0, tok))
+            except Exception as e:  # noqa: BLE001
+                failed(c, f"round {rnd + 1}", e)
+    rows = summarize(configs, max_tokens, peak_tflops)
+    graphs_at_end = compiled_graphs()
+    for rec in rows:
+        rec["device"] = device
+        # torch.compile graphs made by then (all configurations): equal = none compiled while timed
+        rec["compiled_graphs_after_warmup"], rec["compiled_graphs_at_end"] = graphs_after_warmup, graphs_at_end
+        append_jsonl(out, rec)
+    for c in configs:  # free this token setting's models before the next
+        c.trainer = None
+    return rows
+
+
+def main(argv=None):
+    a, rows, dtypes, tokens, limits = parse(argv)
+    import fairseq
+    import torch
+
+    if a.cpu:
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -456,14 +430,10 @@ def main(argv=None):
     device = "cpu" if a.cpu else torch.cuda.get_device_name(0)
     env = {"kind": "environment", "device": device, "torch": torch.__version__, "python": platform.python_version(),
            "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "settings": {k: v for k, v in vars(a).items()}}
-    import fairseq
-
-    env["fairseq"] = fairseq.__version__
+           "settings": dict(vars(a)), "fairseq": fairseq.__version__}
     env.update(matmul_rate(a.cpu, 512 if a.smoke else a.matmul_size))
     append_jsonl(out, env)
     print(json.dumps(env), flush=True)
-    peak = env["bf16_tflops"]
 
     all_rows = []
     profiles = {}
@@ -471,81 +441,9 @@ def main(argv=None):
         if time.monotonic() > deadline:
             print(f"[gpu_train] deadline: --max-tokens {max_tokens} not started", file=sys.stderr)
             break
-        configs = []
-        allowed_tokens = limits.get(("tokens", str(max_tokens)), rows)
-        for dtype in dtypes:
-            allowed = limits.get(("dtype", dtype), rows)
-            for name in rows:
-                if name in allowed and name in allowed_tokens:
-                    configs.append(Config(name, name, dtype))
-        if not a.no_recipe:
-            configs.append(Config(STOCK, "transformer", "fp32" if a.cpu else "fp16"))
-            for name in a.recipes.split(","):
-                configs.append(Config(name, "post_ln", "fp32" if a.cpu else "bf16", recipe=RECIPES[name]))
-        batches = None
-
-        def failed(c, stage, error):
-            """One configuration's failure (a compiler error, say) is recorded and leaves the others."""
-            c.trainer = None
-            rec = {"kind": "error", "config": c.key, "max_tokens": max_tokens, "stage": stage,
-                   "error": f"{type(error).__name__}: {error}"[-2000:]}
-            append_jsonl(out, rec)
-            print(json.dumps(rec), file=sys.stderr, flush=True)
-
-        ready = []
-        for c in configs:
-            try:
-                argv_c = train_argv(a.data, ROWS[c.row], c.dtype, max_tokens, c.recipe, a.smoke, a.cpu,
-                                    a.compile_backend)
-                c.trainer, task, cfg = build_trainer(argv_c)
-                if batches is None:
-                    batches = training_batches(task, cfg, a.batches)
-                c.tokens_per_update = statistics.mean(int(b["ntokens"]) for b in batches)
-                first = int(batches[0]["ntokens"])
-                c.flops_per_update = count_flops(c.trainer, batches[0]) * c.tokens_per_update / first
-                synchronize(a.cpu)
-                t0 = time.perf_counter()
-                run_updates(c.trainer, batches, 0, a.warmup)  # warm-up (and any compilation)
-                synchronize(a.cpu)
-                c.warmup_s = time.perf_counter() - t0
-                ready.append(c)
-            except Exception as e:  # noqa: BLE001 (recorded, and the run goes on)
-                failed(c, "build and warm-up", e)
-        configs = ready
-        graphs_after_warmup = compiled_graphs()
-        if a.profile and max_tokens == tokens[0]:
-            for c in configs:
-                if c.name == STOCK or c.name in RECIPES:
-                    try:
-                        profiles[c.key] = profile_update(c.trainer, batches, a.cpu)
-                    except Exception as e:  # noqa: BLE001
-                        profiles[c.key] = {"error": f"{type(e).__name__}: {e}"[-2000:]}
-        for rnd in range(a.rounds):
-            if time.monotonic() > deadline and rnd > 0:
-                print(f"[gpu_train] deadline: stopped after {rnd} rounds at --max-tokens {max_tokens}", file=sys.stderr)
-                break
-            order = configs if rnd % 2 == 0 else list(reversed(configs))
-            for c in order:
-                if c.trainer is None:
-                    continue
-                try:
-                    synchronize(a.cpu)
-                    t0 = time.perf_counter()
-                    tok = run_updates(c.trainer, batches, a.warmup + rnd * a.updates, a.updates)
-                    synchronize(a.cpu)
-                    c.samples.append((time.perf_counter() - t0, tok))
-                except Exception as e:  # noqa: BLE001
-                    failed(c, f"round {rnd + 1}", e)
-        rows_here = summarize(configs, max_tokens, peak)
-        graphs_at_end = compiled_graphs()
-        for rec in rows_here:
-            rec["device"] = device
-            # torch.compile graphs made by then (all configurations): equal = none compiled while timed
-            rec["compiled_graphs_after_warmup"], rec["compiled_graphs_at_end"] = graphs_after_warmup, graphs_at_end
-            append_jsonl(out, rec)
-        all_rows += rows_here
-        for c in configs:  # free this token setting's models before the next
-            c.trainer = None
+        configs = configs_at(a, max_tokens, rows, dtypes, limits)
+        all_rows += measure_setting(a, max_tokens, configs, out, deadline, device, env["bf16_tflops"],
+                                    profiles if a.profile and max_tokens == tokens[0] else None)
         if not a.cpu:
             torch.cuda.empty_cache()
     if a.profile:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import common
 from common import Comparison, Optimizer, fairseq_argv, train_step, training_batches
+from fairseq_trainer import compiled_graphs  # torch.compile graphs so far (--fused-connections); 0 eager
 from result_tables import speed_table
 
 from resnmt.experiment.presets import SIZES
@@ -138,16 +139,11 @@ def measure(spec):
         if cuda:
             torch.cuda.synchronize()
 
-    def graphs():  # torch.compile graphs so far (--fused-connections); 0 for eager configs
-        from torch._dynamo.utils import counters
-
-        return counters["stats"]["unique_graphs"]
-
     t0 = time.perf_counter()
     for batch in batches[: spec["warmup"]]:
         train_step(model, optimizer, batch, task.target_dictionary.pad())
     sync()
-    warmup_train_s, graphs_after_warmup = time.perf_counter() - t0, graphs()
+    warmup_train_s, graphs_after_warmup = time.perf_counter() - t0, compiled_graphs()
     t0, c0 = time.perf_counter(), time.process_time()
     for batch in batches[spec["warmup"]:]:
         train_step(model, optimizer, batch, task.target_dictionary.pad())
@@ -172,7 +168,7 @@ def measure(spec):
     t0 = time.perf_counter()
     generator.generate([model], dec_batches[0])  # warm-up
     sync()
-    warmup_decode_s, graphs_after_decode_warmup = time.perf_counter() - t0, graphs()
+    warmup_decode_s, graphs_after_decode_warmup = time.perf_counter() - t0, compiled_graphs()
     t0, c0 = time.perf_counter(), time.process_time()
     n_sent = 0
     for batch in dec_batches:
@@ -203,7 +199,7 @@ def measure(spec):
         "warmup_decode_s": warmup_decode_s,
         "graphs_after_train_warmup": graphs_after_warmup,
         "graphs_after_decode_warmup": graphs_after_decode_warmup,
-        "graphs_at_end": graphs(),
+        "graphs_at_end": compiled_graphs(),
     }
 
 
