@@ -1,14 +1,14 @@
-"""The benchmarks' library: the rows they train (named records), the study's milestones,
-and the helpers only benchmarks use: settings keys, run names and the machine a number
-was measured on, training to a budget and resuming, fairseq-train's command for a
-benchmark run, the checkpoints at a budget, the measured model configs and what each is
-compared with (speed.py, gpu_train.py; profile_ops.py profiles them), their training
-batches and step, and the verdicts on what was measured. fairseq's own Trainer, built and
-timed, is fairseq_trainer.py's; the tables of the results are result_tables.py's and
-study_tables.py's (make_tables.py writes them into the documents).
-fairseq's log is read by ``resnmt.experiment.steps.FairseqLog``, and the experiment's
-steps themselves are resnmt's (``resnmt.experiment``); the scripts import this module
-(and the tables' modules), never each other.
+"""The benchmarks' library, which every script in benchmarks/ is a command over: the rows
+they train (named records) and the study's milestones; settings keys, run names and the
+machine a number was measured on; training to a budget and resuming (fairseq-train's
+command for a benchmark run), the checkpoints at a budget and their average decoded and
+scored (resnmt's steps); the measured model configs and what each is compared with
+(speed.py, gpu_train.py; profile_ops.py profiles them), their training batches and step;
+the verdicts on what was measured. fairseq's own Trainer, built and timed, is
+fairseq_trainer.py's; the tables of the results are result_tables.py's and
+study_tables.py's (make_tables.py writes them into the documents); fairseq's log is read
+by ``resnmt.experiment.steps.FairseqLog``. The scripts import these modules, never each
+other.
 """
 import datetime
 import hashlib
@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from resnmt.atomic import atomic_write_text
 from resnmt.averaging import numbered_checkpoints
+from resnmt.experiment import steps
 from resnmt.experiment.errors import ExperimentError
 from resnmt.experiment.presets import ModelSize
 from resnmt.experiment.runtime import USER_DIR, run_logged
@@ -226,6 +227,18 @@ def train_to(updates: int, train_argv: Sequence, save_dir: Path, log_path: Path,
     seconds = before["seconds"] + time.time() - started
     atomic_write_text(save_dir / TRAINED_STAMP, json.dumps({"updates": updates, "seconds": seconds}) + "\n")
     return seconds
+
+
+def average_and_score(checkpoints: Sequence[Path], avg: Path, gen: Path, bin_dir: Path, ref: Path,
+                      log_path: Path, env: Dict[str, str], *, remove_bpe: str, **decode) -> Tuple[dict, float]:
+    """The model averaged from ``checkpoints`` (into ``avg``), the test set decoded into
+    ``gen`` with the papers' search (``decode``: more of ``steps.decode``'s options) and
+    scored against ``ref``: (resnmt-evaluate's result, the seconds decoding took)."""
+    steps.average(checkpoints, avg)
+    started = time.time()
+    steps.decode(bin_dir, avg, gen, log_path, env, **decode)
+    seconds = time.time() - started
+    return steps.score(gen, ref, remove_bpe=remove_bpe), seconds
 
 
 def checkpoints_until(save_dir: Path, n: int, updates: int) -> List[Path]:

@@ -42,7 +42,6 @@ import fcntl
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import common
@@ -162,12 +161,9 @@ def one_run(a, settings, key, size, row, seed, milestones_done, env, device):
 
         ckpts = common.checkpoints_until(ckpt_dir, a.average, updates)
         avg = run_dir / f"checkpoint.avg{a.average}.upd{updates}.pt"
-        steps.average(ckpts, avg)
-        gen = run_dir / f"gen.test.upd{updates}.out"
-        t0 = time.time()
-        steps.decode(a.bin_dir, avg, gen, log, env, max_len_a=1, max_len_b=50)
-        decode_seconds = time.time() - t0
-        result = steps.score(gen, a.ref, remove_bpe=a.remove_bpe)
+        result, decode_seconds = common.average_and_score(
+            ckpts, avg, run_dir / f"gen.test.upd{updates}.out", a.bin_dir, a.ref, log, env, remove_bpe=a.remove_bpe,
+            max_len_a=1, max_len_b=50)
         avg.unlink()
         analysis = steps.analyze(ckpts[-1], a.bin_dir, run_dir / "analysis" / f"upd{updates}", log, env,
                                  num_sentences=a.analyze_sentences)

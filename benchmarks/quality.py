@@ -17,7 +17,6 @@ import argparse
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import common
@@ -69,13 +68,9 @@ def one_run(a, row, seed, settings, bin_dir, ref, env):
         bin_dir, arch, flags, SIZES[a.size], seed=seed, max_tokens=a.max_tokens, lr=a.lr, warmup=a.warmup,
         dropout=a.dropout, save_every=a.save_every, keep=a.average, validate=False)
     train_s = common.train_to(a.max_update, train_argv, ckpt_dir, log, env)  # resumes from checkpoint_last.pt
-    avg = run_dir / "checkpoint.avg.pt"
-    steps.average(common.checkpoints_until(ckpt_dir, a.average, a.max_update), avg)
-    gen = run_dir / "gen.test.out"
-    t1 = time.time()
-    steps.decode(bin_dir, avg, gen, log, env, max_len_b=a.max_len_b)
-    gen_s = time.time() - t1
-    score = steps.score(gen, ref, remove_bpe=a.remove_bpe)
+    score, gen_s = common.average_and_score(
+        common.checkpoints_until(ckpt_dir, a.average, a.max_update), run_dir / "checkpoint.avg.pt",
+        run_dir / "gen.test.out", bin_dir, ref, log, env, remove_bpe=a.remove_bpe, max_len_b=a.max_len_b)
     fairseq_log = steps.FairseqLog.read(log)
     losses = [loss for _, _, loss in fairseq_log.epochs] or [loss for _, loss in fairseq_log.train]
     if not a.keep_checkpoints:
