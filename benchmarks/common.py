@@ -1,11 +1,16 @@
-"""What the benchmark scripts share: the rows they train (named records), the study's
-milestones, and the helpers only benchmarks use: settings keys, the machine a number
-was measured on, training to a budget and resuming, fairseq-train's command for a
-benchmark run, the checkpoints at a budget, speed.py's model configs and training step
-(profile_ops.py profiles them), and the tables of the results (make_tables.py writes
-them into the documents). The experiment's steps themselves are resnmt's
-(``resnmt.experiment``); the scripts import this module, never each other.
+"""The benchmarks' library, which every script in benchmarks/ is a command over: the rows
+they train (named records) and the study's milestones; settings keys, run names and the
+machine a number was measured on; training to a budget and resuming (fairseq-train's
+command for a benchmark run), the checkpoints at a budget and their average decoded and
+scored (resnmt's steps); the measured model configs and what each is compared with
+(speed.py, gpu_train.py; profile_ops.py profiles them), their training batches and step;
+the verdicts on what was measured. fairseq's own Trainer, built and timed, is
+fairseq_trainer.py's; the tables of the results are result_tables.py's and
+study_tables.py's (make_tables.py writes them into the documents); fairseq's log is read
+by ``resnmt.experiment.steps.FairseqLog``. The scripts import these modules, never each
+other.
 """
+import datetime
 import hashlib
 import json
 import os
@@ -14,10 +19,11 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from resnmt.atomic import atomic_write_text
 from resnmt.averaging import numbered_checkpoints
+from resnmt.experiment import steps
 from resnmt.experiment.errors import ExperimentError
 from resnmt.experiment.presets import ModelSize
 from resnmt.experiment.runtime import USER_DIR, run_logged
@@ -108,6 +114,11 @@ def slug(row: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", row.lower()).strip("_")
 
 # ------------------------------------------------------------------------------ records
+
+
+def run_id() -> str:
+    """A run's name: the UTC time it started (or finished), e.g. 2026-11-24T09:30:00Z."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def settings_key(settings: dict) -> str:
@@ -218,6 +229,18 @@ def train_to(updates: int, train_argv: Sequence, save_dir: Path, log_path: Path,
     return seconds
 
 
+def average_and_score(checkpoints: Sequence[Path], avg: Path, gen: Path, bin_dir: Path, ref: Path,
+                      log_path: Path, env: Dict[str, str], *, remove_bpe: str, **decode) -> Tuple[dict, float]:
+    """The model averaged from ``checkpoints`` (into ``avg``), the test set decoded into
+    ``gen`` with the papers' search (``decode``: more of ``steps.decode``'s options) and
+    scored against ``ref``: (resnmt-evaluate's result, the seconds decoding took)."""
+    steps.average(checkpoints, avg)
+    started = time.time()
+    steps.decode(bin_dir, avg, gen, log_path, env, **decode)
+    seconds = time.time() - started
+    return steps.score(gen, ref, remove_bpe=remove_bpe), seconds
+
+
 def checkpoints_until(save_dir: Path, n: int, updates: int) -> List[Path]:
     """The newest ``n`` update checkpoints (``checkpoint_E_U.pt``) with U <= ``updates``,
     oldest first (``resnmt-average --num-update-checkpoints``'s selection). fairseq writes
@@ -232,7 +255,7 @@ def checkpoints_until(save_dir: Path, n: int, updates: int) -> List[Path]:
         raise ExperimentError(f"{save_dir}: {len(paths)} checkpoints up to update {updates}, {n} wanted for averaging")
     return paths[-n:]
 
-# ------------------------------------------------- speed measurements (speed.py, profile_ops.py)
+# --------------------------------- speed measurements (speed.py, gpu_train.py, profile_ops.py)
 
 # measurement name -> (arch, extra flags); {L} is replaced by the number of layers
 CONFIGS = {
@@ -270,7 +293,24 @@ CONFIGS = {
     "post_ln_dyt": ("transformer_postln_base", ["--normalization", "dyt"]),
 }
 
+@dataclass(frozen=True)
+class Comparison:
+    """A config of ``CONFIGS`` measured against its reference, and the ratios to the
+    reference it should reach (None: no fixed target)."""
+
+    config: str
+    reference: Optional[str] = None  # None: a reference itself
+    train: Optional[float] = None  # training throughput over the reference's, at least
+    decode: Optional[float] = None  # decoding throughput over the reference's, at least
+    memory: Optional[float] = None  # peak memory over the reference's, at most
+    flops: Optional[float] = None  # training ratio: at least this fraction of the one its FLOPs predict
+    band: Optional[Tuple[float, float]] = None  # same-math pairs: the training ratio lies in this band
+    times: Optional[float] = None  # training ratio: at least this many times the reference's
+
+
 def fairseq_argv(data, config, size, max_tokens):
+    """fairseq's training command line (without the program) for ``config`` at ``size``
+    ((layers, dim, ffn, heads)): label-smoothed cross-entropy, dropout 0.1, seed 1."""
     arch, extra = CONFIGS[config]
     extra = [e.replace("{L}", str(size[0])) for e in extra]
     return [
@@ -281,11 +321,14 @@ def fairseq_argv(data, config, size, max_tokens):
     ]
 
 
-def training_batches(task, max_tokens, n):
-    """The first ``n`` training batches of epoch 1 (seed 1)."""
+def training_batches(task, max_tokens, n, *, seed=1, max_positions=(1024, 1024), max_sentences=None,
+                     required_batch_size_multiple=8):
+    """The first ``n`` training batches of epoch 1 (the train split loaded) as fairseq-train
+    batches them: shuffled with ``seed``, sentences longer than ``max_positions`` left out."""
     itr = task.get_batch_iterator(
-        dataset=task.dataset("train"), max_tokens=max_tokens, max_positions=(1024, 1024),
-        ignore_invalid_inputs=True, required_batch_size_multiple=8, seed=1,
+        dataset=task.dataset("train"), max_tokens=max_tokens, max_sentences=max_sentences,
+        max_positions=max_positions, ignore_invalid_inputs=True,
+        required_batch_size_multiple=required_batch_size_multiple, seed=seed,
     ).next_epoch_itr(shuffle=True)
     return [next(itr) for _ in range(n)]
 
@@ -352,8 +395,7 @@ def train_step(model, optimizer, batch, pad):
     optimizer.step()
 
 
-
-# ---------------------------------------------------------------------------------- tables
+# -------------------------------------------------------------------------------- verdicts
 
 # SAS rows: measured training ratio over the one the gates' multiply-adds predict (the
 # SAS overhead table); 0.95 where no issue set another.
@@ -361,69 +403,55 @@ PREDICTION_TARGETS = {"sas (gate h) fused": 1.0}
 PREDICTION_TARGET_DEFAULT = 0.95
 
 
-def fmt_ratio(x):
-    return "n/a" if x is None else f"{x:.3f}"
-
-
 def verdict(value, target, higher_is_better=True):
+    """``pass`` or ``MISS`` of a measured ratio against its target ("" without either)."""
     if target is None or value is None:
         return ""
     ok = value >= target if higher_is_better else value <= target
     return "pass" if ok else "MISS"
 
 
-def speed_table(rows):
-    """The table of speed.py's rows (its stdout, and make_tables.py's speed tables)."""
-    out = [
-        "| row | train tok/s ratio (target) | | decode sent/s ratio (target) | | peak memory ratio (target) | | params ratio | rounds |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        t, d, m = r["train_ratio"], r["decode_ratio"], r["memory_ratio"]
-        out.append(
-            f"| {r['row']} (vs {r['reference']}) "
-            f"| {fmt_ratio(t['median'])} [{fmt_ratio(t['min'])}–{fmt_ratio(t['max'])}] ({r['target_train'] or '—'}) "
-            f"| {verdict(t['median'], r['target_train'])} "
-            f"| {fmt_ratio(d['median'])} [{fmt_ratio(d['min'])}–{fmt_ratio(d['max'])}] ({r['target_decode'] or '—'}) "
-            f"| {verdict(d['median'], r['target_decode'])} "
-            f"| {fmt_ratio(m['median'])} ({('≤ %s' % r['target_memory']) if r['target_memory'] else '—'}) "
-            f"| {verdict(m['median'], r['target_memory'], higher_is_better=False)} "
-            f"| {r['params_ratio']:.3f} | {r['rounds']} |"
-        )
-    return "\n".join(out)
+def judge_training(c: Comparison, rec: dict) -> dict:
+    """gpu_train.py's verdict on a row's training ratio to its reference (``rec``: its
+    ``ratio`` with min, max and spread over rounds, and ``flops_ratio``): the ``target`` as
+    text and whether it ``meets`` it; for a same-math pair also whether the measurement
+    ``resolves`` 2 % (spread and ratio range under 2 %)."""
+    if c.times:
+        return {"target": f">= {c.times:g}x {c.reference.replace('_', ' ')}", "meets": rec["ratio"] >= c.times}
+    if c.band:
+        lo, hi = c.band
+        resolves = rec["spread"] < 0.02 and rec["ratio_max"] - rec["ratio_min"] < 0.02
+        return {"target": f"{lo}-{hi}", "meets": lo <= rec["ratio"] <= hi, "resolves": resolves}
+    if c.flops and "flops_ratio" in rec:
+        goal = c.flops * rec["flops_ratio"]
+        return {"target": f">= {c.flops} x FLOPs ratio = {goal:.3f}", "meets": rec["ratio"] >= goal}
+    if c.train:
+        return {"target": f">= {c.train}", "meets": rec["ratio"] >= c.train}
+    return {}
 
 
-def fp16_table(records):
-    """fp16.py's table: does each kind train in half precision?"""
-    lines = ["| kind | overflowed updates (post-LN's) | final loss scale | train loss at the end | exit | verdict |",
-             "|---|---|---|---|---|---|"]
+def fp16_log_record(log) -> dict:
+    """What fp16.py records of a ``fairseq-train --fp16`` run's log (a ``FairseqLog``): the
+    updates skipped for overflowing gradients, the last loss scale and training loss
+    logged, and whether the loss scale reached its minimum (which stops the run)."""
+    last = next((f for f in reversed(log.inner) if {"loss", "loss_scale", "num_updates"} <= set(f)), None)
+    scales = log.overflow_scales
+    return {
+        "overflows": len(scales),
+        "loss_scale": float(last["loss_scale"]) if last else (scales[-1] if scales else None),
+        "train_loss": float(last["loss"]) if last else None,
+        "updates_logged": int(last["num_updates"]) if last else 0,
+        "min_scale_reached": log.min_scale_reached,
+    }
+
+
+def fp16_verdicts(records, baseline: str = "post_ln"):
+    """Each fp16.py record's ``passed``: it finished with a finite loss and no more
+    overflows than the ``baseline`` row's."""
+    base = next((r for r in records if r["row"] == baseline), None)
     for r in records:
-        lines.append(f"| {r['row']} | {r['overflows']} ({r['baseline_overflows']}) | {r['loss_scale']} "
-                     f"| {r['train_loss']} @ {r['updates_logged']} | {r['exit_code']} "
-                     f"| {'pass' if r['passed'] else 'FAIL'} |")
-    return "\n".join(lines)
-
-
-def headroom_table(records):
-    """fp16.py --headroom's table: the largest values fp16 would have to hold."""
-    lines = ["| kind | loss | gradient norm | largest gradient (parameter) | largest loss scale fp16 holds "
-             "| largest block output (block) | largest logit |",
-             "|---|---:|---:|---|---:|---|---:|"]
-    for r in records:
-        name = f"{r['row']} @ {r['updates']} updates" if r.get("updates") else r["row"]
-        scale = r["max_fp16_loss_scale"]
-        lines.append(f"| {name} | {r['loss']:.3f} | {r['grad_norm']:.2f} | {r['largest_grad']:,.0f} "
-                     f"(`{r['largest_grad_param']}`) | {f'{scale:,.0f}' if scale >= 100 else f'{scale:.3g}'} "
-                     f"| {r['largest_block_output']:.1f} ({r['largest_block_output_at']}) | {r['largest_logit']:.1f} |")
-    return "\n".join(lines)
-
-
-def replace_between(text, begin, end, body, required=True):
-    """``text`` with ``body`` between the marker lines ``begin`` and ``end`` (a generated table)."""
-    if begin not in text or end not in text:
-        if not required:
-            return text
-        raise SystemExit(f"markers {begin} / {end} not found")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    return f"{head}{begin}\n{body}\n{end}{tail}"
+        finite = r["train_loss"] is not None and r["train_loss"] == r["train_loss"] and r["train_loss"] != float("inf")
+        ok = r["exit_code"] == 0 and not r["min_scale_reached"] and finite
+        r["baseline_overflows"] = base["overflows"] if base else None
+        r["passed"] = bool(ok and (base is None or r["overflows"] <= base["overflows"]))
+    return records

@@ -38,12 +38,10 @@ because the CPU run has it) and are plotted in panels of their own; the settings
 settings key) are the same, fp32 on both.
 """
 import argparse
-import datetime
 import fcntl
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import common
@@ -53,8 +51,8 @@ from common import CURVES_ROWS as ROWS
 from resnmt.averaging import numbered_checkpoints
 from resnmt.experiment import steps
 from resnmt.experiment.presets import SIZES
-from resnmt.experiment.results import append_jsonl, read_jsonl
 from resnmt.experiment.runtime import tool_env
+from resnmt.shared import append_jsonl, read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "curves.jsonl"
@@ -163,12 +161,9 @@ def one_run(a, settings, key, size, row, seed, milestones_done, env, device):
 
         ckpts = common.checkpoints_until(ckpt_dir, a.average, updates)
         avg = run_dir / f"checkpoint.avg{a.average}.upd{updates}.pt"
-        steps.average(ckpts, avg)
-        gen = run_dir / f"gen.test.upd{updates}.out"
-        t0 = time.time()
-        steps.decode(a.bin_dir, avg, gen, log, env, max_len_a=1, max_len_b=50)
-        decode_seconds = time.time() - t0
-        result = steps.score(gen, a.ref, remove_bpe=a.remove_bpe)
+        result, decode_seconds = common.average_and_score(
+            ckpts, avg, run_dir / f"gen.test.upd{updates}.out", a.bin_dir, a.ref, log, env, remove_bpe=a.remove_bpe,
+            max_len_a=1, max_len_b=50)
         avg.unlink()
         analysis = steps.analyze(ckpts[-1], a.bin_dir, run_dir / "analysis" / f"upd{updates}", log, env,
                                  num_sentences=a.analyze_sentences)
@@ -191,7 +186,7 @@ def one_run(a, settings, key, size, row, seed, milestones_done, env, device):
             "data": common.repo_relative(a.bin_dir, Path.cwd()), "ref": common.repo_relative(a.ref, Path.cwd()),
             "train_seconds": round(total, 1), "decode_seconds": round(decode_seconds, 1),
             **device, "torch_threads": a.threads,
-            "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "finished": common.run_id(),
         }
         append_jsonl(a.out, record)
         print(f"[curves] {size} {row} seed {seed} @ {updates}: sacreBLEU {record['bleu']:.2f}, "

@@ -31,9 +31,7 @@ not overflow; fairseq starts at 128), the largest block output and the largest l
     python benchmarks/fp16.py --headroom --checkpoint runs/curves/.../checkpoint_last.pt
 """
 import argparse
-import datetime
 import math
-import re
 import subprocess
 import sys
 import time
@@ -41,39 +39,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import common
-from common import ROWS, fp16_table, headroom_table, slug
+from common import ROWS, fp16_log_record, fp16_verdicts, slug
+from fairseq_trainer import fairseq_training
+from result_tables import fp16_table, headroom_table
 
 from resnmt.experiment.presets import SIZES, fairseq_bf16_problem
-from resnmt.experiment.results import append_jsonl
 from resnmt.experiment.runtime import tool_env
+from resnmt.experiment.steps import FairseqLog
+from resnmt.shared import append_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "fp16.jsonl"
 BASELINE = "post_ln"
-
-OVERFLOW_RE = re.compile(r"gradient overflow detected, ignoring gradient, setting loss scale to: ([\d.e+-]+)")
-MIN_SCALE_RE = re.compile(r"Minimum loss scale reached")
-FIELD_RE = {name: re.compile(rf"[ |]{name}=([^,\s]+)") for name in ("loss", "loss_scale", "num_updates")}
-
-
-def read_log(text: str) -> dict:
-    """Overflow count, last loss scale and last training loss in a ``fairseq-train`` log
-    (``--log-format simple``: ``| train_inner | ... loss=4.2, ..., num_updates=50, ..., loss_scale=64, ...``)."""
-    overflows = OVERFLOW_RE.findall(text)
-    last = None
-    for line in text.splitlines():
-        if "| train_inner |" in line:
-            fields = {name: rx.search(line) for name, rx in FIELD_RE.items()}
-            if all(fields.values()):
-                last = {name: m.group(1) for name, m in fields.items()}
-    return {
-        "overflows": len(overflows),
-        "loss_scale": float(last["loss_scale"]) if last else (float(overflows[-1]) if overflows else None),
-        "train_loss": float(last["loss"]) if last else None,
-        "updates_logged": int(last["num_updates"]) if last else 0,
-        "min_scale_reached": bool(MIN_SCALE_RE.search(text)),
-    }
-
 
 def one_run(a, row, work: Path, env) -> dict:
     arch, flags = ROWS[row].arch, list(ROWS[row].flags)
@@ -89,7 +66,7 @@ def one_run(a, row, work: Path, env) -> dict:
     with open(log, "w", encoding="utf-8") as f:
         proc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
     seconds = time.time() - t0
-    rec = read_log(log.read_text(encoding="utf-8", errors="replace"))
+    rec = fp16_log_record(FairseqLog.read(log))
     rec.update(row=row, arch=arch, flags=flags, exit_code=proc.returncode, seconds=round(seconds, 1))
     print(f"[fp16] {row}: exit {proc.returncode}, {rec['overflows']} overflows, scale {rec['loss_scale']}, "
           f"loss {rec['train_loss']} @ {rec['updates_logged']} ({seconds:.0f}s)", file=sys.stderr, flush=True)
@@ -101,7 +78,7 @@ FP16_MAX = 65504.0  # the largest finite float16
 
 def first_step(train_argv, checkpoint=None, data=None) -> dict:
     """One training step in float32 on the CPU, as ``fairseq-train train_argv`` takes its
-    first one (``fairseq_cli/train.py``: the seed set before the model is built, the first
+    first one (``fairseq_trainer.fairseq_training``: the seed set before the model is built, the first
     batch of epoch 1, the trainer's seed before the forward pass), or with the weights of
     ``checkpoint`` (its own settings, ``data`` as the data directory). Returns the loss and
     gradient norm as fairseq logs them (base 2 per token; gradient norm of the loss divided
@@ -109,31 +86,22 @@ def first_step(train_argv, checkpoint=None, data=None) -> dict:
     import torch
 
     import resnmt  # noqa: F401  (registers the archs; checkpoints load with weights_only)
-    from fairseq import checkpoint_utils, options, tasks, utils
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq import checkpoint_utils, utils
 
     if checkpoint is None:
-        args = options.parse_args_and_arch(options.get_training_parser(), [str(x) for x in train_argv[1:]])
-        cfg = convert_namespace_to_omegaconf(args)
-        utils.set_torch_seed(cfg.common.seed)
-        task = tasks.setup_task(cfg.task)
-        model = task.build_model(cfg.model)
+        cfg, task, model, criterion = fairseq_training(train_argv[1:])
         updates = 0
     else:
         models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
             [str(checkpoint)], arg_overrides={"data": str(data)} if data else None)
         model = models[0].float()
         updates = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))["optimizer_history"][-1]["num_updates"]
-    criterion = task.build_criterion(cfg.criterion)
+        criterion = task.build_criterion(cfg.criterion)
     task.load_dataset("train", epoch=1)
-    batches = task.get_batch_iterator(
-        dataset=task.dataset("train"), max_tokens=cfg.dataset.max_tokens,
-        max_sentences=cfg.dataset.batch_size,
-        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions(),
-                                                  cfg.dataset.max_tokens),
-        ignore_invalid_inputs=True, required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
-        seed=cfg.common.seed, epoch=1)
-    sample = next(iter(batches.next_epoch_itr(shuffle=True)))
+    (sample,) = common.training_batches(
+        task, cfg.dataset.max_tokens, 1, seed=cfg.common.seed, max_sentences=cfg.dataset.batch_size,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions(), cfg.dataset.max_tokens),
+        required_batch_size_multiple=cfg.dataset.required_batch_size_multiple)
 
     outputs = {}
     def record(name):
@@ -173,7 +141,7 @@ def measure_headroom(a, rows) -> int:
         probes = [(common.repo_relative(Path(c)), None, Path(c)) for c in a.checkpoint]
     else:
         probes = [(row, row, None) for row in rows]
-    run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    run_id = common.run_id()
     # a checkpoint keeps its own size, batch size and dropout
     settings = ({"at": "checkpoint"} if a.checkpoint else
                 {"at": "initialization", "size": a.size, "max_tokens": a.max_tokens, "dropout": 0.1})
@@ -198,17 +166,6 @@ def measure_headroom(a, rows) -> int:
                                    **common.cpu_description(), **rec})
     print(headroom_table(records))
     return 0
-
-
-def verdicts(records):
-    """Each record's ``passed``: it finished with a finite loss and no more overflows than the baseline."""
-    base = next((r for r in records if r["row"] == BASELINE), None)
-    for r in records:
-        finite = r["train_loss"] is not None and r["train_loss"] == r["train_loss"] and r["train_loss"] != float("inf")
-        ok = r["exit_code"] == 0 and not r["min_scale_reached"] and finite
-        r["baseline_overflows"] = base["overflows"] if base else None
-        r["passed"] = bool(ok and (base is None or r["overflows"] <= base["overflows"]))
-    return records
 
 
 def main(argv=None):
@@ -264,12 +221,12 @@ def main(argv=None):
     env = tool_env(threads=1)
     with ThreadPoolExecutor(max_workers=a.workers) as pool:
         records = list(pool.map(lambda row: one_run(a, row, work, env), rows))
-    run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    run_id = common.run_id()
     settings = {"precision": "bf16" if a.bf16 else "fp16", "size": a.size, "updates": a.updates,
                 "max_tokens": a.max_tokens, "lr": a.lr, "warmup_updates": a.warmup, "dropout": 0.1,
                 "initial_loss_scale": 128}
     device = common.cuda_description()
-    records = verdicts(records)
+    records = fp16_verdicts(records, BASELINE)
     for r in records:
         append_jsonl(Path(a.out), {"benchmark": "fp16", "run_id": run_id, "settings": settings, **device, **r})
     print(fp16_table(records))

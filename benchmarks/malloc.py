@@ -20,7 +20,6 @@ One JSON line per round and condition is appended to ``--out``, and a Markdown t
 the medians is printed.
 """
 import argparse
-import datetime
 import os
 import shutil
 import statistics
@@ -33,9 +32,9 @@ from pathlib import Path
 import common
 
 from resnmt.experiment.presets import SIZES
-from resnmt.experiment.results import append_jsonl
 from resnmt.experiment.runtime import KEEP_FREED_MEMORY_ENV, tool_env
 from resnmt.experiment.steps import FairseqLog
+from resnmt.shared import append_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT / "data" / "multi30k" / "bin"
@@ -120,7 +119,7 @@ def main(argv=None):
     train_argv = common.benchmark_train_argv(data.resolve(), a.arch, [], SIZES[a.size], seed=1,
                                          max_tokens=a.max_tokens, lr=1e-3, warmup=300, dropout=0.3,
                                          save_every=10 ** 9, keep=1, validate=False)
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    started = common.run_id()
     records = []
     for round_ in range(1, a.rounds + 1):
         order = CONDITIONS if round_ % 2 else CONDITIONS[::-1]

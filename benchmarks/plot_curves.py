@@ -1,9 +1,8 @@
 #!/usr/bin/env python
-"""Figures and a table from benchmarks/results/curves.jsonl (written by curves.py).
+"""The curves study's figures from benchmarks/results/curves.jsonl (written by curves.py);
+its tables and verdicts are study_tables.py's (make_tables.py writes them).
 
-    python benchmarks/plot_curves.py                   # docs/figures/curves-*.png, tables on stdout
-    python benchmarks/plot_curves.py --write docs/study.md --write README.md
-        # the study's tables (docs/study.md) and the results at a glance (README.md)
+    python benchmarks/plot_curves.py                   # docs/figures/curves-*.png
 
 Figures (one panel per depth): sacreBLEU against updates per row (the mean over seeds,
 broken where the set of seeds changes, and each seed's own line) and its difference from
@@ -18,9 +17,7 @@ import argparse
 import logging
 import statistics
 import sys
-from collections import defaultdict
 from pathlib import Path
-from typing import NamedTuple
 
 import matplotlib
 
@@ -28,12 +25,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from common import CONTROLS, DEFAULT_MILESTONES, NEW_KINDS, replace_between  # noqa: E402
-
-from resnmt.experiment.results import read_jsonl  # noqa: E402
+from common import CONTROLS, DEFAULT_MILESTONES, NEW_KINDS  # noqa: E402
+from study_tables import SIZE_TITLES, load, ordered_keys, paired_differences, reference_of  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SIZE_TITLES = {"small": "2+2 layers, d=128", "deep": "6+6 layers, d=128", "base": "6+6 layers, d=512"}
 # The budget chosen where post-LN's curve flattens (2+2 only: the other sizes stop where a
 # session's compute does, not at a chosen budget).
 FINAL_BUDGETS = {"small": DEFAULT_MILESTONES["small"][-1]}
@@ -41,25 +36,11 @@ FINAL_BUDGETS = {"small": DEFAULT_MILESTONES["small"][-1]}
 UPDATE_TICKS = (200, 600, 1200, 2400, 4800, 9600, 19200, 38400)
 
 
-def load(path: Path):
-    """{(device, size): {row: {seed: {updates: record}}}}"""
-    runs = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
-    for r in read_jsonl(path):
-        if r.get("benchmark") == "curves":
-            runs[(r.get("device", "cpu"), r["size"]["name"])][r["row"]][r["seed"]][r["updates"]] = r
-    return runs
-
-
 def with_curves(runs):
     """The (device, size) entries with at least two budgets: a single budget is no curve,
     so it stays out of the figures (the tables show it)."""
     return {key: rows for key, rows in runs.items()
             if len({u for seeds in rows.values() for recs in seeds.values() for u in recs}) >= 2}
-
-
-def ordered_keys(runs):
-    """(device, size) keys: by device, then sizes in SIZE_TITLES order."""
-    return sorted(runs, key=lambda k: (k[0], list(SIZE_TITLES).index(k[1]) if k[1] in SIZE_TITLES else len(SIZE_TITLES)))
 
 
 def row_styles(runs) -> dict:
@@ -283,150 +264,9 @@ def plot_gradient_share(runs, out: Path) -> None:
          out)
 
 
-def table(runs) -> str:
-    lines = []
-    for device, size in ordered_keys(runs):
-        rows = runs[(device, size)]
-        milestones = sorted({u for seeds in rows.values() for recs in seeds.values() for u in recs})
-        lines += [f"**{SIZE_TITLES.get(size, size)} ({device})**: sacreBLEU mean ± std over seeds (n seeds)", "",
-                  "| row | " + " | ".join(str(u) for u in milestones) + " |",
-                  "|---|" + "---:|" * len(milestones)]
-        for row, seeds in sorted(rows.items()):
-            cells = []
-            for u in milestones:
-                vals = [recs[u]["bleu"] for recs in seeds.values() if u in recs]
-                if not vals:
-                    cells.append("")
-                elif len(vals) == 1:
-                    cells.append(f"{vals[0]:.2f} (1)")
-                else:
-                    cells.append(f"{statistics.mean(vals):.2f} ± {statistics.stdev(vals):.2f} ({len(vals)})")
-            lines.append(f"| {row} | " + " | ".join(cells) + " |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _mean_std(values) -> str:
-    if len(values) == 1:
-        return f"{values[0]:+.2f} (1)"
-    return f"{statistics.mean(values):+.2f} ± {statistics.stdev(values):.2f} ({len(values)})"
-
-
-def reference_of(row: str, baseline: str = "post_ln") -> str:
-    """The row that ``row`` is compared with: ``baseline`` in the shared settings; for a
-    control, ``baseline``'s control with the same changed flags (rSkip with a 1000-update
-    warm-up against post-LN with a 1000-update warm-up), where there is one."""
-    changed = CONTROLS[row].flags if row in CONTROLS else ()
-    same_setting = next((name for name, c in CONTROLS.items() if c.row == baseline and c.flags == changed), None)
-    return same_setting if changed and same_setting not in (None, row) else baseline
-
-
-def paired_differences(rows: dict, row: str, baseline: str = "post_ln") -> dict:
-    """{seed: {updates: row's sacreBLEU minus its reference's}} for the seeds and budgets
-    that both have (empty when the reference row is missing)."""
-    base = rows.get(reference_of(row, baseline), {})
-    diffs = {seed: {u: r["bleu"] - base[seed][u]["bleu"] for u, r in recs.items() if u in base.get(seed, {})}
-             for seed, recs in rows.get(row, {}).items()}
-    return {seed: per_update for seed, per_update in diffs.items() if per_update}
-
-
-def difference_table(runs, baseline: str = "post_ln") -> str:
-    """Each row's sacreBLEU minus its reference's (:func:`reference_of`), per milestone,
-    paired by seed (only seeds that both have at that milestone): mean ± std over seeds (n)."""
-    lines = []
-    for device, size in ordered_keys(runs):
-        rows = runs[(device, size)]
-        others = [r for r in sorted(rows) if r != baseline and reference_of(r, baseline) in rows]
-        if not others:
-            continue
-        milestones = sorted({u for r in {baseline, *map(reference_of, others)} for recs in rows.get(r, {}).values()
-                             for u in recs})
-        lines += [f"**{SIZE_TITLES.get(size, size)} ({device})**: sacreBLEU minus the reference row's, paired by seed, "
-                  "mean ± std (n seeds)", "",
-                  "| row | minus | " + " | ".join(str(u) for u in milestones) + " |",
-                  "|---|---|" + "---:|" * len(milestones)]
-        for row in others:
-            diffs = paired_differences(rows, row, baseline)
-            cells = [_mean_std([d[u] for d in diffs.values() if u in d]) if any(u in d for d in diffs.values()) else ""
-                     for u in milestones]
-            lines.append(f"| {row} | {reference_of(row, baseline)} | " + " | ".join(cells) + " |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-class Claim(NamedTuple):
-    """One row of the results-at-a-glance table: a paper's claim, measured as ``row`` minus
-    its reference row (:func:`reference_of`), paired by seed, at ``updates`` updates."""
-    claim: str
-    papers: str
-    device: str
-    size: str
-    row: str
-    updates: int
-    note: str = ""
-
-
-SIZE_SHORT = {"small": "2+2, d=128", "deep": "6+6, d=128", "base": "6+6, d=512"}
-# The papers' numbers are IWSLT'15 EN-VI BLEU at base size, trained to convergence; the
-# study's are Multi30k EN-DE sacreBLEU, so only the direction compares. The 2+2 rows are
-# measured at the final budget; the 6+6 rows at the last budget most of their seeds reach.
-CLAIMS = (
-    Claim("SAS > post-LN", "32.0 vs 30.9", "cpu", "small", "sas", 14400,
-          "half the paper's gain, at the final budget only"),
-    Claim("rSkip+LN λ=2 > post-LN", "30.49 vs 30.04 (2 layers)", "cpu", "small", "rskip_ln (λ=2)", 14400,
-          "higher training loss: fits less"),
-    Claim("xSkip+LN λ=2 > post-LN", "30.99 vs 30.31", "cpu", "small", "xskip_ln (λ=2)", 14400),
-    Claim("rSkip+LN λ=2 > post-LN", "31.45 vs 30.31", "cuda", "deep", "rskip_ln (λ=2)", 2400,
-          "but pre-LN repairs post-LN as much"),
-    Claim("SAS > post-LN", "32.0 vs 30.9", "cpu", "deep", "sas", 2400, "as much as pre-LN"),
-    Claim("(control) pre-LN > post-LN", "—", "cpu", "deep", "pre_ln", 2400),
-    Claim("DeepNorm > post-LN", "— (stable deep training)", "cpu", "deep", "deepnorm", 2400),
-    Claim("Admin > post-LN", "— (stable deep training)", "cpu", "deep", "admin", 2400),
-    Claim("ReZero > post-LN", "— (faster convergence, in LM)", "cpu", "deep", "rezero", 2400,
-          "but the slowest of the repairs"),
-    Claim("rSkip+LN λ=2 > post-LN, both warm-up 1000", "31.45 vs 30.31", "cuda", "base",
-          "rskip_ln (λ=2, warm-up 1000)", 3600, "post-LN diverges with 300 warm-up updates"),
-)
-
-
-def verdict(diffs: list) -> str:
-    """``yes`` when every seed is ahead, ``no`` when every seed is behind, else ``mixed``;
-    ``(1 seed)`` where one seed is all there is."""
-    word = "yes" if all(d > 0 for d in diffs) else "no" if all(d < 0 for d in diffs) else "mixed"
-    return word + (" (1 seed)" if len(diffs) == 1 else "")
-
-
-def glance_table(runs, claims=CLAIMS, baseline: str = "post_ln") -> str:
-    """Results at a glance: per claim, the paper's number, the row's and its reference's
-    sacreBLEU over the seeds both have at the claim's budget (mean ± std), their paired
-    difference with n, and a verdict from the seeds' signs (:func:`verdict`)."""
-    lines = ["| claim | setting | papers (EN-VI) | measured (Multi30k EN-DE): row vs reference, difference (n seeds) "
-             "| holds? |", "|---|---|---|---|---|"]
-    for c in claims:
-        rows = runs.get((c.device, c.size), {})
-        ref = reference_of(c.row, baseline)
-        diffs = {seed: d[c.updates] for seed, d in paired_differences(rows, c.row, baseline).items() if c.updates in d}
-        if not diffs:
-            continue
-        seeds = sorted(diffs)
-        own = [rows[c.row][s][c.updates]["bleu"] for s in seeds]
-        other = [rows[ref][s][c.updates]["bleu"] for s in seeds]
-
-        def mean_std(values):
-            return (f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}" if len(values) > 1
-                    else f"{values[0]:.2f}")
-
-        measured = (f"{mean_std(own)} vs {mean_std(other)}, "
-                    f"{_mean_std([diffs[s] for s in seeds]).replace(f' ({len(seeds)})', '')} ({len(seeds)})")
-        setting = f"{SIZE_SHORT.get(c.size, c.size)}, {c.updates} updates{', GPU' if c.device == 'cuda' else ''}"
-        answer = verdict([diffs[s] for s in seeds]) + (f"; {c.note}" if c.note else "")
-        lines.append(f"| {c.claim} | {setting} | {c.papers} | {measured} | {answer} |")
-    return "\n".join(lines)
-
-
 # The methods that cross layers, Peri-LN and the normalizations: drawn in a figure of their
 # own beside post-LN and pre-LN (the study's figures keep the papers' kinds), and judged
-# by :func:`cross_layer_table`.
+# by :func:`study_tables.cross_layer_table`.
 CROSS_LAYER_ROWS = frozenset(NEW_KINDS) | {name for name, c in CONTROLS.items() if c.row in NEW_KINDS}
 CROSS_LAYER_REFERENCES = ("post_ln", "pre_ln", "post_ln (warm-up 1000)")
 
@@ -446,54 +286,6 @@ def split_rows(runs):
     return study, cross
 
 
-def last_shared(rows: dict, row: str, other: str, seed: int = 1):
-    """The newest budget that ``row`` and ``other`` have both reached with ``seed`` (None if none)."""
-    shared = set(rows.get(row, {}).get(seed, {})) & set(rows.get(other, {}).get(seed, {}))
-    return max(shared) if shared else None
-
-
-def _gap(rows: dict, row: str, other: str):
-    """(the difference, the budget, its cell) at the newest budget both rows reached."""
-    u = last_shared(rows, row, other)
-    if u is None:
-        return None, None, ""
-    d = rows[row][1][u]["bleu"] - rows[other][1][u]["bleu"]
-    return d, u, f"{d:+.2f} @ {u}"
-
-
-# The budgets a verdict waits for: 2+2 post-LN and pre-LN differ from 2400 updates on;
-# 6+6 post-LN is far behind every repair from 1200 on.
-VERDICT_BUDGETS = {"small": 2400, "deep": 1200}
-
-
-def cross_layer_table(runs, tolerance: float = 0.5) -> str:
-    """Per method (seed 1, the newest budget both rows reached): does it get post-LN's
-    quality at 2+2 layers (sacreBLEU minus post-LN's) and pre-LN's stability at 6+6
-    (minus pre-LN's, and minus post-LN's)? A gap within ``tolerance`` BLEU counts as
-    level: one seed cannot resolve less (the 2+2 seeds of one row differ by 0.3-0.6).
-    Before ``VERDICT_BUDGETS`` the verdict is "not yet"."""
-    small, deep = runs.get(("cpu", "small"), {}), runs.get(("cpu", "deep"), {})
-    lines = ["| method | 2+2: − post-LN | 6+6: − pre-LN | 6+6: − post-LN | post-LN's 2+2 quality? | "
-             "pre-LN's 6+6 stability? |", "|---|---:|---:|---:|---|---|"]
-
-    def judged(d, u, size):
-        if d is None:
-            return "—"
-        if u < VERDICT_BUDGETS[size]:
-            return "not yet"
-        return "yes" if d >= -tolerance else "no"
-
-    for row in NEW_KINDS:
-        if row not in small and row not in deep:
-            continue
-        d_small, u_small, small_cell = _gap(small, row, "post_ln")
-        d_deep, u_deep, deep_cell = _gap(deep, row, "pre_ln")
-        deep_post_cell = _gap(deep, row, "post_ln")[2]
-        lines.append(f"| {row} | {small_cell} | {deep_cell} | {deep_post_cell} | {judged(d_small, u_small, 'small')} | "
-                     f"{judged(d_deep, u_deep, 'deep')} |")
-    return "\n".join(lines)
-
-
 def plot_cross_layer(runs, out: Path) -> None:
     """sacreBLEU against updates of the cross-layer rows beside post-LN and pre-LN."""
     fig, cells = panels(runs)
@@ -506,19 +298,10 @@ def plot_cross_layer(runs, out: Path) -> None:
     save(fig, "Methods that cross layers, Peri-LN and the normalizations beside post-LN and pre-LN (seed 1)", out)
 
 
-MARKERS = ("<!-- curves-table:begin -->", "<!-- curves-table:end -->")
-CROSS_MARKERS = ("<!-- cross-layer-table:begin -->", "<!-- cross-layer-table:end -->")
-GLANCE_MARKERS = ("<!-- glance-table:begin -->", "<!-- glance-table:end -->")
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default=str(REPO_ROOT / "benchmarks" / "results" / "curves.jsonl"))
     p.add_argument("--figures", default=str(REPO_ROOT / "docs" / "figures"), help="output directory of the PNGs")
-    p.add_argument("--write", metavar="MD", action="append", default=[],
-                   help="replace the study's tables between <!-- curves-table:begin --> and "
-                   "<!-- curves-table:end -->, and the results at a glance between <!-- glance-table:begin --> and "
-                   "<!-- glance-table:end -->, in this file, whichever it holds (repeatable)")
     a = p.parse_args(argv)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
     runs = load(Path(a.results))
@@ -535,19 +318,7 @@ def main(argv=None):
     plot_valid(curves, figures / "curves-valid-loss.png")
     plot_diagnostics(curves, figures / "curves-diagnostics.png")
     plot_gradient_share(curves, figures / "curves-gradient-share.png")
-    tables = table(runs) + "\n" + difference_table(runs)
-    glance = glance_table(runs)
-    cross = cross_layer_table(runs)
-    for path in a.write:  # each file gets the tables whose markers it holds
-        path = Path(path)
-        text = path.read_text(encoding="utf-8")
-        if MARKERS[0] not in text and GLANCE_MARKERS[0] not in text:
-            p.error(f"--write {path}: neither {MARKERS[0]} nor {GLANCE_MARKERS[0]} is in it")
-        text = replace_between(text, *MARKERS, tables.strip() + "\n", required=False)
-        text = replace_between(text, *GLANCE_MARKERS, glance, required=False)
-        text = replace_between(text, *CROSS_MARKERS, cross + "\n", required=False)
-        path.write_text(text, encoding="utf-8")
-    print(tables + "\n" + glance + "\n\n" + cross)
+    print(f"figures in {figures}")
     return 0
 
 

@@ -14,11 +14,9 @@ several sessions (a run interrupted half-way restarts from its last checkpoint).
     python benchmarks/quality.py --list                # what is done and what is missing
 """
 import argparse
-import datetime
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import common
@@ -26,8 +24,8 @@ from common import ROWS, slug
 
 from resnmt.experiment import steps
 from resnmt.experiment.presets import SIZES
-from resnmt.experiment.results import append_jsonl, read_jsonl
 from resnmt.experiment.runtime import tool_env
+from resnmt.shared import append_jsonl, read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT / "data" / "multi30k"
@@ -70,13 +68,9 @@ def one_run(a, row, seed, settings, bin_dir, ref, env):
         bin_dir, arch, flags, SIZES[a.size], seed=seed, max_tokens=a.max_tokens, lr=a.lr, warmup=a.warmup,
         dropout=a.dropout, save_every=a.save_every, keep=a.average, validate=False)
     train_s = common.train_to(a.max_update, train_argv, ckpt_dir, log, env)  # resumes from checkpoint_last.pt
-    avg = run_dir / "checkpoint.avg.pt"
-    steps.average(common.checkpoints_until(ckpt_dir, a.average, a.max_update), avg)
-    gen = run_dir / "gen.test.out"
-    t1 = time.time()
-    steps.decode(bin_dir, avg, gen, log, env, max_len_b=a.max_len_b)
-    gen_s = time.time() - t1
-    score = steps.score(gen, ref, remove_bpe=a.remove_bpe)
+    score, gen_s = common.average_and_score(
+        common.checkpoints_until(ckpt_dir, a.average, a.max_update), run_dir / "checkpoint.avg.pt",
+        run_dir / "gen.test.out", bin_dir, ref, log, env, remove_bpe=a.remove_bpe, max_len_b=a.max_len_b)
     fairseq_log = steps.FairseqLog.read(log)
     losses = [loss for _, _, loss in fairseq_log.epochs] or [loss for _, loss in fairseq_log.train]
     if not a.keep_checkpoints:
@@ -88,7 +82,7 @@ def one_run(a, row, seed, settings, bin_dir, ref, env):
         "bleu": score["bleu"], "signature": score["signature"], "tok_intl_bleu": score.get("tok_intl_bleu"),
         "n_sentences": score["n_sentences"], "final_train_loss": losses[-1] if losses else None,
         "train_seconds": round(train_s, 1), "generate_seconds": round(gen_s, 1),
-        "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "finished": common.run_id(),
         "host": os.uname().nodename,
     }
 

@@ -19,7 +19,6 @@ Outputs: one JSON line per row appended to ``--out`` (default
     python benchmarks/speed.py --device cuda --dtype bf16 --warmup 5 --updates 20  # the GPU table's runs
 """
 import argparse
-import datetime
 import json
 import math
 import os
@@ -29,33 +28,21 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
-from common import Optimizer, fairseq_argv, speed_table, train_step, training_batches
+import common
+from common import Comparison, Optimizer, fairseq_argv, train_step, training_batches
+from fairseq_trainer import compiled_graphs  # torch.compile graphs so far (--fused-connections); 0 eager
+from result_tables import speed_table
 
 from resnmt.experiment.presets import SIZES
-from resnmt.experiment.results import read_jsonl
+from resnmt.shared import read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT / "data" / "multi30k" / "bin"
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "speed.jsonl"
 
-
-@dataclass(frozen=True)
-class Comparison:
-    """A row of the speed table: a config of ``common.CONFIGS`` measured against its
-    reference, with the target ratios it should reach (None: no fixed target; SAS with the
-    paper's gate is compared with its predicted cost)."""
-
-    config: str
-    reference: str
-    train: Optional[float]  # training tokens/s over the reference's, at least
-    decode: Optional[float]  # decoding sentences/s over the reference's, at least
-    memory: Optional[float]  # peak memory over the reference's, at most
-
-
+# the speed table's rows: a config against its reference, the train, decode and memory targets
 ROWS = {
     "post_ln": Comparison("post_ln", "transformer", 0.98, 0.98, 1.05),
     "pre_ln": Comparison("pre_ln", "transformer_prenorm", 0.98, 0.98, 1.05),
@@ -152,16 +139,11 @@ def measure(spec):
         if cuda:
             torch.cuda.synchronize()
 
-    def graphs():  # torch.compile graphs so far (--fused-connections); 0 for eager configs
-        from torch._dynamo.utils import counters
-
-        return counters["stats"]["unique_graphs"]
-
     t0 = time.perf_counter()
     for batch in batches[: spec["warmup"]]:
         train_step(model, optimizer, batch, task.target_dictionary.pad())
     sync()
-    warmup_train_s, graphs_after_warmup = time.perf_counter() - t0, graphs()
+    warmup_train_s, graphs_after_warmup = time.perf_counter() - t0, compiled_graphs()
     t0, c0 = time.perf_counter(), time.process_time()
     for batch in batches[spec["warmup"]:]:
         train_step(model, optimizer, batch, task.target_dictionary.pad())
@@ -186,7 +168,7 @@ def measure(spec):
     t0 = time.perf_counter()
     generator.generate([model], dec_batches[0])  # warm-up
     sync()
-    warmup_decode_s, graphs_after_decode_warmup = time.perf_counter() - t0, graphs()
+    warmup_decode_s, graphs_after_decode_warmup = time.perf_counter() - t0, compiled_graphs()
     t0, c0 = time.perf_counter(), time.process_time()
     n_sent = 0
     for batch in dec_batches:
@@ -217,7 +199,7 @@ def measure(spec):
         "warmup_decode_s": warmup_decode_s,
         "graphs_after_train_warmup": graphs_after_warmup,
         "graphs_after_decode_warmup": graphs_after_decode_warmup,
-        "graphs_at_end": graphs(),
+        "graphs_at_end": compiled_graphs(),
     }
 
 
@@ -372,7 +354,7 @@ def main(argv=None):
             per_row.setdefault(r["row"], []).append(r["results"])
         rows = [r for r in ROWS if r in per_row]
     else:
-        run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        run_id = common.run_id()
         machine = machine_description(a.device)
         per_row = {r: [] for r in rows}
         started = time.time()

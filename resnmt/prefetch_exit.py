@@ -16,6 +16,7 @@ on a lock is ended harmlessly by the shutdown.
 """
 import atexit
 import queue
+import sys
 import threading
 
 # How long the exit waits for one prefetch thread to finish its batch. A batch takes
@@ -43,9 +44,12 @@ def _park(consumer) -> threading.Event:
 
 
 def park_prefetch_threads(timeout: float = PARK_TIMEOUT_S) -> int:
-    """Stop fairseq's live prefetch threads at their next ``put``; return how many there were."""
-    from fairseq.data.iterators import BackgroundConsumer
-
+    """Stop fairseq's live prefetch threads at their next ``put``; return how many there were
+    (none where fairseq's iterators were never imported: nothing is imported at exit)."""
+    iterators = sys.modules.get("fairseq.data.iterators")
+    if iterators is None:
+        return 0
+    BackgroundConsumer = iterators.BackgroundConsumer
     consumers = [t for t in threading.enumerate() if isinstance(t, BackgroundConsumer) and t.is_alive()]
     for consumer, arrived in [(c, _park(c)) for c in consumers]:
         arrived.wait(timeout)

@@ -116,7 +116,9 @@ def test_plot_curves_leaves_single_budgets_out_of_the_figures(monkeypatch):
 
 def test_fp16_check_reads_fairseq_logs_and_compares_with_post_ln():
     sys.path.insert(0, str(BENCH))
-    import fp16
+    from common import fp16_log_record, fp16_verdicts
+
+    from resnmt.experiment.steps import FairseqLog
 
     log = "\n".join([
         "2026-11-24 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring gradient, "
@@ -128,17 +130,17 @@ def test_fp16_check_reads_fairseq_logs_and_compares_with_post_ln():
         "2026-11-24 | INFO | train_inner | epoch 001:    100 / 147 loss=9.5, nll_loss=9.2, ppl=600, wps=1e+05, "
         "ups=9.1, wpb=3800, bsz=120, num_updates=100, lr=3.3e-4, gnorm=2.1, loss_scale=32, train_wall=10, wall=14",
     ])
-    rec = fp16.read_log(log)
+    rec = fp16_log_record(FairseqLog.parse(log))
     assert rec == {"overflows": 2, "loss_scale": 32.0, "train_loss": 9.5, "updates_logged": 100,
                    "min_scale_reached": False}
     base = dict(rec, row="post_ln", exit_code=0)
     worse = dict(rec, row="sas", exit_code=0, overflows=3)
     diverged = dict(rec, row="admin", exit_code=0, train_loss=float("nan"))
-    stopped = dict(fp16.read_log(log + "\nFloatingPointError: Minimum loss scale reached (0.0001)."),
+    stopped = dict(fp16_log_record(FairseqLog.parse(log + "\nFloatingPointError: Minimum loss scale reached (0.0001).")),
                    row="rezero", exit_code=1)
-    verdict = {r["row"]: r["passed"] for r in fp16.verdicts([base, worse, diverged, stopped])}
+    verdict = {r["row"]: r["passed"] for r in fp16_verdicts([base, worse, diverged, stopped])}
     assert verdict == {"post_ln": True, "sas": False, "admin": False, "rezero": False}
-    from common import fp16_table
+    from result_tables import fp16_table
 
     assert "| sas | 3 (2) | 32.0 | 9.5 @ 100 | 0 | FAIL |" in fp16_table([base, worse])
 
@@ -267,7 +269,8 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
     bad = run_cli([*argv[:-2], "--milestones", "1", "--out", out], check=False)
     assert bad.returncode == 2 and "--milestones 1" in bad.stderr
     figures = tmp_path / "figures"
-    table = run_cli([sys.executable, BENCH / "plot_curves.py", "--results", out, "--figures", figures]).stdout
+    run_cli([sys.executable, BENCH / "plot_curves.py", "--results", out, "--figures", figures])
+    table = run_cli([sys.executable, BENCH / "make_tables.py", "--results", tmp_path]).stdout
     assert "| post_ln |" in table
     assert sorted(p.name for p in figures.iterdir()) == ["curves-bleu-difference.png", "curves-bleu.png",
                                                           "curves-diagnostics.png", "curves-gradient-share.png",
@@ -359,7 +362,7 @@ def test_a_control_is_dashed_in_the_color_of_the_row_it_changes(monkeypatch):
 
 def test_a_control_is_compared_with_post_ln_in_the_same_setting(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
-    from plot_curves import difference_table, reference_of
+    from study_tables import difference_table, reference_of
 
     assert reference_of("sas") == "post_ln" and reference_of("post_ln (warm-up 1000)") == "post_ln"
     assert reference_of("rskip_ln (λ=2, warm-up 1000)") == "post_ln (warm-up 1000)"
@@ -376,7 +379,8 @@ def test_the_mean_line_breaks_where_the_seeds_change(monkeypatch):
     drawn over three seeds, then over two, never across the change (it would jump with the
     seeds' composition, not with training), and not past the last budget two seeds reached."""
     monkeypatch.syspath_prepend(str(BENCH))
-    from plot_curves import bleu_of, mean_segments, paired_differences
+    from plot_curves import bleu_of, mean_segments
+    from study_tables import paired_differences
 
     record = lambda bleu: {"bleu": bleu}
     seeds = {1: {600: record(15.0), 2400: record(30.0), 4800: record(33.0), 7200: record(35.0),
@@ -414,14 +418,12 @@ TABLE_HOMES = {
 
 
 def test_each_generated_table_lives_in_one_document(monkeypatch):
-    """Every marker pair of make_tables.py and plot_curves.py is in exactly one of README.md
-    and docs/*.md, the one named in TABLE_HOMES (no generated table is copied twice)."""
+    """Every marker pair of make_tables.py is in exactly one of README.md and docs/*.md, the
+    one named in TABLE_HOMES (no generated table is copied twice)."""
     monkeypatch.syspath_prepend(str(BENCH))
     import make_tables
-    import plot_curves
 
-    begins = [begin for begin, _ in make_tables.MARKERS.values()] + [
-        plot_curves.MARKERS[0], plot_curves.GLANCE_MARKERS[0], plot_curves.CROSS_MARKERS[0]]
+    begins = [begin for begin, _ in make_tables.MARKERS.values()]
     names = {re.match(r"<!-- (.+):begin -->", b).group(1) for b in begins}
     assert names == set(TABLE_HOMES)
     docs = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
@@ -435,14 +437,15 @@ def test_each_generated_table_lives_in_one_document(monkeypatch):
 
 def test_readme_glance_tables_are_generated(monkeypatch):
     """The README's results and speed at a glance are what the generators write from the
-    committed results (regenerate with plot_curves.py / make_tables.py --write README.md)."""
+    committed results (regenerate with make_tables.py --write README.md)."""
     monkeypatch.syspath_prepend(str(BENCH))
     import make_tables
-    import plot_curves
+    import study_tables
 
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    glance = plot_curves.glance_table(plot_curves.load(BENCH / "results" / "curves.jsonl"))
-    assert f"{plot_curves.GLANCE_MARKERS[0]}\n{glance}\n{plot_curves.GLANCE_MARKERS[1]}" in readme
+    glance = study_tables.glance_table(study_tables.load(BENCH / "results" / "curves.jsonl"))
+    begin, end = study_tables.MARKERS["glance-table"]
+    assert f"{begin}\n{glance}\n{end}" in readme
     speed = [json.loads(x) for x in (BENCH / "results" / "speed.jsonl").read_text(encoding="utf-8").splitlines()]
     speed = [r for r in speed if r.get("benchmark") == "speed"]
     begin, end = make_tables.MARKERS["speed-glance"]
@@ -451,9 +454,9 @@ def test_readme_glance_tables_are_generated(monkeypatch):
 
 def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
     """Paired by seed at the claim's budget; the verdict follows the seeds' signs; --write
-    fills the glance markers and refuses a file with no marker of plot_curves.py."""
+    fills the glance markers and refuses a file with no marker of make_tables.py."""
     monkeypatch.syspath_prepend(str(BENCH))
-    import plot_curves
+    import study_tables
 
     def line(row, seed, updates, bleu):
         return {"benchmark": "curves", "size": {"name": "small"}, "row": row, "seed": seed, "updates": updates,
@@ -464,10 +467,10 @@ def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
               line("pre_ln", 1, 200, 21.0), line("pre_ln", 2, 200, 22.0)]
     results = tmp_path / "curves.jsonl"
     results.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
-    claims = (plot_curves.Claim("SAS > post-LN", "32.0 vs 30.9", "cpu", "small", "sas", 200),
-              plot_curves.Claim("pre-LN > post-LN", "—", "cpu", "small", "pre_ln", 200, "a note"),
-              plot_curves.Claim("not run", "—", "cpu", "small", "rezero", 200))
-    table = plot_curves.glance_table(plot_curves.load(results), claims)
+    claims = (study_tables.Claim("SAS > post-LN", "32.0 vs 30.9", "cpu", "small", "sas", 200),
+              study_tables.Claim("pre-LN > post-LN", "—", "cpu", "small", "pre_ln", 200, "a note"),
+              study_tables.Claim("not run", "—", "cpu", "small", "rezero", 200))
+    table = study_tables.glance_table(study_tables.load(results), claims)
     # seed 3 of sas has no post_ln partner: left out
     assert "| SAS > post-LN | 2+2, d=128, 200 updates | 32.0 vs 30.9 | 20.75 ± 0.35 vs 20.50 ± 0.71, +0.25 ± 1.06 (2) | mixed |" in table
     assert "| pre-LN > post-LN | 2+2, d=128, 200 updates | — | 21.50 ± 0.71 vs 20.50 ± 0.71, +1.00 ± 0.00 (2) | yes; a note |" in table
@@ -477,13 +480,13 @@ def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
     doc.write_text("a\n<!-- glance-table:begin -->\nstale\n<!-- glance-table:end -->\nb\n", encoding="utf-8")
     bare = tmp_path / "bare.md"
     bare.write_text("no markers\n", encoding="utf-8")
-    argv = [sys.executable, BENCH / "plot_curves.py", "--figures", tmp_path / "fig", "--write", doc]
+    argv = [sys.executable, BENCH / "make_tables.py", "--results", tmp_path, "--write", doc]
     run_cli(argv)
     text = doc.read_text(encoding="utf-8")
     assert text.startswith("a\n<!-- glance-table:begin -->\n| claim |") and "stale" not in text and text.endswith("b\n")
     assert "curves-table" not in text and "sacreBLEU mean ± std over seeds" not in text
     bad = run_cli([*argv[:-1], bare], check=False)
-    assert bad.returncode == 2 and "neither" in bad.stderr
+    assert bad.returncode == 2 and "none of the tables' markers" in bad.stderr
 
 
 def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
@@ -494,6 +497,7 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
     with their references."""
     monkeypatch.syspath_prepend(str(BENCH))
     import plot_curves
+    import study_tables
 
     def line(size, row, updates, bleu, seed=1):
         return {"benchmark": "curves", "size": {"name": size}, "row": row, "seed": seed, "updates": updates,
@@ -507,8 +511,8 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
              line("deep", "b2t", 600, 17.1), line("deep", "b2t", 1200, 25.0), line("deep", "sas", 600, 16.2)]
     results = tmp_path / "curves.jsonl"
     results.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
-    runs = plot_curves.load(results)
-    table = plot_curves.cross_layer_table(runs)
+    runs = study_tables.load(results)
+    table = study_tables.cross_layer_table(runs)
     assert "| b2t | -0.30 @ 2400 | -1.80 @ 1200 | +9.60 @ 600 | yes | no |" in table
     assert "| dlcl | -2.00 @ 600 |  |  | not yet | — |" in table
     assert "resi_dual" not in table and "sas" not in table

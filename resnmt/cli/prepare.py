@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from resnmt.data.corpora import CUSTOM, DATASETS, LANG_HELP, LANG_RE, Dataset, custom
-from resnmt.experiment.options import choice, integer
+from resnmt.shared import choice, integer
 
 PROG = "resnmt-prepare"
 COMMANDS = (*DATASETS, CUSTOM)
@@ -60,7 +60,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def argparse_type(check, *args):
     """An argparse ``type`` checking a value as resnmt-experiment's options are checked
-    (resnmt.experiment.options); argparse names the flag in the error."""
+    (resnmt.shared); argparse names the flag in the error."""
     def parse(text: str):
         try:
             return check(text, *args)

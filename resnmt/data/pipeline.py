@@ -34,7 +34,7 @@ from resnmt.data.manifest import write_manifest
 from resnmt.data.textproc import (DataPrepError, apply_subword, clean_pairs, copy_bytes, count_lines, learn_subword,
                                   moses_tokenize, normalize_space, read_lines, same_line_count, sgm_segments,
                                   write_lines)
-from resnmt.experiment.runtime import format_seconds
+from resnmt.shared import format_seconds
 
 SPLITS = ("train", "valid", "test")
 

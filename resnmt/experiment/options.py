@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from resnmt.experiment.errors import UsageError
+from resnmt.shared import choice, integer, number
 
 HELP_WIDTH = 88
 HELP_INDENT = 24
@@ -36,33 +37,6 @@ def option(default: Any, metavar: str, help: str, *, kind: str = "str", minimum:
 def flag_name(field_name: str) -> str:
     """The command-line flag of a request field: max_update -> --max-update."""
     return "--" + field_name.replace("_", "-")
-
-
-def integer(value, minimum: int) -> int:
-    """``value`` (an int, or its digits as text) as an int >= ``minimum``, else a ValueError
-    saying so (without the flag: the caller names it)."""
-    text = str(value)
-    if isinstance(value, bool) or not text.isdigit() or int(text) < minimum:
-        raise ValueError(f"'{text}': must be an integer >= {minimum}")
-    return int(text)
-
-
-def number(value, minimum: float) -> float:
-    """``value`` (a number, or its text) as a finite float >= ``minimum``, else a ValueError."""
-    try:
-        result = float(value)
-    except (TypeError, ValueError):
-        result = None
-    if isinstance(value, bool) or result is None or not minimum <= result < float("inf"):
-        raise ValueError(f"'{value}': must be a number >= {minimum:g}")
-    return result
-
-
-def choice(value: str, allowed: Sequence[str]) -> str:
-    """``value`` if it is one of ``allowed``, else a ValueError naming them."""
-    if value not in allowed:
-        raise ValueError(f"'{value}' is not one of: {' '.join(allowed)}")
-    return value
 
 
 def checked(flag: str, check, value, *args):

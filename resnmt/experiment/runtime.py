@@ -10,6 +10,7 @@ from typing import Dict, Optional, Sequence
 
 from resnmt.atomic import atomic_open
 from resnmt.experiment.errors import ExperimentError
+from resnmt.shared import format_seconds  # noqa: F401  (the steps' durations)
 
 # fairseq's --user-dir: the installed package's directory (absolute, so checkpoints load from anywhere)
 USER_DIR = Path(__file__).resolve().parent.parent
@@ -26,14 +27,6 @@ KEEP_FREED_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_TH
 
 class _CommandFailed(Exception):
     """Discards a failed command's partial stdout file (raised inside ``atomic_open``)."""
-
-
-def format_seconds(seconds: float) -> str:
-    """12s / 3m05s / 1h02m."""
-    s = int(seconds)
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 def tool_env(threads: Optional[int] = None, cpu_only: bool = False) -> Dict[str, str]:

@@ -155,6 +155,10 @@ _TRAIN_RE = re.compile(r"\| train_inner \|.*?loss=([\d.]+).*?num_updates=(\d+)")
 _EPOCH_RE = re.compile(r"\| train \| epoch (\d+) \| loss ([\d.]+) \|.*?\| num_updates (\d+)")
 _PARAMS_RE = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
 _DONE_RE = re.compile(r"done training in ([\d.]+) seconds")
+_INNER_RE = re.compile(r"\| train_inner \| (.*)")
+_FIELD_RE = re.compile(r"(\w+)=([^,\s]+)")
+_OVERFLOW_RE = re.compile(r"gradient overflow detected, ignoring gradient, setting loss scale to: ([\d.e+-]+)")
+_MIN_SCALE_RE = re.compile(r"Minimum loss scale reached")
 
 
 @dataclass
@@ -162,13 +166,19 @@ class FairseqLog:
     """What ``fairseq-train --log-format simple`` printed: validation points
     ``(updates, loss, nll_loss)``, training-loss points ``(updates, loss)``, end-of-epoch
     points ``(epoch, updates, loss)``, the parameter count and the seconds of all finished
-    runs. A restarted run repeats no point (later lines win)."""
+    runs. A restarted run repeats no point (later lines win). Also every ``train_inner``
+    line's fields as logged (``inner``; ``--log-format json`` lines too), and for
+    ``--fp16`` the loss scale after each update skipped for overflowing gradients and
+    whether the scale reached its minimum (which stops the run)."""
 
     valid: List[tuple]
     train: List[tuple]
     epochs: List[tuple] = field(default_factory=list)
     params: Optional[int] = None
     train_seconds: float = 0.0
+    inner: List[dict] = field(default_factory=list)
+    overflow_scales: List[float] = field(default_factory=list)
+    min_scale_reached: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "FairseqLog":
@@ -179,7 +189,11 @@ class FairseqLog:
         return cls(valid=[valid[k] for k in sorted(valid)], train=[train[k] for k in sorted(train)],
                    epochs=[epochs[k] for k in sorted(epochs)],
                    params=int(params[-1].replace(",", "")) if params else None,
-                   train_seconds=round(sum(float(s) for s in _DONE_RE.findall(text)), 1))
+                   train_seconds=round(sum(float(s) for s in _DONE_RE.findall(text)), 1),
+                   inner=[json.loads(rest) if rest.startswith("{") else dict(_FIELD_RE.findall(rest))
+                          for rest in _INNER_RE.findall(text)],
+                   overflow_scales=[float(s) for s in _OVERFLOW_RE.findall(text)],
+                   min_scale_reached=bool(_MIN_SCALE_RE.search(text)))
 
     @classmethod
     def read(cls, path: Path) -> "FairseqLog":

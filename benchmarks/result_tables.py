@@ -1,0 +1,277 @@
+"""The tables of the benchmarks' results, as the documents and the scripts' output hold
+them: speed (speed.py's rows, the SAS overhead, speed at a glance), quality, half
+precision (fp16.py and its headroom) and GPU training (gpu_train.py); the marker comments
+a document holds a generated table between, and the replacement of one. The curves
+study's tables are study_tables.py's. make_tables.py writes them into the documents.
+"""
+import math
+import statistics
+from collections import Counter, OrderedDict
+
+from common import PREDICTION_TARGET_DEFAULT, PREDICTION_TARGETS, ROWS, verdict
+
+
+def fmt_ratio(x):
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def speed_table(rows):
+    """The table of speed.py's rows (its stdout, and make_tables.py's speed tables)."""
+    out = [
+        "| row | train tok/s ratio (target) | | decode sent/s ratio (target) | | peak memory ratio (target) | | params ratio | rounds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        t, d, m = r["train_ratio"], r["decode_ratio"], r["memory_ratio"]
+        out.append(
+            f"| {r['row']} (vs {r['reference']}) "
+            f"| {fmt_ratio(t['median'])} [{fmt_ratio(t['min'])}–{fmt_ratio(t['max'])}] ({r['target_train'] or '—'}) "
+            f"| {verdict(t['median'], r['target_train'])} "
+            f"| {fmt_ratio(d['median'])} [{fmt_ratio(d['min'])}–{fmt_ratio(d['max'])}] ({r['target_decode'] or '—'}) "
+            f"| {verdict(d['median'], r['target_decode'])} "
+            f"| {fmt_ratio(m['median'])} ({('≤ %s' % r['target_memory']) if r['target_memory'] else '—'}) "
+            f"| {verdict(m['median'], r['target_memory'], higher_is_better=False)} "
+            f"| {r['params_ratio']:.3f} | {r['rounds']} |"
+        )
+    return "\n".join(out)
+
+
+def fp16_table(records):
+    """fp16.py's table: does each kind train in half precision?"""
+    lines = ["| kind | overflowed updates (post-LN's) | final loss scale | train loss at the end | exit | verdict |",
+             "|---|---|---|---|---|---|"]
+    for r in records:
+        lines.append(f"| {r['row']} | {r['overflows']} ({r['baseline_overflows']}) | {r['loss_scale']} "
+                     f"| {r['train_loss']} @ {r['updates_logged']} | {r['exit_code']} "
+                     f"| {'pass' if r['passed'] else 'FAIL'} |")
+    return "\n".join(lines)
+
+
+def headroom_table(records):
+    """fp16.py --headroom's table: the largest values fp16 would have to hold."""
+    lines = ["| kind | loss | gradient norm | largest gradient (parameter) | largest loss scale fp16 holds "
+             "| largest block output (block) | largest logit |",
+             "|---|---:|---:|---|---:|---|---:|"]
+    for r in records:
+        name = f"{r['row']} @ {r['updates']} updates" if r.get("updates") else r["row"]
+        scale = r["max_fp16_loss_scale"]
+        lines.append(f"| {name} | {r['loss']:.3f} | {r['grad_norm']:.2f} | {r['largest_grad']:,.0f} "
+                     f"(`{r['largest_grad_param']}`) | {f'{scale:,.0f}' if scale >= 100 else f'{scale:.3g}'} "
+                     f"| {r['largest_block_output']:.1f} ({r['largest_block_output_at']}) | {r['largest_logit']:.1f} |")
+    return "\n".join(lines)
+
+
+def gpu_training_table(rows) -> str:
+    """gpu_train.py's table: tokens/s of each configuration, its ratio to its reference and the verdict."""
+    lines = ["| config | dtype | max tokens | target tok/update | tokens/s median (min-max) | ratio (min-max) | "
+             "reference | target | meets | MFU |", "|" + "---|" * 10]
+    for r in rows:
+        ratio = f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f})" if "ratio" in r else ""
+        mfu = f"{100 * r['mfu']:.1f} %" if "mfu" in r else ""
+        lines.append(f"| {r['config']} | {r['dtype']} | {r['max_tokens']} | {r['target_tokens_per_update']:.0f} | "
+                     f"{r['tokens_per_s']:,.0f} ({r['tokens_per_s_min']:,.0f}-{r['tokens_per_s_max']:,.0f}) | {ratio} | "
+                     f"{r.get('reference', '')} | {r.get('target', '')} | {r.get('meets', '')} | {mfu} |")
+    pair = [r for r in rows if r["config"] == "post_ln" and "resolves" in r]
+    for r in pair:
+        lines.append(f"\nsame-math pair post_ln/transformer ({r['dtype']}, {r['max_tokens']}): ratio {r['ratio']:.3f}, "
+                     f"spread {100 * r['spread']:.1f} %: " + ("resolves (within 2 %, spread under 2 %)" if r["resolves"]
+                                                                  else "does NOT resolve 2 %: rows within "
+                                                                  f"{100 * (r['ratio_max'] - r['ratio_min']):.1f} % of "
+                                                                  "each other cannot be separated"))
+    return "\n".join(lines)
+
+
+def replace_between(text, begin, end, body, required=True):
+    """``text`` with ``body`` between the marker lines ``begin`` and ``end`` (a generated table)."""
+    if begin not in text or end not in text:
+        if not required:
+            return text
+        raise SystemExit(f"markers {begin} / {end} not found")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+# the papers' direction, for comparison (IWSLT'15 EN-VI base unless said otherwise)
+PAPERS = {
+    "transformer": "baseline (SAS paper 30.9, rSkip paper 30.3 on EN-VI)",
+    "post_ln": "= fairseq transformer (rSkip Table 2: 30.31)",
+    "pre_ln": "pre-LN: no EN-VI number in the papers",
+    "xskip (λ=1)": "worse than post-LN: 28.98 vs 30.31 (rSkip Table 2)",
+    "xskip_ln (λ=2)": "better: 30.99 (rSkip Table 2)",
+    "rskip_ln (λ=2)": "best: 31.45 (rSkip Table 2; 2-layer model 30.49 vs 30.04)",
+    "rskip_ln (λ=3)": "better, below λ=2: 31.10 (rSkip Table 2)",
+    "sas": "better: 32.0 vs 30.9 (SAS paper)",
+    "highway": "worse: CIFAR-10 92.15 vs 93.66 (SAS paper Table 6, 'Transform Gate'); no NMT number",
+    "rskip_ln (λ=2) + nswish": "no paper number for this combination",
+    "xskip_ln (learned λ from 2)": "worse than fixed λ (rSkip paper, learned-λ ablation)",
+    "deepnorm": "no EN-VI number; DeepNet's claim is stable training of very deep models, where post-LN diverges",
+    "rezero": "no NMT number; ReZero's claim is faster convergence than post-LN (language modelling)",
+    "admin": "no EN-VI number; Admin's claim is post-LN's quality without its instability in deep models",
+}
+
+MARKERS = {
+    "speed": ("<!-- speed-table:begin -->", "<!-- speed-table:end -->"),
+    "quality": ("<!-- quality-table:begin -->", "<!-- quality-table:end -->"),
+    "fp16": ("<!-- fp16-table:begin -->", "<!-- fp16-table:end -->"),
+    "fp16-headroom": ("<!-- fp16-headroom-table:begin -->", "<!-- fp16-headroom-table:end -->"),
+    "speed-glance": ("<!-- speed-glance:begin -->", "<!-- speed-glance:end -->"),
+}
+
+
+def speed_tables(records):
+    groups = OrderedDict()
+    for r in records:
+        key = (r["settings"]["device"], r["size"]["name"], r["settings"].get("dtype", "fp32"))
+        groups.setdefault(key, []).append(r)
+    parts = []
+    for (device, size_name, dtype), recs in groups.items():
+        # each row from the latest run that measured it (a run may measure some rows only)
+        latest_per_row = OrderedDict()
+        for r in sorted(recs, key=lambda r: r["run_id"]):
+            latest_per_row.pop(r["row"], None)
+            latest_per_row[r["row"]] = r
+        rows = sorted(latest_per_row.values(), key=lambda r: r["run_id"])
+        runs = list(OrderedDict.fromkeys(r["run_id"] for r in rows))
+        latest = ", ".join(runs)
+        s, z, m = rows[0]["settings"], rows[0]["size"], rows[0]["machine"]
+        parts.append(
+            f"**{device}{'' if dtype == 'fp32' else ' ' + dtype}, {z['layers']}+{z['layers']} layers d={z['dim']} "
+            f"FFN {z['ffn']} {z['heads']} heads** — "
+            f"run{'s' if len(runs) > 1 else ''} {latest} (each row: the latest run that measured it; ratios within a run; rounds per row in the table), {s['threads']} torch thread(s) per measurement, "
+            f"{s['warmup']} warm-up + {s['updates']} timed updates of ≤{s['max_tokens']} tokens, "
+            f"beam 4 on {s['decode_sentences']} sentences ({s['decode_batch']} per batch, {s['decode_len']} tokens each); "
+            f"machine: {m.get('gpu') or str(m.get('cpus')) + ' CPUs'}, torch {m.get('torch', '?')}\n"
+        )
+        parts.append(speed_table(rows))
+        sas = [r for r in rows if "sas_overhead" in r]
+        if sas:
+            parts.append("\nSAS gate overhead (analytic, per target token; formula in docs/benchmarks.md, \"SAS overhead, analytically\"):\n")
+            parts.append("| row | gate hidden g | gate params | params ratio (measured) | gate MACs / model MACs "
+                         "| predicted train ratio | measured train ratio | measured / predicted (target) |")
+            parts.append("|---|---|---|---|---|---|---|---|")
+            for r in sas:
+                o = r["sas_overhead"]
+                mp = o.get("measured_over_predicted")
+                target = PREDICTION_TARGETS.get(r["row"], PREDICTION_TARGET_DEFAULT)
+                parts.append(
+                    f"| {r['row']} | {o['gate_dim']} | {o['gate_params']:,} | {r['params_ratio']:.3f} "
+                    f"| {o['mac_overhead']:.3f} | {o['predicted_train_ratio']:.3f} "
+                    f"| {r['train_ratio']['median']:.3f} | {mp:.3f} (≥ {target:g}: {verdict(mp, target)}) |"
+                )
+        parts.append("")
+    return "\n".join(parts) if parts else "_no speed results yet_"
+
+
+GLANCE_ROWS = ("pre_ln", "rskip_ln (λ=2)", "deepnorm", "sas (gate h)", "sas (gate 64)", "nswish vs swish")
+GLANCE_GROUPS = (("cpu", "fp32", "CPU"), ("cuda", "bf16", "GPU bf16"))
+
+
+def speed_glance(records, rows=GLANCE_ROWS, groups=GLANCE_GROUPS):
+    """Speed at a glance: a few rows of the speed tables (the latest run that measured each
+    row, per device and dtype), training and decoding throughput and peak memory as ratios
+    to the row's reference."""
+    latest = {}
+    for r in sorted(records, key=lambda r: r["run_id"]):
+        latest[(r["settings"]["device"], r["settings"].get("dtype", "fp32"), r["row"])] = r
+    present = [g for g in groups if any((g[0], g[1], row) in latest for row in rows)]
+    if not present:
+        return "_no speed results yet_"
+    head = " | ".join(f"{name} train | {name} decode | {name} memory" for _, _, name in present)
+    lines = [f"| row (ratio to its reference) | {head} |", "|---|" + "---:|" * (3 * len(present))]
+    for row in rows:
+        cells = []
+        for device, dtype, _ in present:
+            r = latest.get((device, dtype, row))
+            cells += ([f"{r[k]['median']:.2f}" for k in ("train_ratio", "decode_ratio", "memory_ratio")]
+                      if r else ["", "", ""])
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def quality_table(records, settings_key=None):
+    """The table for one settings key: ``settings_key``, or the one with the most runs.
+    Runs under other settings are counted in a note, not mixed into the rows."""
+    runs_per_key = Counter(r["settings_key"] for r in records)
+    if settings_key is None and runs_per_key:
+        settings_key = max(runs_per_key, key=lambda k: (runs_per_key[k], max(
+            r.get("finished", "") for r in records if r["settings_key"] == k)))
+    others = {k: n for k, n in runs_per_key.items() if k != settings_key}
+    records = [r for r in records if r["settings_key"] == settings_key]
+    groups = OrderedDict()
+    for r in records:
+        groups.setdefault((r["row"], r["settings_key"]), []).append(r)
+    lines = [
+        "| row | n | sacreBLEU mean | std | min–max | seeds | papers' direction |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    order = {row: i for i, row in enumerate(ROWS)}
+    settings_seen = OrderedDict()
+    for (row, key), recs in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1])):
+        recs = sorted(recs, key=lambda r: r["seed"])
+        bleus = [r["bleu"] for r in recs]
+        std = statistics.stdev(bleus) if len(bleus) > 1 else float("nan")
+        settings_seen[key] = recs[0]["settings"]
+        lines.append(
+            f"| {row}{'' if len(settings_seen) == 1 else f' [{key}]'} | {len(bleus)} | {statistics.mean(bleus):.2f} "
+            f"| {'—' if math.isnan(std) else f'{std:.2f}'} | {min(bleus):.2f}–{max(bleus):.2f} "
+            f"| {','.join(str(r['seed']) for r in recs)} | {PAPERS.get(row, '')} |"
+        )
+    missing = []
+    for row, n_wanted in ((name, r.seeds) for name, r in ROWS.items()):
+        have = sum(len(v) for (r, _), v in groups.items() if r == row)
+        if have < n_wanted:
+            missing.append(f"{row} ({have} of {n_wanted} seeds)")
+    out = "\n".join(lines)
+    for key, s in settings_seen.items():
+        z = s["size"]
+        out += (f"\n\nSettings {key}: {z['layers']}+{z['layers']} layers d={z['dim']} FFN {z['ffn']} {z['heads']} heads, "
+                f"{s['max_tokens']} tokens/batch, {s['max_update']} updates, lr {s['lr']} (inverse sqrt, "
+                f"{s['warmup_updates']} warm-up), dropout {s['dropout']}, label smoothing {s['label_smoothing']}, "
+                f"average of the last {s['average']} checkpoints (every {s['save_every']} updates), beam {s['beam']}, "
+                f"{s['lenpen_form']} lenpen {s['lenpen']}, {s['threads']} thread(s).")
+    out += "\n\nNot yet run: " + ("; ".join(missing) if missing else "none") + "."
+    if others:
+        out += ("\n\nNot in this table (other settings; `make_tables.py --quality-settings KEY` shows them): "
+                + ", ".join(f"{k} ({n} run{'s' if n > 1 else ''})" for k, n in sorted(others.items())) + ".")
+    return out
+
+
+def latest_run(records, setting: str, value) -> list:
+    """The records of the newest run (``run_id``) among those whose ``settings[setting]`` is ``value``."""
+    recs = [r for r in records if r["settings"].get(setting) == value]
+    latest = max((r["run_id"] for r in recs), default=None)
+    return [r for r in recs if r["run_id"] == latest]
+
+
+def fp16_tables(records):
+    """The latest ``fp16.py`` run per precision: does each kind train in half precision?"""
+    parts = []
+    for precision in ("fp16", "bf16"):
+        rows = latest_run(records, "precision", precision)
+        if not rows:
+            continue
+        s, latest = rows[0]["settings"], rows[0]["run_id"]
+        parts.append(f"**fairseq-train --{precision}**, run {latest} on {rows[0]['device_name']}: "
+                     f"{s['size']} size, {s['updates']} updates of ≤{s['max_tokens']} tokens, lr {s['lr']} "
+                     f"({s['warmup_updates']} warm-up), dropout {s['dropout']}; a kind passes when it ends with a "
+                     f"finite loss and no more overflowed (skipped) updates than post-LN\n")
+        parts.append(fp16_table(rows) + "\n")
+    return "\n".join(parts) if parts else "_no half-precision runs yet (they need a GPU)_"
+
+
+def headroom_tables(records):
+    """The latest ``fp16.py --headroom`` run at initialization, and at trained checkpoints."""
+    parts = []
+    for at in ("initialization", "checkpoint"):
+        rows = latest_run(records, "at", at)
+        if not rows:
+            continue
+        s, latest = rows[0]["settings"], rows[0]["run_id"]
+        what = (f"**fairseq-train's first step** ({s['size']} size at initialization, batches of "
+                f"≤{s['max_tokens']} tokens, dropout {s['dropout']})" if at == "initialization"
+                else "**One training step of trained checkpoints** (each with its own size, batch size and dropout)")
+        parts.append(f"{what} in float32 on the CPU (`fp16.py --headroom`), run {latest}: the first batch of "
+                     f"epoch 1; loss and gradient norm as fairseq logs them\n")
+        parts.append(headroom_table(rows) + "\n")
+    return "\n".join(parts) if parts else "_no headroom measurements yet_"
