@@ -80,7 +80,8 @@ Runs the papers' pipeline for one model, each step skipped when its output exist
                                                                     -> SAVE_DIR/train.done
   3. average  resnmt-average, the last N update checkpoints (checkpoint_E_U.pt,
               saved by the paper presets every 1000 updates) or, without them, the
-              last N epoch checkpoints                              -> SAVE_DIR/checkpoint.avgN.pt
+              last N epoch checkpoints; checkpoint_last.pt the newest where training
+              stopped mid-epoch (--max-update)     -> SAVE_DIR/checkpoint.avgN.pt (avgN-last.pt)
   4. decode   fairseq-generate --task resnmt_translation --gen-subset test
               --beam 4 --lenpen-form gnmt --lenpen 0.6              -> SAVE_DIR/gen.test.KEY.out
   5. score    resnmt-evaluate against DATA_ROOT/raw/test.TGT        -> SAVE_DIR/result.KEY.json,
@@ -179,8 +180,14 @@ class Parser(argparse.ArgumentParser):
         usage_error(self.prog, message)
 
 
+def command_name(prog: str) -> str:
+    """The [NAME] of a command's messages: resnmt-experiment, train (scripts/train.sh, or
+    python -m resnmt.cli.experiment train)."""
+    return prog.split()[-1] if " " in prog else Path(prog).stem
+
+
 def usage_error(prog: str, message: str):
-    name = Path(prog).stem
+    name = command_name(prog)
     print(f"[{name}] error: {message} (see {prog} --help)", file=sys.stderr)
     sys.exit(2)
 
@@ -224,7 +231,7 @@ def run_guarded(prog: str, body: Callable[[], int]) -> int:
     except UsageError as e:
         usage_error(prog, str(e))
     except ExperimentError as e:
-        print(f"[{Path(prog).stem}] error: {e}", file=sys.stderr)
+        print(f"[{command_name(prog)}] error: {e}", file=sys.stderr)
         return 1
 
 
@@ -240,6 +247,8 @@ def train_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/train.
 
     def body():
         plan = presets.plan_training(train_request(args, TRAIN_OPTIONS), log, dry_run=args.dry_run)
+        for warning in plan.schedule.warnings():
+            log(f"warning: {warning}")
         if args.dry_run:
             print(shlex.join(plan.cmd))
             return 0
@@ -262,7 +271,7 @@ def experiment_parser(prog: str) -> Parser:
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "resnmt-experiment") -> int:
     args = parse(experiment_parser(prog), sys.argv[1:] if argv is None else argv)
-    log = logger(Path(prog).stem)
+    log = logger(command_name(prog))
 
     def body():
         req = ExperimentRequest(train=train_request(args, RUN_OPTIONS),
@@ -394,9 +403,11 @@ def analyze_demo_models(records: Sequence[dict], out: Path, data_root: Path, log
         log(f"analysis of {r['arch']} (learned gates / skip ratios): {final}")
 
 
-COMMANDS = {"train": train_main, "run": lambda argv: main(argv, "scripts/run_experiment.sh"), "demo": demo_main}
+COMMANDS = {"train": train_main, "run": main, "demo": demo_main}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
         sys.exit(f"usage: python -m resnmt.cli.experiment {{{','.join(COMMANDS)}}} [options]")
-    sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))
+    # the checkout's scripts/*.sh name themselves (RESNMT_PROG="$0"); run as a module, the usage names the module
+    prog = os.environ.pop("RESNMT_PROG", None) or f"python -m resnmt.cli.experiment {sys.argv[1]}"
+    sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:], prog))

@@ -20,6 +20,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 
 import resnmt
 from resnmt.cli.common import fairseq_logging, one_line_errors
+from resnmt.experiment.schedule import flag_value
 
 HELP_FLAGS = ("-h", "--help")
 DEFAULT_ARCH = "resnmt_transformer"
@@ -27,13 +28,7 @@ DEFAULT_ARCH = "resnmt_transformer"
 
 def requested(argv, flag: str, default=None):
     """The value of ``flag`` on the command line ``argv`` (the last one given), or ``default``."""
-    value = default
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
+    return flag_value(argv, flag, default)
 
 
 def requested_arch(argv) -> str:

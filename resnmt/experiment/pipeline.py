@@ -21,8 +21,8 @@ from resnmt.experiment.runtime import format_seconds, require_commands, tool_env
 from resnmt.subword import SubwordError, checked_post_process
 
 # resnmt-experiment's own options, beside the training options it shares (presets.SHARED_TRAIN_OPTIONS)
-EXPERIMENT_OPTIONS = ("data_root", "mirror", "prep_args", "average", "beam", "lenpen", "batch_size",
-                      "gen_args", "results")
+EXPERIMENT_OPTIONS = ("data_root", "mirror", "prep_args", "average", "exclude_last", "beam", "lenpen",
+                      "batch_size", "gen_args", "strict", "results")
 
 
 @dataclass
@@ -40,10 +40,15 @@ class ExperimentRequest:
     prep_args: str = option("", '"A B"', 'more options for resnmt-prepare (e.g. "--bpe-size 8000")')
     average: int = option(10, "N", "checkpoints to average (fewer if fewer exist, with a note)", kind="int",
                           minimum=1)
+    exclude_last: bool = option(
+        False, "", "average numbered checkpoints only (without it, checkpoint_last.pt counts as the newest where "
+        "training stopped mid-epoch: the model scored is the one trained)", kind="flag")
     beam: int = option(4, "K", "beam size", kind="int", minimum=1)
     lenpen: float = option(0.6, "A", "GNMT length penalty alpha", kind="number")
     batch_size: int = option(128, "N", "decoding batch size in sentences", kind="int", minimum=1)
     gen_args: str = option("", '"A B"', 'more fairseq-generate flags (e.g. "--max-len-b 50")')
+    strict: bool = option(False, "", "exit status 1 when the score is flagged as meaningless (the warning "
+                          "after it), for scripts", kind="flag")
     results: Path = option(Path("runs/results.jsonl"), "FILE", "JSON lines file of all runs", kind="path")
     # torch threads of its training and decoding (None: torch's default; the demo sets it)
     threads: Optional[int] = option(None, "N", "torch threads", kind="int", minimum=1)
@@ -84,15 +89,26 @@ class Experiment:
         post = self.post_process() if prepared else "(read from the prepared data)"
         scoring = "".join(f" --{k.replace('_', '-')}" + ("" if v is True else f" {v}")
                           for k, v in self.dataset.score_options.items() if v)
+        train = plan_training(self.train_request, dry_run=True)
         return [
             f"1. prepare  {f'{self.data_root} is prepared' if prepared else prepare}",
-            f"2. train    {shlex.join(plan_training(self.train_request, dry_run=True).cmd)}",
-            f"3. average  the last {self.req.average} update (else epoch) checkpoints in {self.save_dir}",
+            f"2. train    {shlex.join(train.cmd)}",
+            f"3. average  the last {self.req.average} update (else epoch) checkpoints in {self.save_dir}"
+            + (", checkpoint_last.pt the newest where training stopped mid-epoch" if not self.req.exclude_last
+               else ""),
             f"4. decode   fairseq-generate {self.data_root / 'bin'} --gen-subset test --beam {self.req.beam} "
             f"--lenpen-form gnmt --lenpen {self.req.lenpen:g} --post-process {post} {self.req.gen_args}".rstrip(),
             f"5. score    resnmt-evaluate --ref {self.data_root / 'raw' / f'test.{self.dataset.tgt}'}{scoring}, "
             f"appended to {self.req.results}",
+            *(f"note: {note}" for note in train.notes),
+            *(f"warning: {w}" for w in train.schedule.warnings(self.req.average, not self.req.exclude_last)),
         ]
+
+    def schedule_warnings(self) -> List[str]:
+        """What in the training schedule cannot give the model it promises, one line each
+        (``resnmt.experiment.schedule``), with the checkpoints this experiment averages."""
+        schedule = plan_training(self.train_request, dry_run=True).schedule
+        return schedule.warnings(self.req.average, not self.req.exclude_last)
 
     def step(self, number: int, message: str) -> None:
         self.log(f"step {number}/{self.STEPS}: {message}")
@@ -102,10 +118,10 @@ class Experiment:
         self.prepare()
         self.post_process()  # a --post-process in --gen-args that cannot undo the data's subwords: refused before training
         self.train()
-        checkpoint, n, kind, label = self.average()
+        checkpoint, updates, kind, label = self.average()
         key = decoding_key(label, self.req.beam, self.req.lenpen, self.req.gen_args)
         gen = self.decode(checkpoint, key)
-        return self.score(gen, key, checkpoint, n, kind)
+        return self.score(gen, key, checkpoint, updates, kind)
 
     def prepare(self) -> None:
         if steps.is_prepared(self.data_root, self.dataset.tgt):
@@ -126,36 +142,53 @@ class Experiment:
             return
         self.step(2, f"train {self.req.train.arch} into {self.save_dir}")
         t0 = time.time()
-        steps.train(plan_training(self.train_request, self.train_log), self.train_log, self.req.threads, self.label)
+        plan = plan_training(self.train_request, self.train_log)
+        for warning in plan.schedule.warnings(self.req.average, not self.req.exclude_last):
+            self.train_log(f"warning: {warning}")
+        steps.train(plan, self.train_log, self.req.threads, self.label)
         atomic_write_text(done, json.dumps({"wall_seconds": int(time.time() - t0)}) + "\n")
 
-    def average(self) -> Tuple[Path, int, str, str]:
-        """(checkpoint to decode, number averaged, their kind, label): the newest
-        ``--average`` update checkpoints or, without any, epoch checkpoints; fewer if
-        fewer exist; checkpoint_last.pt alone if training saved no numbered one."""
-        from resnmt.averaging import numbered_checkpoints
+    def average(self) -> Tuple[Path, List[int], str, str]:
+        """(checkpoint to decode, the updates of the checkpoints averaged, their kind, label):
+        the newest ``--average`` update checkpoints or, without any, epoch checkpoints, and
+        checkpoint_last.pt after them where training stopped later (unless ``--exclude-last``);
+        fewer if fewer exist; checkpoint_last.pt alone if training saved no numbered one."""
+        from resnmt.averaging import LAST, AverageError, checkpoint_updates, numbered_checkpoints, \
+            with_last_checkpoint
 
         kind, found = "update", numbered_checkpoints(self.save_dir, "update")
         if not found:
             kind, found = "epoch", numbered_checkpoints(self.save_dir, "epoch")
-        if not found:
-            last = self.save_dir / "checkpoint_last.pt"
-            if not last.exists():
+        paths = [p for _, p in found]
+        try:
+            if not self.req.exclude_last or not paths:
+                paths = with_last_checkpoint(self.save_dir, paths)
+            if not paths:
                 raise ExperimentError(f"no checkpoints in {self.save_dir}")
+            with_last = paths[-1].name == LAST
+            selected = paths[-self.req.average:]
+            updates = [checkpoint_updates(p) for p in selected]
+        except AverageError as e:
+            raise ExperimentError(str(e)) from None
+        if len(paths) == 1 and with_last:
             # training stopped (--max-update) before the end of epoch 1 and saved no numbered checkpoint
-            self.step(3, f"average: no epoch or update checkpoints in {self.save_dir}, decoding checkpoint_last.pt alone")
-            return last, 1, "last", "last"
-        n = min(len(found), self.req.average)
-        output = self.save_dir / f"checkpoint.avg{n}.pt"
+            self.step(3, f"average: no epoch or update checkpoints in {self.save_dir}, decoding {LAST} alone "
+                         f"(update {updates[0]})")
+            return paths[0], updates, "last", "last"
+        n = len(selected)
+        kind += "+last" if with_last else ""
+        label = f"avg{n}-last" if with_last else f"avg{n}"
+        output = self.save_dir / f"checkpoint.{label}.pt"
         if output.exists():
             self.step(3, f"average: {output} exists, skipped")
         else:
-            self.step(3, f"average the last {n} {kind} checkpoints -> {output}")
+            self.step(3, f"average the last {n} {kind} checkpoints (updates {', '.join(map(str, updates))}) "
+                         f"-> {output}")
             if n < self.req.average:
-                self.log(f"note: {len(found)} {kind} checkpoint(s) in {self.save_dir}, fewer than --average "
+                self.log(f"note: {len(paths)} {kind} checkpoint(s) in {self.save_dir}, fewer than --average "
                          f"{self.req.average}: averaging {n}")
-            steps.average([p for _, p in found[-n:]], output)
-        return output, n, kind, f"avg{n}"
+            steps.average(selected, output)
+        return output, updates, kind, label
 
     def post_process(self) -> str:
         """fairseq-generate's --post-process for the data's subword model (its manifest); another
@@ -184,7 +217,7 @@ class Experiment:
         self.log(f"decoded {sentences} sentences in {format_seconds(time.time() - t0)}")
         return gen
 
-    def score(self, gen: Path, key: str, checkpoint: Path, n: int, kind: str) -> dict:
+    def score(self, gen: Path, key: str, checkpoint: Path, updates: List[int], kind: str) -> dict:
         result_path = self.save_dir / f"result.{key}.json"
         if result_path.exists():
             self.step(5, f"score: {result_path} exists, skipped")
@@ -203,7 +236,8 @@ class Experiment:
                 "params": fairseq_log.params, "num_updates": last_epoch[1], "epochs": last_epoch[0],
                 "train_seconds": fairseq_log.train_seconds,
                 "train_wall_seconds": json.loads((self.save_dir / "train.done").read_text()).get("wall_seconds"),
-                "checkpoint": os.path.abspath(checkpoint), "averaged": n, "averaged_kind": kind,
+                "checkpoint": os.path.abspath(checkpoint), "averaged": len(updates), "averaged_kind": kind,
+                "averaged_updates": updates,
                 "beam": self.req.beam, "lenpen": self.req.lenpen, "lenpen_form": "gnmt",
                 **dict(sorted(result.items())),
             }
