@@ -113,6 +113,11 @@ Presets: paper (the default with GPUs) trains the papers' settings for DATASET; 
 and cpu train 2+2 layers, d=128, FFN 512, 4096 tokens per update, lr 1e-3, 500 warm-up
 updates, 2000 updates.
 
+A score that means nothing (subword pieces left, a length ratio outside 0.5-2, most
+hypotheses the same) and a schedule that cannot train (a warm-up not shorter than the
+run, fewer checkpoints than --average) end the output as warning lines, and are in the
+JSON result ("warnings"); --strict exits 1 on the former.
+
 Scoring: the data's subword model, read from DATA_ROOT/prepared.json, is undone by
 fairseq-generate --post-process (sentencepiece or subword_nmt); wmt14-en-de adds
 --detok moses --lang de --compound-split, wmt14-en-fr --detok moses --lang fr (the
@@ -224,6 +229,13 @@ def train_request(args, names: Sequence[str]) -> presets.TrainRequest:
                                 **given(args, presets.TrainRequest, names))
 
 
+def report_warnings(records: Sequence[dict], log) -> None:
+    """The warnings of finished experiments, after everything else: the last lines printed."""
+    for r in records:
+        for warning in r.get("warnings") or ():
+            log(f"warning: {r['arch']}: {warning}" if len(records) > 1 else f"warning: {warning}")
+
+
 def run_guarded(prog: str, body: Callable[[], int]) -> int:
     """``body()``, with a UsageError as a usage error and an ExperimentError as one error line."""
     try:
@@ -281,9 +293,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "resnmt-experiment") 
         if args.dry_run:
             print("\n".join(experiment.plan()))
             return 0
-        experiment.run()
+        record = experiment.run()
         log(f"done in {format_seconds(time.time() - started)}: {experiment.save_dir}/result.json")
-        return 0
+        report_warnings([record], log)
+        return 1 if req.strict and record.get("score_meaningless") else 0
 
     return run_guarded(prog, body)
 
@@ -363,6 +376,7 @@ def demo(args, log) -> int:
     analyze_demo_models(records, out, Path(args.data_root), log)
     print(f"\n{table}\n\n{DEMO_NOTE}", flush=True)
     log(f"done in {format_seconds(time.time() - started)}; table in {out}/table.md, results in {out}/results.jsonl")
+    report_warnings(records, log)
     return 0
 
 

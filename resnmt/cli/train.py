@@ -13,6 +13,7 @@ A bad flag is reported on one line (the last), naming the value and what is allo
 instead of under fairseq's ~185 lines of usage; hydra's and torch's deprecation notices
 are not printed (resnmt/quiet.py).
 """
+import logging
 import os
 import sys
 
@@ -54,6 +55,28 @@ def add_model_flags_for_help(parser) -> None:
             gen_parser_from_dataclass(parser.add_argument_group(title), dataclass())
 
 
+def one_line_arch_error(parser):
+    """``parser`` (fairseq's, errors on one line already) answering a wrong --arch with the
+    closest names and where resnmt's are listed, not fairseq's ~180 choices."""
+    import re
+
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from resnmt.experiment.presets import closest_archs
+
+    error = parser.error
+
+    def arch_error(message):
+        wrong = re.match(r"(argument --arch(?:/-a)?: invalid choice: '([^']*)') \(choose from .*\)$", message)
+        if wrong:
+            message = (f"{wrong.group(1)} ({closest_archs(wrong.group(2), list(ARCH_MODEL_REGISTRY))}resnmt's "
+                       "archs: python -m resnmt.cli.arch_table; all: fairseq-train --help)")
+        error(message)
+
+    parser.error = arch_error
+    return parser
+
+
 def with_user_dir(argv):
     if any(a == "--user-dir" or a.startswith("--user-dir=") for a in argv):
         return list(argv)
@@ -73,7 +96,10 @@ def main():
     argv = with_user_dir(sys.argv[1:])
     sys.argv = [sys.argv[0], *argv]
     fairseq_logging()  # fairseq-train's log format and level (importing fairseq left DEBUG behind)
-    parser = one_line_errors(options.get_training_parser())  # a bad flag: one line, not 185 of usage
+    # fairseq notes that resnmt, imported above, is the --user-dir it imports again: nothing to act on
+    logging.getLogger("fairseq.utils").addFilter(lambda record: "has already been imported" not in record.getMessage())
+    # a bad flag: one line, not 185 of usage; a wrong --arch: the closest, not 181 names
+    parser = one_line_arch_error(one_line_errors(options.get_training_parser()))
     try:
         args = options.parse_args_and_arch(parser, modify_parser=add_model_flags_for_help)
     except RuntimeError as e:  # fairseq's bare RuntimeError() for a missing --arch

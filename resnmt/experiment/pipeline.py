@@ -22,7 +22,7 @@ from resnmt.subword import SubwordError, checked_post_process
 
 # resnmt-experiment's own options, beside the training options it shares (presets.SHARED_TRAIN_OPTIONS)
 EXPERIMENT_OPTIONS = ("data_root", "mirror", "prep_args", "average", "exclude_last", "beam", "lenpen",
-                      "batch_size", "gen_args", "strict", "results")
+                      "batch_size", "gen_args", "strict", "verbose", "results")
 
 
 @dataclass
@@ -49,6 +49,8 @@ class ExperimentRequest:
     gen_args: str = option("", '"A B"', 'more fairseq-generate flags (e.g. "--max-len-b 50")')
     strict: bool = option(False, "", "exit status 1 when the score is flagged as meaningless (the warning "
                           "after it), for scripts", kind="flag")
+    verbose: bool = option(False, "", "print fairseq's configuration and model dumps too (train.log keeps "
+                           "them either way)", kind="flag")
     results: Path = option(Path("runs/results.jsonl"), "FILE", "JSON lines file of all runs", kind="path")
     # torch threads of its training and decoding (None: torch's default; the demo sets it)
     threads: Optional[int] = option(None, "N", "torch threads", kind="int", minimum=1)
@@ -76,9 +78,8 @@ class Experiment:
         self.train_request = replace(req.train, data=self.data_root / "bin", save_dir=self.save_dir)
         try:  # every option of the training step is checked now, before any heavy work
             plan_training(self.train_request, dry_run=True)
-        except ExperimentError as e:
-            train_log(f"error: {e}")
-            raise ExperimentError("the training options were refused (message above)") from None
+        except ExperimentError as e:  # one line, the last, exit status 1 as for a failed step
+            raise ExperimentError(f"the training options were refused: {e}") from None
 
     def plan(self) -> List[str]:
         """What ``run`` would do, one line per step; nothing is run or written."""
@@ -145,7 +146,7 @@ class Experiment:
         plan = plan_training(self.train_request, self.train_log)
         for warning in plan.schedule.warnings(self.req.average, not self.req.exclude_last):
             self.train_log(f"warning: {warning}")
-        steps.train(plan, self.train_log, self.req.threads, self.label)
+        steps.train(plan, self.train_log, self.req.threads, self.label, verbose=self.req.verbose)
         atomic_write_text(done, json.dumps({"wall_seconds": int(time.time() - t0)}) + "\n")
 
     def average(self) -> Tuple[Path, List[int], str, str]:
@@ -212,7 +213,8 @@ class Experiment:
         steps.decode(self.data_root / "bin", checkpoint, gen, None, tool_env(self.req.threads), beam=self.req.beam,
                      lenpen=self.req.lenpen, batch_size=self.req.batch_size,
                      extra=["--source-lang", self.dataset.src, "--target-lang", self.dataset.tgt,
-                            "--post-process", self.post_process(), *shlex.split(self.req.gen_args)])
+                            "--post-process", self.post_process(), *shlex.split(self.req.gen_args)],
+                     verbose=self.req.verbose)
         sentences = sum(line.startswith("D-") for line in gen.read_text(encoding="utf-8").splitlines())
         self.log(f"decoded {sentences} sentences in {format_seconds(time.time() - t0)}")
         return gen
@@ -229,6 +231,7 @@ class Experiment:
 
             result = steps.score(gen, ref, **self.dataset.score_options)
             print(summary(result), flush=True)
+            score_warnings = result.pop("warnings")
             fairseq_log = steps.FairseqLog.read(self.save_dir / "train.log")
             last_epoch = fairseq_log.epochs[-1] if fairseq_log.epochs else (None, None, None)
             record = {
@@ -240,6 +243,8 @@ class Experiment:
                 "averaged_updates": updates,
                 "beam": self.req.beam, "lenpen": self.req.lenpen, "lenpen_form": "gnmt",
                 **dict(sorted(result.items())),
+                # what cannot give the model promised, then what makes the score meaningless
+                "warnings": self.schedule_warnings() + score_warnings, "score_meaningless": bool(score_warnings),
             }
             atomic_write_text(result_path, json.dumps(record) + "\n")
             append_jsonl(self.req.results, record)

@@ -190,6 +190,15 @@ def count_gpus() -> int:
     return torch.cuda.device_count()
 
 
+def closest_archs(arch: str, known: Sequence[str]) -> str:
+    """"closest: A B C; " for the names among ``known`` that look like a mistyped ``arch``
+    ('' when none does)."""
+    import difflib
+
+    close = difflib.get_close_matches(arch, known, n=3, cutoff=0.6)
+    return f"closest: {' '.join(close)}; " if close else ""
+
+
 def check_arch(arch: str) -> None:
     """``arch`` must be an arch of resnmt_transformer or fairseq's ``transformer``."""
     import resnmt  # noqa: F401  registers the archs
@@ -197,7 +206,8 @@ def check_arch(arch: str) -> None:
 
     allowed = sorted(a for a, m in ARCH_MODEL_NAME_REGISTRY.items() if m == "resnmt_transformer") + ["transformer"]
     if arch not in allowed:
-        raise UsageError(f"ARCH '{arch}' is not a resnmt_transformer arch or 'transformer'; allowed: {' '.join(allowed)}")
+        raise UsageError(f"ARCH '{arch}' is not a resnmt_transformer arch or 'transformer'; "
+                         f"{closest_archs(arch, allowed)}allowed: {' '.join(allowed)}")
 
 
 # ------------------------------------------------------------------------------- plan
