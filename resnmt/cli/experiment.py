@@ -422,6 +422,6 @@ COMMANDS = {"train": train_main, "run": main, "demo": demo_main}
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
         sys.exit(f"usage: python -m resnmt.cli.experiment {{{','.join(COMMANDS)}}} [options]")
-    # the checkout's scripts/*.sh name themselves (RESNMT_PROG="$0"); run as a module, the usage names the module
+    # the checkout's scripts/*.sh name themselves (RESNMT_PROG); run as a module, the usage names the module
     prog = os.environ.pop("RESNMT_PROG", None) or f"python -m resnmt.cli.experiment {sys.argv[1]}"
     sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:], prog))
