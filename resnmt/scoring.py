@@ -239,7 +239,8 @@ def score_files(hyp, ref, *, input_format: str = "auto", generate_field: str = "
         hyps, refs, lowercase=lowercase, tokenize=sacrebleu_tokenize,
         compound_split=compound_split, lang=lang,
     )
-    result["warnings"] = ([leftover] if leftover else []) + meaningless_score_warnings(hyps, result)
+    # subword pieces left explain any other sign (a length ratio of pieces): the one warning then
+    result["warnings"] = [leftover] if leftover else meaningless_score_warnings(hyps, result)
     import sacrebleu
 
     result.update({
