@@ -107,3 +107,19 @@ class FairseqNoise:
             self.in_model = True
             return False
         return True
+
+
+def hide_fairseq_dumps(logger_name: str = "fairseq_cli.train") -> None:
+    """Drop the records of ``logger_name`` that dump the whole configuration or model
+    (``logger.info(cfg)``, ``logger.info(model)`` in fairseq_cli.train): resnmt-train's
+    output without ``--verbose``. By the record's type, so every other line stays."""
+    import argparse
+    import logging
+
+    def keep(record) -> bool:
+        import torch
+        from omegaconf import DictConfig
+
+        return not isinstance(record.msg, (DictConfig, argparse.Namespace, torch.nn.Module))
+
+    logging.getLogger(logger_name).addFilter(keep)

@@ -54,6 +54,8 @@ Options:
 {options_help(presets.TrainRequest, TRAIN_OPTIONS)}
   --dry-run             print the command and exit (nothing is checked on disk
                         beyond the options, nothing is written)
+  --verbose             print fairseq's configuration and model dumps too
+                        (SAVE_DIR/train.log keeps them either way)
   -h, --help            this help
 
 Flags after -- go to fairseq-train after the preset's, so they override them
@@ -253,6 +255,7 @@ def train_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/train.
     p = Parser(prog, f"{prog} [options] DATASET ARCH [-- FAIRSEQ-TRAIN FLAGS...]", TRAIN_HELP)
     add_options(p, presets.TrainRequest, TRAIN_OPTIONS)
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--verbose", action="store_true")
     p.add_argument("positional", nargs="*")
     args = parse(p, sys.argv[1:] if argv is None else argv)
     log = logger("train")
@@ -264,7 +267,7 @@ def train_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/train.
         if args.dry_run:
             print(shlex.join(plan.cmd))
             return 0
-        steps.train(plan, log)
+        steps.train(plan, log, verbose=args.verbose)
         return 0
 
     return run_guarded(prog, body)

@@ -10,8 +10,9 @@ resnmt package (absolute, so checkpoints load from any directory) unless given, 
 one difference: ``--bf16`` trains in bf16 on this machine's device (CUDA, or the CPU
 with ``--cpu``) where fairseq 0.12 would send it to a TPU (see resnmt/bf16.py).
 A bad flag is reported on one line (the last), naming the value and what is allowed,
-instead of under fairseq's ~185 lines of usage; hydra's and torch's deprecation notices
-are not printed (resnmt/quiet.py).
+instead of under fairseq's ~185 lines of usage (a wrong ``--arch``: the closest names);
+hydra's and torch's deprecation notices are not printed, nor, unless ``--verbose``,
+fairseq's dumps of the whole configuration and model (resnmt/quiet.py).
 """
 import logging
 import os
@@ -21,6 +22,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 
 import resnmt
 from resnmt.cli.common import fairseq_logging, one_line_errors
+from resnmt.quiet import hide_fairseq_dumps
 from resnmt.experiment.schedule import flag_value
 
 HELP_FLAGS = ("-h", "--help")
@@ -93,9 +95,12 @@ def main():
 
     from resnmt.bf16 import untie_bf16_from_tpu
 
-    argv = with_user_dir(sys.argv[1:])
+    verbose = "--verbose" in sys.argv[1:]  # resnmt-train's own flag: fairseq's configuration and model dumps too
+    argv = with_user_dir([a for a in sys.argv[1:] if a != "--verbose"])
     sys.argv = [sys.argv[0], *argv]
     fairseq_logging()  # fairseq-train's log format and level (importing fairseq left DEBUG behind)
+    if not verbose:
+        hide_fairseq_dumps()
     # fairseq notes that resnmt, imported above, is the --user-dir it imports again: nothing to act on
     logging.getLogger("fairseq.utils").addFilter(lambda record: "has already been imported" not in record.getMessage())
     # a bad flag: one line, not 185 of usage; a wrong --arch: the closest, not 181 names

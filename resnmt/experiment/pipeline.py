@@ -15,7 +15,8 @@ from resnmt.data.manifest import ManifestError, read_manifest
 from resnmt.experiment import steps
 from resnmt.experiment.errors import ExperimentError, Log, UsageError
 from resnmt.experiment.options import convert_options, option
-from resnmt.experiment.presets import TrainRequest, dataset_of, default_data_root, default_save_dir, plan_training
+from resnmt.experiment.presets import (TrainPlan, TrainRequest, dataset_of, default_data_root, default_save_dir,
+                                      plan_training)
 from resnmt.experiment.results import append_jsonl, decoding_key, describe
 from resnmt.experiment.runtime import format_seconds, require_commands, tool_env
 from resnmt.subword import SubwordError, checked_post_process
@@ -102,14 +103,15 @@ class Experiment:
             f"5. score    resnmt-evaluate --ref {self.data_root / 'raw' / f'test.{self.dataset.tgt}'}{scoring}, "
             f"appended to {self.req.results}",
             *(f"note: {note}" for note in train.notes),
-            *(f"warning: {w}" for w in train.schedule.warnings(self.req.average, not self.req.exclude_last)),
+            *(f"warning: {w}" for w in self.schedule_warnings(train)),
         ]
 
-    def schedule_warnings(self) -> List[str]:
-        """What in the training schedule cannot give the model it promises, one line each
-        (``resnmt.experiment.schedule``), with the checkpoints this experiment averages."""
-        schedule = plan_training(self.train_request, dry_run=True).schedule
-        return schedule.warnings(self.req.average, not self.req.exclude_last)
+    def schedule_warnings(self, plan: Optional[TrainPlan] = None) -> List[str]:
+        """What in the training schedule (of ``plan``, else planned now) cannot give the model
+        it promises, one line each (``resnmt.experiment.schedule``), with the checkpoints this
+        experiment averages."""
+        plan = plan or plan_training(self.train_request, dry_run=True)
+        return plan.schedule.warnings(self.req.average, not self.req.exclude_last)
 
     def step(self, number: int, message: str) -> None:
         self.log(f"step {number}/{self.STEPS}: {message}")
@@ -144,7 +146,7 @@ class Experiment:
         self.step(2, f"train {self.req.train.arch} into {self.save_dir}")
         t0 = time.time()
         plan = plan_training(self.train_request, self.train_log)
-        for warning in plan.schedule.warnings(self.req.average, not self.req.exclude_last):
+        for warning in self.schedule_warnings(plan):
             self.train_log(f"warning: {warning}")
         steps.train(plan, self.train_log, self.req.threads, self.label, verbose=self.req.verbose)
         atomic_write_text(done, json.dumps({"wall_seconds": int(time.time() - t0)}) + "\n")
