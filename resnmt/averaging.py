@@ -17,6 +17,8 @@ from resnmt.atomic import atomic_open
 
 EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_RE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
+# fairseq's checkpoint of the last update: the only one a run stopped mid-epoch (--max-update) saves there
+LAST = "checkpoint_last.pt"
 
 
 class AverageError(Exception):
@@ -38,15 +40,46 @@ def numbered_checkpoints(directory: Path, by: str, upper_bound: Optional[int] = 
     return sorted(found)
 
 
-def select_checkpoints(directory: Path, n: int, by: str, upper_bound: Optional[int] = None) -> List[Path]:
-    """The last ``n`` epoch (``by="epoch"``) or update (``by="update"``) checkpoints, oldest first."""
+def checkpoint_updates(path: Path) -> int:
+    """The number of updates a fairseq checkpoint was saved at (its optimizer history),
+    read without loading its tensors (memory-mapped)."""
+    from resnmt.checkpoint_compat import allow_fairseq_checkpoints
+
+    allow_fairseq_checkpoints()
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(state["optimizer_history"][-1]["num_updates"])
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, KeyError, IndexError, TypeError) as e:
+        raise AverageError(f"cannot read the update count of {path}: {str(e).splitlines()[0] if str(e) else e!r}") \
+            from None
+
+
+def with_last_checkpoint(directory: Path, paths: Sequence[Path]) -> List[Path]:
+    """``paths`` (numbered checkpoints of ``directory``, oldest first) and, after them,
+    ``checkpoint_last.pt`` when it was saved at a later update than the newest of them: a
+    run that stopped mid-epoch (``--max-update``) saved its last update there only."""
+    last = Path(directory) / LAST
+    if not last.is_file():
+        return list(paths)
+    newest = checkpoint_updates(paths[-1]) if paths else -1
+    return [*paths, last] if checkpoint_updates(last) > newest else list(paths)
+
+
+def select_checkpoints(directory: Path, n: int, by: str, upper_bound: Optional[int] = None,
+                       include_last: bool = False) -> List[Path]:
+    """The last ``n`` epoch (``by="epoch"``) or update (``by="update"``) checkpoints, oldest
+    first; with ``include_last`` (and no ``upper_bound``), checkpoint_last.pt counts as the
+    newest when training stopped after the newest numbered one (``with_last_checkpoint``)."""
     if n <= 0:
         flag = "--num-epoch-checkpoints" if by == "epoch" else "--num-update-checkpoints"
         raise AverageError(f"{flag} must be a positive number of checkpoints, got {n}")
     if not directory.is_dir():
         raise AverageError(f"{directory} is not a directory (selecting by {by} needs one directory in --inputs)")
     name = "checkpointE.pt" if by == "epoch" else "checkpoint_E_U.pt"
-    found = numbered_checkpoints(directory, by, upper_bound)
+    found = [path for _, path in numbered_checkpoints(directory, by, upper_bound)]
+    if include_last and upper_bound is None:
+        found = with_last_checkpoint(directory, found)
+        name += f" (or {LAST})"
     bound = f" with {by} <= {upper_bound}" if upper_bound is not None else ""
     if not found:
         raise AverageError(f"no {name} checkpoints{bound} in {directory}")
@@ -55,7 +88,7 @@ def select_checkpoints(directory: Path, n: int, by: str, upper_bound: Optional[i
             f"asked for the last {n} {by} checkpoints but {directory} has only {len(found)} {name} "
             f"files{bound}"
         )
-    return [path for _, path in found[-n:]]
+    return found[-n:]
 
 
 def load_checkpoint(path: Path) -> dict:

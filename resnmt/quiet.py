@@ -1,5 +1,7 @@
 """Hide the deprecation notices fairseq 0.12 causes in its dependencies (and the DEBUG level
-its import leaves on the root logger), and nothing else.
+its import leaves on the root logger), torch's notice that memory is not pinned without
+a GPU, and, in resnmt's commands, fairseq's dumps of its configuration and model; nothing
+else.
 
 fairseq builds its configuration with hydra's old API (``hydra.experimental``
 ``initialize``/``compose``, ``strict=``, ``# @package _group_`` headers, schemas matched
@@ -18,11 +20,16 @@ module that raises them (by their text where the module is not telling):
 * torch's ``UserWarning`` that mismatched ``key_padding_mask`` and ``attn_mask`` types
   are deprecated (``torch.nn.functional``).
 
+* torch's ``UserWarning`` that ``pin_memory`` is set but no accelerator is found
+  (``torch.utils.data.dataloader``): fairseq asks every data loader to pin memory, so a
+  CPU run printed it at every epoch of training and decoding.
+
 Every other warning is shown as before. ``import resnmt`` installs the filters, so they
 apply to resnmt's commands and to fairseq's commands run with ``--user-dir resnmt``
 (fairseq imports the user directory before it composes its configuration), and calls
 ``lower_fairseqs_debug_logging`` (below).
 """
+import re
 import warnings
 
 # (message regex, category, module regex); warnings.filterwarnings matches both from
@@ -34,6 +41,8 @@ THIRD_PARTY_DEPRECATIONS = (
     (r"\s*'[^']*' is validated against ConfigStore schema with the same name", UserWarning, ""),
     (r"`torch\.cuda\.amp\.\w+\(args\.\.\.\)` is deprecated", FutureWarning, r"fairseq(\.|$)"),
     (r"Support for mismatched key_padding_mask and attn_mask is deprecated", UserWarning, r"torch\.nn\.functional$"),
+    (r"'pin_memory' argument is set as true but no accelerator is found", UserWarning,
+     r"torch\.utils\.data\.dataloader$"),
 )
 
 
@@ -70,3 +79,47 @@ def lower_fairseqs_debug_logging() -> None:
     if handler.formatter is None or handler.formatter._fmt != logging.BASIC_FORMAT:
         return
     root.setLevel(level)
+
+
+# fairseq_cli's INFO line holding its whole configuration ("{'_name': None, 'common': ...",
+# several KB), in fairseq-train's format or the logging module's default
+_CONFIG_DUMP_RE = re.compile(r"fairseq_cli\.\w+(?: \| |:)\{'_name': ")
+# fairseq-train's INFO line that opens the model's repr (one line per module after it, up to ")")
+_MODEL_REPR_RE = re.compile(r"fairseq_cli\.train \| \w+\($")
+
+
+class FairseqNoise:
+    """``keep(line)``: False for the lines of fairseq's configuration dump and of the model
+    repr fairseq-train logs, which resnmt's commands leave out of what they print (the
+    training log keeps them; ``--verbose`` shows them)."""
+
+    def __init__(self):
+        self.in_model = False
+
+    def keep(self, line: str) -> bool:
+        text = line.rstrip("\r\n")
+        if self.in_model:
+            self.in_model = text != ")"
+            return False
+        if _CONFIG_DUMP_RE.search(text):
+            return False
+        if _MODEL_REPR_RE.search(text):
+            self.in_model = True
+            return False
+        return True
+
+
+def hide_fairseq_dumps(logger_name: str = "fairseq_cli.train") -> None:
+    """Drop the records of ``logger_name`` that dump the whole configuration or model
+    (``logger.info(cfg)``, ``logger.info(model)`` in fairseq_cli.train): resnmt-train's
+    output without ``--verbose``. By the record's type, so every other line stays."""
+    import argparse
+    import logging
+
+    def keep(record) -> bool:
+        import torch
+        from omegaconf import DictConfig
+
+        return not isinstance(record.msg, (DictConfig, argparse.Namespace, torch.nn.Module))
+
+    logging.getLogger(logger_name).addFilter(keep)

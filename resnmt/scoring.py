@@ -2,6 +2,7 @@
 ``resnmt-evaluate`` (its module docstring describes the post-processing and the three
 BLEU scores), which the experiment pipeline and the benchmarks call directly.
 """
+import collections
 import os
 import re
 import sys
@@ -121,6 +122,7 @@ def score_all(hyps, refs, *, lowercase=False, tokenize="13a", compound_split=Fal
         "bleu": main.score,
         "signature": main_sig,
         "bleu_details": main.format(),
+        "length_ratio": main.sys_len / main.ref_len if main.ref_len else None,
         "tok_intl_bleu": intl.score,
         "tok_intl_signature": intl_sig,
         "compound_split_bleu": None,
@@ -133,6 +135,31 @@ def score_all(hyps, refs, *, lowercase=False, tokenize="13a", compound_split=Fal
         result["compound_split_bleu"] = cs.score
         result["compound_split_signature"] = f"{cs_sig}|moses-tok:{lang}|compound-split:##AT##"
     return result
+
+
+# a length ratio (hypotheses : references, sacreBLEU's) outside these bounds: the model
+# does not translate yet (one word per sentence, or a word repeated to the length limit)
+LENGTH_RATIO_BOUNDS = (0.5, 2.0)
+
+
+def meaningless_score_warnings(hyps: Sequence[str], result: dict) -> List[str]:
+    """One line for each sign that a score does not measure translation: a length ratio
+    outside LENGTH_RATIO_BOUNDS, or most hypotheses the same sentence (a model that has not
+    learned yet, whatever its BLEU). Subword pieces left in the text: ``leftover_warning``."""
+    out = []
+    ratio, (low, high) = result.get("length_ratio"), LENGTH_RATIO_BOUNDS
+    if ratio is not None and not low <= ratio <= high:
+        how = "shorter" if ratio < low else "longer"
+        out.append(f"the hypotheses are {how} than the references (length ratio {ratio:.3f}, outside "
+                   f"{low:g}-{high:g}): the model does not translate yet and BLEU {result['bleu']:.2f} "
+                   "measures nothing; train longer (or check the decoding's --max-len-a/--max-len-b)")
+    if hyps:
+        (top, count), = collections.Counter(hyps).most_common(1)
+        if count > len(hyps) / 2:
+            shown = top if len(top) <= 40 else top[:37] + "..."
+            out.append(f"{count} of {len(hyps)} hypotheses are the same sentence ({shown!r}): the model does not "
+                       f"translate yet and BLEU {result['bleu']:.2f} measures nothing; train longer")
+    return out
 
 
 def _read(flag: str, path: Path) -> List[str]:
@@ -205,15 +232,15 @@ def score_files(hyp, ref, *, input_format: str = "auto", generate_field: str = "
         detokenizer = MosesDetokenizer(lang=lang)
         hyps = [detokenizer.detokenize(h.split(), unescape=False) for h in hyps]
 
-    if leftover:
-        print(f"{PROG}: warning: {leftover}", file=sys.stderr)
-    elif detok == "none" and sum(h.endswith(" .") for h in hyps) >= max(1, len(hyps) // 10):
+    if not leftover and detok == "none" and sum(h.endswith(" .") for h in hyps) >= max(1, len(hyps) // 10):
         print(f"{PROG}: note: many hypotheses end in ' .' (tokenized?); sacreBLEU expects detokenized "
               "text (--detok moses --lang L) unless the references are tokenized too", file=sys.stderr)
     result = score_all(
         hyps, refs, lowercase=lowercase, tokenize=sacrebleu_tokenize,
         compound_split=compound_split, lang=lang,
     )
+    # subword pieces left explain any other sign (a length ratio of pieces): the one warning then
+    result["warnings"] = [leftover] if leftover else meaningless_score_warnings(hyps, result)
     import sacrebleu
 
     result.update({

@@ -227,3 +227,29 @@ def test_real_fairseq_checkpoints_average_and_decode(tmp_path, tiny_ckpts, tiny_
     hyps = [line for line in gen.stdout.splitlines() if line.startswith("H-")]
     assert len(hyps) == 60  # every sentence of the valid split decoded
     assert "Generate valid with beam=4" in gen.stdout
+
+
+def test_a_run_stopped_mid_epoch_averages_its_last_update(tmp_path, tiny_ckpts, tiny_bin, capsys):
+    """8 updates of ~3 per epoch: the epoch checkpoints stop at epoch 2, the last update
+    is in checkpoint_last.pt only; --include-last averages it as the newest, and the update
+    count of every checkpoint is read from the files (epoch length as fairseq batches it)."""
+    from resnmt.averaging import checkpoint_updates
+    from resnmt.experiment.schedule import epoch_updates
+
+    per_epoch = epoch_updates(tiny_bin, "en", "de", max_tokens=2000, per_update=1)
+    assert checkpoint_updates(tiny_ckpts / "checkpoint1.pt") == per_epoch
+    assert checkpoint_updates(tiny_ckpts / "checkpoint2.pt") == 2 * per_epoch < 8
+    assert checkpoint_updates(tiny_ckpts / "checkpoint_last.pt") == 8
+    picked = select_checkpoints(tiny_ckpts, 2, "epoch", include_last=True)
+    assert [p.name for p in picked] == ["checkpoint2.pt", "checkpoint_last.pt"]
+    assert [p.name for p in select_checkpoints(tiny_ckpts, 2, "epoch")] == ["checkpoint1.pt", "checkpoint2.pt"]
+    # update checkpoints reach update 8 themselves: checkpoint_last.pt is not newer, not added
+    assert [p.name for p in select_checkpoints(tiny_ckpts, 1, "update", include_last=True)] == ["checkpoint_3_8.pt"]
+    out = tmp_path / "avg.pt"
+    assert main(["--inputs", str(tiny_ckpts), "--num-epoch-checkpoints", "3", "--include-last", "--output", str(out)]) == 0
+    assert load(out)["resnmt_averaged_from"] == [str(tiny_ckpts / n) for n in
+                                                 ("checkpoint1.pt", "checkpoint2.pt", "checkpoint_last.pt")]
+    capsys.readouterr()
+    assert main(["--inputs", str(tiny_ckpts / "checkpoint1.pt"), "--include-last", "--output", str(out)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "resnmt-average: error: --include-last needs --num-epoch-checkpoints or --num-update-checkpoints"]

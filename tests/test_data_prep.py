@@ -13,6 +13,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -545,6 +546,53 @@ def test_custom_bad_input_is_one_line_before_any_work(tmp_path, capsys):
         last = err.rstrip("\n").split("\n")[-1]
         assert code == 2 and last.startswith("[prepare-custom] error: ") and message in last, (args, err)
     assert not out.exists()
+
+
+def test_a_small_corpus_prepares_with_the_readmes_command(tmp_path):
+    """3,000 pairs hold fewer sentencepiece pieces than the default 8,000: the vocabulary is
+    capped at what sentencepiece can learn from them, one line says so, prepared.json
+    records the size used; nothing is refused."""
+    prefixes = write_corpus(tmp_path / "corpus", n_train=3000, n_valid=100, n_test=100)
+    out = tmp_path / "data" / "my-corpus"
+    proc = run_cli([BIN_DIR / "resnmt-prepare", "custom", *custom_args(prefixes, "--workers", "1"), out],
+                   cwd=tmp_path, timeout=600)
+    capped = [line for line in proc.stderr.splitlines() if "capped at" in line]
+    import sentencepiece as spm
+
+    size = spm.SentencePieceProcessor(model_file=str(out / "spm" / "spm.model")).get_piece_size()
+    assert 1000 < size < 8000
+    assert capped == [f"[prepare-custom]   sentencepiece unigram model, {size:,} pieces (--bpe-size 8000 is more than "
+                      f"this corpus holds: capped at {size:,}, the most sentencepiece can learn from it)"]
+    assert read_manifest(out).subword_size == size
+    assert json.loads((out / "prepared.json").read_text())["subword_size"] == size
+    check_binarized(out, "en", "de", {"train": 3000, "valid": 100, "test": 100})
+
+
+def test_a_failed_step_resumes_with_the_option_its_error_names(tmp_path):
+    """A vocabulary too small for the corpus's characters fails in the learning step with
+    the --bpe-size that works; re-run with it, the run goes on from that step (the finished
+    ones kept). Once the step has finished, changing its option is refused, saying how to
+    start over."""
+    prefixes = write_corpus(tmp_path / "corpus", n_train=300, n_valid=20, n_test=20)
+    out = tmp_path / "out"
+
+    def run(size, check=True):
+        return run_cli([BIN_DIR / "resnmt-prepare", "custom", *custom_args(prefixes, "--bpe-size", size,
+                                                                           "--workers", "1"), out], check=check)
+
+    failed = run("10", check=False)
+    last = failed.stderr.rstrip().splitlines()[-1]
+    assert failed.returncode == 1 and "Vocabulary size is smaller than required_chars" in last
+    needed = re.search(r"\(use --bpe-size (\d+) or more: every character needs a piece\)$", last).group(1)
+    assert "failed in step 3/6" in failed.stderr and not (out / "spm" / "spm.model").exists()
+    resumed = run(needed).stderr
+    assert (f"options changed since the last run (--bpe-size=10 before, --bpe-size={needed} now); no step they "
+            "change has finished: going on from step 3 with the new ones") in resumed
+    assert resumed.count(": done, skipping") == 2 and read_manifest(out).subword_size == int(needed)
+    refused = run(str(int(needed) + 10), check=False)
+    assert refused.returncode == 1 and refused.stderr.rstrip().endswith(
+        f"was prepared with other options (above): use a new OUTDIR, or delete {out} to start over")
+    assert read_manifest(out).subword_size == int(needed)
 
 
 @pytest.fixture(scope="module")

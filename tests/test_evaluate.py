@@ -242,3 +242,38 @@ def test_console_script_on_fairseq_generate_output(tmp_path):
     ref.write_text("a &quot;x&quot;\nb &apos;s\n", encoding="utf-8")
     proc = run_cli(["resnmt-evaluate", "--hyp", gen, "--ref", ref, "--quiet"])
     assert proc.stdout.strip() == "100.00"
+
+
+def test_a_score_that_means_nothing_is_flagged_after_it_and_fails_with_strict(tmp_path, capsys, tst2013_vi):
+    """A model that has not learned yet: "." for most sentences (what 60 updates with the
+    small preset's 500 warm-up updates gave), or a word repeated to the length limit. Each
+    sign is one warning line after the score, in the JSON result too; --strict exits 1."""
+    refs = read_lines(tst2013_vi)[:200]
+    ref = tmp_path / "ref"
+    ref.write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    dots = tmp_path / "dots"
+    dots.write_text("".join(("." if i % 100 else refs[i]) + "\n" for i in range(200)), encoding="utf-8")
+    rc, out, err = _run(capsys, "--hyp", dots, "--ref", ref, "--json-out", tmp_path / "r.jsonl")
+    result = _json_lines(tmp_path / "r.jsonl")[-1]
+    assert rc == 0 and "sacreBLEU" in out and result["length_ratio"] < 0.5
+    assert err.splitlines()[-2:] == [f"resnmt-evaluate: warning: {w}" for w in result["warnings"]]
+    assert result["warnings"] == [
+        f"the hypotheses are shorter than the references (length ratio {result['length_ratio']:.3f}, outside 0.5-2): "
+        f"the model does not translate yet and BLEU {result['bleu']:.2f} measures nothing; train longer (or check "
+        "the decoding's --max-len-a/--max-len-b)",
+        f"198 of 200 hypotheses are the same sentence ('.'): the model does not translate yet and BLEU "
+        f"{result['bleu']:.2f} measures nothing; train longer"]
+    assert _run(capsys, "--hyp", dots, "--ref", ref, "--strict", "--quiet")[0] == 1
+
+    repeated = tmp_path / "repeated"
+    repeated.write_text("".join(" ".join([r] * 3) + "\n" for r in refs), encoding="utf-8")
+    rc, _, err = _run(capsys, "--hyp", repeated, "--ref", ref, "--strict")
+    # BLEU 32: a score that looks like one, from a sentence repeated three times
+    assert rc == 1 and "are longer than the references (length ratio 3.0" in err.splitlines()[-1]
+    assert sum("warning" in line for line in err.splitlines()) == 1
+    # a real translation (here the reference, perturbed): no warning, exit 0 with --strict
+    good = tmp_path / "good"
+    good.write_text("".join(h + "\n" for h in perturb(refs)), encoding="utf-8")
+    rc, _, err = _run(capsys, "--hyp", good, "--ref", ref, "--strict", "--json-out", tmp_path / "r.jsonl")
+    assert rc == 0 and "warning" not in err
+    assert _json_lines(tmp_path / "r.jsonl")[-1]["warnings"] == []

@@ -226,3 +226,43 @@ def test_with_the_pipelines_environment_freed_memory_stays_in_the_process(monkey
 
     assert resident_after_free(default) < 0.1
     assert resident_after_free(keep) > 0.9
+
+
+def test_a_short_run_scales_the_presets_warmup_and_names_what_it_cannot_average(tiny_bin, capsys):
+    """--max-update 10 on ~3 updates per epoch (300 real pairs, 2000 tokens per update): the
+    small preset's 500 warm-up updates would never reach the peak learning rate, so the
+    preset scales them to the run, saying so; a warm-up given after -- is the user's, kept
+    and warned about; averaging 10 checkpoints of a 10-update run is warned about, with
+    values that work. resnmt-experiment --dry-run prints the same lines, last."""
+    from resnmt.cli import experiment as cli
+    from resnmt.experiment.schedule import epoch_updates
+
+    per_epoch = epoch_updates(tiny_bin, "en", "de", max_tokens=2000, per_update=1)
+    assert 2 <= per_epoch <= 4
+
+    def plan(max_update, *extra):
+        return presets.plan_training(presets.TrainRequest(
+            "multi30k", "transformer_rskip_base", data=tiny_bin, gpus="0", max_update=max_update, max_tokens="2000",
+            tokens_per_update="2000", extra=list(extra)), dry_run=True)
+
+    short = plan("10")
+    assert short.cmd[short.cmd.index("--warmup-updates") + 1] == "2"
+    assert short.notes == ["preset small: the run (10 updates) is shorter than its 500 warm-up updates: warm-up "
+                           "scaled to 2 (-- --warmup-updates N to choose)"]
+    assert short.schedule.epoch_updates == per_epoch and short.schedule.warnings() == []
+    saved = list(range(per_epoch, 11, per_epoch)) + ([10] if 10 % per_epoch else [])
+    averaging = (f"--average 10: this run saves {len(saved)} checkpoint(s) to average, every {per_epoch} updates (an "
+                 f"epoch), the first at update {per_epoch}, so the average holds models from early in training; use "
+                 f"--average {len(saved) // 2}, or --max-update {10 * per_epoch} or more")
+    assert short.schedule.warnings(average=10) == [averaging]
+
+    own = plan("10", "--warmup-updates", "500")
+    assert own.notes == [] and own.cmd[len(own.cmd) - 1 - own.cmd[::-1].index("--warmup-updates") + 1] == "500"
+    assert own.schedule.warnings() == ["--warmup-updates 500 is not shorter than the run (10 updates): the learning "
+                                       "rate never reaches --lr; use --warmup-updates 2, or train longer"]
+    long = plan("2000")
+    assert long.notes == [] and long.schedule.warnings(average=10) == []
+
+    assert cli.main(["--dry-run", "--data-root", str(tiny_bin.parent), "--gpus", "0", "--max-update", "10",
+                     "--max-tokens", "2000", "--tokens-per-update", "2000", "multi30k", "transformer_rskip_base"]) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == [f"note: {short.notes[0]}", f"warning: {averaging}"]

@@ -7,6 +7,7 @@ The fresh virtualenv reuses the test environment's packages (torch, fairseq, ...
 through a .pth file, so nothing is downloaded; only resnmt itself is built and installed
 into it from a copy of the working tree.
 """
+import json
 import os
 import shutil
 import site
@@ -18,6 +19,7 @@ import pytest
 
 from conftest import REPO_ROOT, run_cli
 from data_prep_mirror import custom_args, write_corpus
+from model_utils import TINY
 
 # words that would point an installed user at files only a checkout has
 REPO_PATHS = ("scripts/", "data-prep", "docs/", "run_experiment.sh", "train.sh", "make venv", str(REPO_ROOT))
@@ -80,4 +82,51 @@ def test_non_editable_install(installed, tmp_path):
     assert refused.returncode == 1
     messages += [plan, builtin, refused.stderr]
     for text in messages:
+        assert not any(path in text for path in REPO_PATHS), [p for p in REPO_PATHS if p in text]
+
+
+def readme_own_data_commands() -> list:
+    """The README's "Your own data" commands, as lists of words (continuation lines joined,
+    comments dropped)."""
+    import re
+    import shlex
+
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"### Your own data\n\n```bash\n(.*?)```", readme, re.S).group(1)
+    return [shlex.split(line, comments=True) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def test_a_newcomers_first_run_of_the_readmes_own_data_example(installed, tmp_path):
+    """The README's own-data example as a newcomer runs it, installed, outside the checkout,
+    on a corpus of 3,000 real pairs: the preparation succeeds on the first try (the vocabulary
+    capped, saying so), a first short run scales the preset's warm-up and says what it cannot
+    average before training, averages up to the update it stopped at (mid-epoch), records
+    it, and prints no configuration dump or torch notice; the warnings are the last lines."""
+    prepare, experiment = readme_own_data_commands()
+    assert prepare[:2] == ["resnmt-prepare", "custom"] and "--bpe-size" not in prepare
+    assert experiment[0] == "resnmt-experiment"
+    write_corpus(tmp_path / "corpus", n_train=3000, n_valid=50, n_test=50)  # corpus/train.en ..., as the README
+    alone = {"PYTHONPATH": ""}  # the installed package only, whatever the test's environment adds
+    prepared = run_cli([installed / prepare[0], *prepare[1:], "--workers", "1"], cwd=tmp_path, timeout=600, **alone)
+    assert "capped at" in prepared.stderr and json.loads((tmp_path / "data/my-corpus/prepared.json").read_text())[
+        "subword_size"] < 8000
+
+    # a first run: short, with a tiny model and short hypotheses to keep the test fast
+    run = run_cli([installed / experiment[0], *experiment[1:], "--max-update", "30", "--gen-args",
+                   "--max-len-a 1.2 --max-len-b 10", "--", *TINY, "--num-workers", "0"], cwd=tmp_path, timeout=900,
+                  **alone)
+    save_dir = tmp_path / "runs" / "my-corpus" / experiment[2]
+    record = json.loads((save_dir / "result.json").read_text())
+    assert record["num_updates"] == 30 and record["averaged_updates"][-1] == 30  # the model trained is the one scored
+    assert record["averaged_kind"] == "epoch+last" and record["averaged_updates"][0] < 30
+    assert "note: preset small: the run (30 updates) is shorter than its 500 warm-up updates: warm-up scaled to 7" \
+        in run.stderr
+    before_training = run.stderr[:run.stderr.index("[train] running: ")]
+    assert "[train] warning: --average 10: this run saves 2 checkpoint(s) to average" in before_training
+    assert record["warnings"][0].startswith("--average 10: this run saves 2 checkpoint(s)")
+    assert run.stderr.splitlines()[-len(record["warnings"]):] == [
+        f"[resnmt-experiment] warning: {w}" for w in record["warnings"]]
+    for noise in ("{'_name': ", "pin_memory", "Model(", "has already been imported"):
+        assert noise not in run.stdout + run.stderr, noise
+    for text in (prepared.stderr, run.stdout, run.stderr):
         assert not any(path in text for path in REPO_PATHS), [p for p in REPO_PATHS if p in text]

@@ -26,12 +26,18 @@ def test_help_lists_every_resnmt_flag_with_its_text(tiny_bin):
 
 
 def test_trains_with_the_installed_package_as_user_dir(tiny_bin, tmp_path):
-    run_cli(["resnmt-train", tiny_bin, "--arch", "transformer_rskip_base", *TINY, "--optimizer", "adam", "--lr", "1e-3",
-             "--max-update", "1", "--max-tokens", "500", "--save-dir", tmp_path, "--no-epoch-checkpoints",
-             "--num-workers", "0"], cwd=tmp_path)
+    """... and prints fairseq's log without its configuration and model dumps (--verbose: with)."""
+    args = ["resnmt-train", tiny_bin, "--arch", "transformer_rskip_base", *TINY, "--optimizer", "adam", "--lr", "1e-3",
+            "--max-update", "1", "--max-tokens", "500", "--save-dir", tmp_path, "--no-epoch-checkpoints",
+            "--num-workers", "0"]
+    out = run_cli(args, cwd=tmp_path).stdout
     cfg = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["cfg"]
     assert cfg["common"]["user_dir"] == str(REPO_ROOT / "resnmt")
     assert resolve_model(cfg["model"]).encoder.kind == "rskip_ln"  # what loading the checkpoint builds
+    assert "fairseq_cli.train | num. shared model params" in out and "done training" in out
+    assert "{'_name': " not in out and "ResidualTransformerModel(" not in out and "pin_memory" not in out
+    verbose = run_cli([*args, "--verbose", "--max-update", "2"], cwd=tmp_path).stdout
+    assert "fairseq_cli.train | {'_name': " in verbose and "fairseq_cli.train | ResidualTransformerModel(" in verbose
 
 
 def test_help_lists_the_flags_of_the_task_and_optimizer_given(tiny_bin):

@@ -226,8 +226,9 @@ def test_experiment_bad_options_stop_before_any_work(tmp_path, monkeypatch, caps
         return code, err
 
     code, err = run_experiment("--results", tmp_path / "r.jsonl", "multi30k", "transformer_nope_base")
-    assert code == 1 and "ARCH 'transformer_nope_base' is not" in err
-    assert err.rstrip().endswith("error: the training options were refused (message above)")
+    assert code == 1 and err.splitlines()[-1].startswith(
+        "[run_experiment] error: the training options were refused: ARCH 'transformer_nope_base' is not a "
+        "resnmt_transformer arch or 'transformer'; closest: transformer_preln_base transformer_periln_base")
     code, err = run_experiment("--average", "0", "multi30k", "transformer")
     assert code == 2 and "--average '0': must be an integer >= 1" in err
     assert os.listdir(tmp_path) == []

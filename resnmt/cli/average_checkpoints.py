@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--num-update-checkpoints", type=int, metavar="N",
                      help="average the N highest-numbered checkpoint_E_U.pt files in the directory "
                      "(ordered by the update number U; needs --save-interval-updates in training)")
+    p.add_argument("--include-last", action="store_true",
+                   help="with --num-epoch-checkpoints/--num-update-checkpoints: count checkpoint_last.pt as "
+                   "the newest when it was saved after the newest numbered one (a run stopped by --max-update "
+                   "mid-epoch saves its last update there only)")
     p.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
                    help="with --num-epoch-checkpoints: ignore epochs > K; with "
                    "--num-update-checkpoints: ignore updates > K")
@@ -77,7 +81,11 @@ def resolve_inputs(args) -> List[Path]:
             )
         if not inputs[0].exists():
             raise AverageError(f"no such directory: {inputs[0]}")
-        return select_checkpoints(inputs[0], n, by, args.checkpoint_upper_bound)
+        if args.include_last and args.checkpoint_upper_bound is not None:
+            raise AverageError("--include-last and --checkpoint-upper-bound exclude each other")
+        return select_checkpoints(inputs[0], n, by, args.checkpoint_upper_bound, args.include_last)
+    if args.include_last:
+        raise AverageError("--include-last needs --num-epoch-checkpoints or --num-update-checkpoints")
     if args.checkpoint_upper_bound is not None:
         raise AverageError("--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints")
     for path in inputs:

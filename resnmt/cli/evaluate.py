@@ -15,10 +15,12 @@ Post-processing, in order, applied to the hypotheses (and step 3 to the referenc
    last, so ``&amp;quot;`` becomes ``&quot;`` (exactly undoing Moses's escaping);
 3. ``--detok moses --lang L``: sacremoses detokenization of the hypotheses.
 
-Hypotheses that still hold sentencepiece pieces (``▁``) or BPE markers (``@@ ``) after
-step 1 were decoded without the post-processing their data needs: they are scored (BLEU
-near 0), and one warning line on stderr names the fix (``--remove-bpe sentencepiece``,
-or ``fairseq-generate --post-process sentencepiece``; see ``resnmt/subword.py``).
+A score that means nothing is flagged after it, one warning line each on stderr (the
+last lines), and in the JSON result's ``warnings``: hypotheses that still hold
+sentencepiece pieces (``▁``) or BPE markers (``@@ ``) after step 1 (decoded without the
+post-processing their data needs; the line names the fix, see ``resnmt/subword.py``), a
+length ratio outside 0.5-2 (``length_ratio``, sacreBLEU's), most hypotheses the same
+sentence. ``--strict`` makes them exit status 1.
 
 Reported (``BLEU`` below is corpus BLEU with sacreBLEU's defaults, one reference):
 
@@ -101,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json-out", metavar="FILE",
                    help="append the result as one JSON line to FILE")
     p.add_argument("--quiet", action="store_true", help="print only the sacreBLEU score")
+    p.add_argument("--strict", action="store_true",
+                   help="exit status 1 when the score is flagged as meaningless (the warnings printed "
+                   "after it: subword pieces left, a length ratio outside 0.5-2, most hypotheses the same), "
+                   "for scripts; the result is printed and appended all the same")
     return p
 
 
@@ -123,8 +129,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     if args.json_out:
         append_jsonl(Path(args.json_out), result, sort_keys=True)
-    print(f"{result['bleu']:.2f}" if args.quiet else summary(result))
-    return 0
+    print(f"{result['bleu']:.2f}" if args.quiet else summary(result), flush=True)
+    for warning in result["warnings"]:  # after the score, where it is read
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    return 1 if args.strict and result["warnings"] else 0
 
 
 if __name__ == "__main__":

@@ -54,6 +54,8 @@ Options:
 {options_help(presets.TrainRequest, TRAIN_OPTIONS)}
   --dry-run             print the command and exit (nothing is checked on disk
                         beyond the options, nothing is written)
+  --verbose             print fairseq's configuration and model dumps too
+                        (SAVE_DIR/train.log keeps them either way)
   -h, --help            this help
 
 Flags after -- go to fairseq-train after the preset's, so they override them
@@ -80,7 +82,8 @@ Runs the papers' pipeline for one model, each step skipped when its output exist
                                                                     -> SAVE_DIR/train.done
   3. average  resnmt-average, the last N update checkpoints (checkpoint_E_U.pt,
               saved by the paper presets every 1000 updates) or, without them, the
-              last N epoch checkpoints                              -> SAVE_DIR/checkpoint.avgN.pt
+              last N epoch checkpoints; checkpoint_last.pt the newest where training
+              stopped mid-epoch (--max-update)     -> SAVE_DIR/checkpoint.avgN.pt (avgN-last.pt)
   4. decode   fairseq-generate --task resnmt_translation --gen-subset test
               --beam 4 --lenpen-form gnmt --lenpen 0.6              -> SAVE_DIR/gen.test.KEY.out
   5. score    resnmt-evaluate against DATA_ROOT/raw/test.TGT        -> SAVE_DIR/result.KEY.json,
@@ -111,6 +114,11 @@ Flags after -- go to fairseq-train after the preset's (see Presets), e.g.
 Presets: paper (the default with GPUs) trains the papers' settings for DATASET; small
 and cpu train 2+2 layers, d=128, FFN 512, 4096 tokens per update, lr 1e-3, 500 warm-up
 updates, 2000 updates.
+
+A score that means nothing (subword pieces left, a length ratio outside 0.5-2, most
+hypotheses the same) and a schedule that cannot train (a warm-up not shorter than the
+run, fewer checkpoints than --average) end the output as warning lines, and are in the
+JSON result ("warnings"); --strict exits 1 on the former.
 
 Scoring: the data's subword model, read from DATA_ROOT/prepared.json, is undone by
 fairseq-generate --post-process (sentencepiece or subword_nmt); wmt14-en-de adds
@@ -179,8 +187,14 @@ class Parser(argparse.ArgumentParser):
         usage_error(self.prog, message)
 
 
+def command_name(prog: str) -> str:
+    """The [NAME] of a command's messages: resnmt-experiment, train (scripts/train.sh, or
+    python -m resnmt.cli.experiment train)."""
+    return prog.split()[-1] if " " in prog else Path(prog).stem
+
+
 def usage_error(prog: str, message: str):
-    name = Path(prog).stem
+    name = command_name(prog)
     print(f"[{name}] error: {message} (see {prog} --help)", file=sys.stderr)
     sys.exit(2)
 
@@ -217,6 +231,13 @@ def train_request(args, names: Sequence[str]) -> presets.TrainRequest:
                                 **given(args, presets.TrainRequest, names))
 
 
+def report_warnings(records: Sequence[dict], log) -> None:
+    """The warnings of finished experiments, after everything else: the last lines printed."""
+    for r in records:
+        for warning in r.get("warnings") or ():
+            log(f"warning: {r['arch']}: {warning}" if len(records) > 1 else f"warning: {warning}")
+
+
 def run_guarded(prog: str, body: Callable[[], int]) -> int:
     """``body()``, with a UsageError as a usage error and an ExperimentError as one error line."""
     try:
@@ -224,7 +245,7 @@ def run_guarded(prog: str, body: Callable[[], int]) -> int:
     except UsageError as e:
         usage_error(prog, str(e))
     except ExperimentError as e:
-        print(f"[{Path(prog).stem}] error: {e}", file=sys.stderr)
+        print(f"[{command_name(prog)}] error: {e}", file=sys.stderr)
         return 1
 
 
@@ -234,16 +255,19 @@ def train_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/train.
     p = Parser(prog, f"{prog} [options] DATASET ARCH [-- FAIRSEQ-TRAIN FLAGS...]", TRAIN_HELP)
     add_options(p, presets.TrainRequest, TRAIN_OPTIONS)
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--verbose", action="store_true")
     p.add_argument("positional", nargs="*")
     args = parse(p, sys.argv[1:] if argv is None else argv)
     log = logger("train")
 
     def body():
         plan = presets.plan_training(train_request(args, TRAIN_OPTIONS), log, dry_run=args.dry_run)
+        for warning in plan.schedule.warnings():
+            log(f"warning: {warning}")
         if args.dry_run:
             print(shlex.join(plan.cmd))
             return 0
-        steps.train(plan, log)
+        steps.train(plan, log, verbose=args.verbose)
         return 0
 
     return run_guarded(prog, body)
@@ -262,7 +286,7 @@ def experiment_parser(prog: str) -> Parser:
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "resnmt-experiment") -> int:
     args = parse(experiment_parser(prog), sys.argv[1:] if argv is None else argv)
-    log = logger(Path(prog).stem)
+    log = logger(command_name(prog))
 
     def body():
         req = ExperimentRequest(train=train_request(args, RUN_OPTIONS),
@@ -272,9 +296,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "resnmt-experiment") 
         if args.dry_run:
             print("\n".join(experiment.plan()))
             return 0
-        experiment.run()
+        record = experiment.run()
         log(f"done in {format_seconds(time.time() - started)}: {experiment.save_dir}/result.json")
-        return 0
+        report_warnings([record], log)
+        return 1 if req.strict and record.get("score_meaningless") else 0
 
     return run_guarded(prog, body)
 
@@ -354,6 +379,7 @@ def demo(args, log) -> int:
     analyze_demo_models(records, out, Path(args.data_root), log)
     print(f"\n{table}\n\n{DEMO_NOTE}", flush=True)
     log(f"done in {format_seconds(time.time() - started)}; table in {out}/table.md, results in {out}/results.jsonl")
+    report_warnings(records, log)
     return 0
 
 
@@ -394,9 +420,11 @@ def analyze_demo_models(records: Sequence[dict], out: Path, data_root: Path, log
         log(f"analysis of {r['arch']} (learned gates / skip ratios): {final}")
 
 
-COMMANDS = {"train": train_main, "run": lambda argv: main(argv, "scripts/run_experiment.sh"), "demo": demo_main}
+COMMANDS = {"train": train_main, "run": main, "demo": demo_main}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
         sys.exit(f"usage: python -m resnmt.cli.experiment {{{','.join(COMMANDS)}}} [options]")
-    sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))
+    # the checkout's scripts/*.sh name themselves (RESNMT_PROG); run as a module, the usage names the module
+    prog = os.environ.pop("RESNMT_PROG", None) or f"python -m resnmt.cli.experiment {sys.argv[1]}"
+    sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:], prog))

@@ -45,8 +45,9 @@ DATASET:
 
 COMMON_EPILOG = """\
 Re-running the same command skips finished steps (stamps in OUTDIR/.stamps) and
-resumes an interrupted run; changing an option that affects the output for an
-existing OUTDIR is refused (use a new OUTDIR). Progress goes to stderr."""
+resumes an interrupted run; changing an option that affects the output of a step
+that has finished is refused (use a new OUTDIR, or delete it to start over). Progress
+goes to stderr."""
 
 
 class UsageError(Exception):

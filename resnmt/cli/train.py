@@ -10,9 +10,11 @@ resnmt package (absolute, so checkpoints load from any directory) unless given, 
 one difference: ``--bf16`` trains in bf16 on this machine's device (CUDA, or the CPU
 with ``--cpu``) where fairseq 0.12 would send it to a TPU (see resnmt/bf16.py).
 A bad flag is reported on one line (the last), naming the value and what is allowed,
-instead of under fairseq's ~185 lines of usage; hydra's and torch's deprecation notices
-are not printed (resnmt/quiet.py).
+instead of under fairseq's ~185 lines of usage (a wrong ``--arch``: the closest names);
+hydra's and torch's deprecation notices are not printed, nor, unless ``--verbose``,
+fairseq's dumps of the whole configuration and model (resnmt/quiet.py).
 """
+import logging
 import os
 import sys
 
@@ -20,6 +22,8 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 
 import resnmt
 from resnmt.cli.common import fairseq_logging, one_line_errors
+from resnmt.quiet import hide_fairseq_dumps
+from resnmt.experiment.schedule import flag_value
 
 HELP_FLAGS = ("-h", "--help")
 DEFAULT_ARCH = "resnmt_transformer"
@@ -27,13 +31,7 @@ DEFAULT_ARCH = "resnmt_transformer"
 
 def requested(argv, flag: str, default=None):
     """The value of ``flag`` on the command line ``argv`` (the last one given), or ``default``."""
-    value = default
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
+    return flag_value(argv, flag, default)
 
 
 def requested_arch(argv) -> str:
@@ -59,6 +57,28 @@ def add_model_flags_for_help(parser) -> None:
             gen_parser_from_dataclass(parser.add_argument_group(title), dataclass())
 
 
+def one_line_arch_error(parser):
+    """``parser`` (fairseq's, errors on one line already) answering a wrong --arch with the
+    closest names and where resnmt's are listed, not fairseq's ~180 choices."""
+    import re
+
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from resnmt.experiment.presets import closest_archs
+
+    error = parser.error
+
+    def arch_error(message):
+        wrong = re.match(r"(argument --arch(?:/-a)?: invalid choice: '([^']*)') \(choose from .*\)$", message)
+        if wrong:
+            message = (f"{wrong.group(1)} ({closest_archs(wrong.group(2), list(ARCH_MODEL_REGISTRY))}resnmt's "
+                       "archs: python -m resnmt.cli.arch_table; all: fairseq-train --help)")
+        error(message)
+
+    parser.error = arch_error
+    return parser
+
+
 def with_user_dir(argv):
     if any(a == "--user-dir" or a.startswith("--user-dir=") for a in argv):
         return list(argv)
@@ -75,10 +95,16 @@ def main():
 
     from resnmt.bf16 import untie_bf16_from_tpu
 
-    argv = with_user_dir(sys.argv[1:])
+    verbose = "--verbose" in sys.argv[1:]  # resnmt-train's own flag: fairseq's configuration and model dumps too
+    argv = with_user_dir([a for a in sys.argv[1:] if a != "--verbose"])
     sys.argv = [sys.argv[0], *argv]
     fairseq_logging()  # fairseq-train's log format and level (importing fairseq left DEBUG behind)
-    parser = one_line_errors(options.get_training_parser())  # a bad flag: one line, not 185 of usage
+    if not verbose:
+        hide_fairseq_dumps()
+    # fairseq notes that resnmt, imported above, is the --user-dir it imports again: nothing to act on
+    logging.getLogger("fairseq.utils").addFilter(lambda record: "has already been imported" not in record.getMessage())
+    # a bad flag: one line, not 185 of usage; a wrong --arch: the closest, not 181 names
+    parser = one_line_arch_error(one_line_errors(options.get_training_parser()))
     try:
         args = options.parse_args_and_arch(parser, modify_parser=add_model_flags_for_help)
     except RuntimeError as e:  # fairseq's bare RuntimeError() for a missing --arch

@@ -274,6 +274,6 @@ def custom(src: str = "S", tgt: str = "T", prefixes: Optional[Dict[str, str]] = 
         subword_methods=("sentencepiece",),
         subword_size=8000,
         subword_min_size=10,
-        subword_size_help="sentencepiece vocabulary size (lower it for a small corpus)",
+        subword_size_help="sentencepiece vocabulary size (capped at what a small corpus holds, with a line saying so)",
         ratio="0",
     )

@@ -8,13 +8,16 @@ same facts from the files (``spm/spm.model`` or ``bpe/bpe.codes``, ``bin/``'s na
 
     {"format": 1, "dataset": "multi30k", "source_lang": "en", "target_lang": "de",
      "subword": "sentencepiece", "subword_model": "spm/spm.model",
-     "detok": "none", "compound_split": false}
+     "subword_size": 8000, "detok": "none", "compound_split": false}
+
+``subword_size`` is the size of the model learned (sentencepiece pieces, or subword-nmt
+merges): ``--bpe-size``, or less where the corpus could not hold that many.
 """
 import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 from resnmt.atomic import atomic_write_text
 
@@ -37,6 +40,7 @@ class Manifest:
     subword_model: str  # relative to directory
     detok: str = "none"  # how the hypotheses are detokenized before scoring: none, moses
     compound_split: bool = False  # also report compound-split BLEU (WMT'14 EN-DE)
+    subword_size: Optional[int] = None  # pieces or merges learned (None: prepared before it was recorded)
 
     @property
     def bin_dir(self) -> Path:
@@ -47,10 +51,11 @@ class Manifest:
         return self.directory / "raw" / f"{split}.{self.target_lang}"
 
 
-def write_manifest(directory: Path, dataset, subword: str, subword_model: str) -> Manifest:
+def write_manifest(directory: Path, dataset, subword: str, subword_model: str,
+                   subword_size: Optional[int] = None) -> Manifest:
     """Write ``directory/prepared.json`` for ``dataset`` (a resnmt.data.corpora.Dataset)."""
     manifest = Manifest(Path(directory), dataset.name, dataset.src, dataset.tgt, subword, subword_model,
-                        dataset.detok, dataset.compound_split)
+                        dataset.detok, dataset.compound_split, subword_size)
     record = {"format": FORMAT, **{k: v for k, v in asdict(manifest).items() if k != "directory"}}
     atomic_write_text(Path(directory) / MANIFEST, json.dumps(record, indent=1) + "\n")
     return manifest
@@ -78,7 +83,8 @@ def read_manifest(path: Union[str, Path]) -> Manifest:
         if record.get("format", FORMAT) > FORMAT:
             raise ManifestError(f"{file}: format {record['format']} is newer than this resnmt reads ({FORMAT})")
         return Manifest(directory, **fields, detok=record.get("detok", "none"),
-                        compound_split=bool(record.get("compound_split", False)))
+                        compound_split=bool(record.get("compound_split", False)),
+                        subword_size=record.get("subword_size"))
     return _infer(directory)
 
 

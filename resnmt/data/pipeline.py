@@ -33,7 +33,7 @@ from resnmt.atomic import atomic_write_text
 from resnmt.data.manifest import write_manifest
 from resnmt.data.textproc import (DataPrepError, apply_subword, clean_pairs, copy_bytes, count_lines, learn_subword,
                                   moses_tokenize, normalize_space, read_lines, same_line_count, sgm_segments,
-                                  write_lines)
+                                  subword_model_size, write_lines)
 from resnmt.shared import format_seconds
 
 SPLITS = ("train", "valid", "test")
@@ -73,14 +73,16 @@ class Preparation:
         self.model = self.out / ("spm/spm.model" if args.bpe == "sentencepiece" else "bpe/bpe.codes")
         self.sha256 = {f.name: (f.sha256, f"pinned in resnmt's table of {ds.name}, resnmt.data.corpora")
                        for f in ds.files if f.sha256}
-        # the options that change the output, in the order of their stamp
-        self.config = [("bpe", args.bpe)] if len(ds.subword_methods) > 1 else []
-        self.config += [("bpe-size", args.bpe_size), ("spm-type", args.spm_type)]
-        self.config += [("max-len", args.max_len)] if ds.max_len is not None else []
-        self.config += [("ratio", args.ratio)] if ds.ratio is not None else []
-        self.config += [("max-train-lines", args.max_train_lines)] if ds.max_train_lines else []
+        # the options that change the output, in the order of their stamp, each with the
+        # first step whose output it changes
+        self.config = [("bpe", args.bpe, "learn")] if len(ds.subword_methods) > 1 else []
+        self.config += [("bpe-size", args.bpe_size, "learn"), ("spm-type", args.spm_type, "learn")]
+        self.config += [("max-len", args.max_len, "clean")] if ds.max_len is not None else []
+        self.config += [("ratio", args.ratio, "clean")] if ds.ratio is not None else []
+        self.config += ([("max-train-lines", args.max_train_lines, "tokenize" if ds.archives else "unpack")]
+                        if ds.max_train_lines else [])
         # resnmt-prepare custom: the input files, as their --train/--valid/--test PREFIX
-        self.config += [(f.name.split(".")[0], f.local[:-len(ds.src) - 1]) for f in ds.files
+        self.config += [(f.name.split(".")[0], f.local[:-len(ds.src) - 1], "fetch") for f in ds.files
                         if f.local and f.name.endswith(f".{ds.src}")]
 
     def log(self, msg: str) -> None:
@@ -117,19 +119,33 @@ class Preparation:
                 shutil.rmtree(self.tmp, ignore_errors=True)
 
     def check_config(self) -> None:
-        config = "".join(f"{name}={value}\n" for name, value in self.config)
+        """The options' stamp: written on the first run; options changed since are taken
+        when no step they change has finished yet (a run that failed there, re-run with
+        the option its error named), else refused."""
+        config = "".join(f"{name}={value}\n" for name, value, _ in self.config)
         stamp = self.stamps / "config"
-        if not stamp.exists():
-            atomic_write_text(stamp, config)
-            return
-        before = stamp.read_text().strip("\n").split("\n")
-        now = config.strip("\n").split("\n")
-        if before != now:
-            for line in [f"  before: --{x}" for x in before if x not in now] + [f"  now:    --{x}" for x in now
-                                                                                 if x not in before]:
-                self.log(line)
-            raise DataPrepError(f"{self.out} was prepared with other options (above): use a new OUTDIR, or delete "
-                                f"{self.out} to start over")
+        if stamp.exists():
+            before = stamp.read_text().strip("\n").split("\n")
+            now = config.strip("\n").split("\n")
+            if before != now:
+                changes = [f"  before: --{x}" for x in before if x not in now] + \
+                          [f"  now:    --{x}" for x in now if x not in before]
+                summary = ", ".join([f"--{x} before" for x in before if x not in now] +
+                                    [f"--{x} now" for x in now if x not in before])
+                steps = self.steps()
+                first = {step.id: i for i, step in enumerate(steps, 1)}
+                changed = {line.partition("=")[0] for line in set(before) ^ set(now)}
+                # an option this resnmt does not know (an older stamp's) changes everything
+                start = min(first.get(step, 1) for name, _, step in self.config if name in changed) \
+                    if changed <= {name for name, _, _ in self.config} else 1
+                if any(self.stamp(i) for i in range(start, len(steps) + 1)):
+                    for line in changes:
+                        self.log(line)
+                    raise DataPrepError(f"{self.out} was prepared with other options (above): use a new OUTDIR, "
+                                        f"or delete {self.out} to start over")
+                self.log(f"options changed since the last run ({summary}); "
+                         f"no step they change has finished: going on from step {start} with the new ones")
+        atomic_write_text(stamp, config)
 
     def read_checksums(self) -> None:
         if not self.args.checksums:
@@ -224,7 +240,8 @@ class Preparation:
             try:
                 step.run()
             except DataPrepError as e:
-                self.log(f"failed in step {where}; outputs of finished steps are kept, re-run the same command to resume")
+                self.log(f"failed in step {where}; outputs of finished steps are kept: re-run to resume "
+                         "(with the options the error names changed, if it names any)")
                 self.log(f"error: {e}")  # the last line
                 raise SystemExit(1) from None
             except (KeyboardInterrupt, Interrupted) as e:
@@ -464,7 +481,7 @@ class Preparation:
 
     def write_manifest(self) -> None:
         write_manifest(self.out, self.ds, "sentencepiece" if self.args.bpe == "sentencepiece" else "subword_nmt",
-                       str(self.model.relative_to(self.out)))
+                       str(self.model.relative_to(self.out)), subword_model_size(self.args.bpe, self.model))
 
     def write_info(self) -> None:
         versions = []
@@ -474,7 +491,7 @@ class Preparation:
         source = self.args.mirror or self.args.mirror_url or "(published URLs)"
         atomic_write_text(self.out / "prepare-info.txt", "".join([
             f"# written by resnmt-prepare {self.ds.name} on {datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}\n",
-            "options:\n", *(f"  {k}={v}\n" for k, v in self.config), f"  mirror={source}\n",
+            "options:\n", *(f"  {k}={v}\n" for k, v, _ in self.config), f"  mirror={source}\n",
             f"tools: {' '.join(versions)}\n", "lines (segmented text given to fairseq-preprocess):\n",
             *(f"  {p.name} {count_lines(p)}\n" for p in sorted((self.out / "text").iterdir()))]))
 

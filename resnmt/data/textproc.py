@@ -20,6 +20,8 @@ from tqdm import tqdm
 from resnmt.atomic import atomic_open
 
 CHUNK_LINES = 2000
+# sentencepiece's refusal of a vocabulary larger than the corpus holds, and the most it would take
+_SPM_LIMIT_RE = re.compile(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)")
 
 
 class DataPrepError(Exception):
@@ -214,18 +216,18 @@ def learn_subword(method: str, inputs, model, size: int, spm_type: str, workers:
             raise DataPrepError(f"no words in {', '.join(map(str, inputs))}")
         with atomic_open(model) as out:
             learn_bpe((f"{w} {c}" for w, c in vocab.items()), out, size, min_frequency=2, is_dict=True)
-        merges = count_lines(model) - 1
+        merges = subword_model_size(method, model)
         note = f" (only {merges:,} merges have frequency >= 2)" if merges < size else ""
         return f"{merges:,} merges from {len(vocab):,} word types{note}"
 
     import sentencepiece as spm
 
-    with atomic_open(model, "wb") as out:
-        try:
+    def train(vocab_size: int) -> None:
+        with atomic_open(model, "wb") as out:
             spm.SentencePieceTrainer.train(
                 sentence_iterator=read_lines(inputs),
                 model_writer=out,
-                vocab_size=size,
+                vocab_size=vocab_size,
                 model_type=spm_type,
                 character_coverage=1.0,
                 # identity: no NFKC, so decoding gives back the original characters
@@ -236,10 +238,38 @@ def learn_subword(method: str, inputs, model, size: int, spm_type: str, workers:
                 num_threads=workers,
                 minloglevel=1,
             )
+
+    note = ""
+    try:
+        try:
+            train(size)
         except RuntimeError as e:
-            hint = " (the vocabulary is too large for this corpus: lower --bpe-size)" if "ocab" in str(e) else ""
-            raise DataPrepError(f"sentencepiece training failed: {str(e).strip()}{hint}") from None
-    return f"sentencepiece {spm_type} model, {size:,} pieces"
+            # a small corpus holds fewer pieces than asked for: sentencepiece names the most it
+            # can learn ("Vocabulary size too high (8000). Please set it to a value <= 6156.")
+            limit = _SPM_LIMIT_RE.search(str(e))
+            if limit is None or int(limit.group(1)) >= size:
+                raise
+            note = (f" (--bpe-size {size} is more than this corpus holds: capped at {int(limit.group(1)):,}, "
+                    "the most sentencepiece can learn from it)")
+            size = int(limit.group(1))
+            train(size)
+    except RuntimeError as e:
+        # "Vocabulary size is smaller than required_chars. 10 vs 82. Increase vocab_size ...":
+        # named in resnmt-prepare's terms
+        chars = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(e))
+        hint = f" (use --bpe-size {chars.group(1)} or more: every character needs a piece)" if chars else ""
+        raise DataPrepError(f"sentencepiece training failed: {str(e).strip()}{hint}") from None
+    return f"sentencepiece {spm_type} model, {size:,} pieces{note}"
+
+
+def subword_model_size(method: str, model) -> int:
+    """The size of a learned subword model: sentencepiece pieces, or subword-nmt merges."""
+    if method == "subword-nmt":
+        with open(model, encoding="utf-8") as f:
+            return sum(1 for line in f if not line.startswith("#version"))
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=str(model)).get_piece_size()
 
 
 def apply_subword(method: str, model, pairs, workers: int) -> None:

@@ -23,7 +23,7 @@ HELP_INDENT = 24
 class OptionSpec:
     metavar: str
     help: str
-    kind: str = "str"  # str, int (>= minimum), number (>= minimum), path, choice (one of choices)
+    kind: str = "str"  # str, int (>= minimum), number (>= minimum), path, choice (one of choices), flag (no value)
     minimum: float = 0
     choices: Sequence[str] = ()
 
@@ -72,6 +72,8 @@ def convert(f: dataclasses.Field, value):
         return checked(flag, choice, value, spec.choices)
     if spec.kind == "path":
         return Path(value)
+    if spec.kind == "flag":
+        return bool(value)
     return value
 
 
@@ -84,9 +86,13 @@ def convert_options(request) -> None:
 
 
 def add_options(parser, cls, names: Iterable[str]) -> None:
-    """``--flag VALUE`` for each named option of ``cls``; not given, it is None (the field's default)."""
+    """``--flag VALUE`` (a ``flag``: ``--flag``) for each named option of ``cls``; not given, it
+    is None (the field's default)."""
     for f in declared(cls, names):
-        parser.add_argument(flag_name(f.name), dest=f.name, metavar=_spec(f).metavar, default=None)
+        if _spec(f).kind == "flag":
+            parser.add_argument(flag_name(f.name), dest=f.name, action="store_const", const=True, default=None)
+        else:
+            parser.add_argument(flag_name(f.name), dest=f.name, metavar=_spec(f).metavar, default=None)
 
 
 def given(args, cls, names: Iterable[str]) -> Dict[str, Any]:
@@ -102,9 +108,9 @@ def options_help(cls, names: Iterable[str]) -> str:
         text = spec.help
         if spec.kind == "choice" and not all(choice in text for choice in spec.choices):
             text += f" (one of: {' '.join(spec.choices)})"
-        if f.default is not None and f.default != "" and "default" not in text:
+        if f.default is not None and f.default != "" and spec.kind != "flag" and "default" not in text:
             text += f" (default {f.default})"
-        head = f"  {flag_name(f.name)} {spec.metavar}"
+        head = f"  {flag_name(f.name)} {spec.metavar}".rstrip()
         first_width = HELP_WIDTH - max(len(head) + 1, HELP_INDENT)
         if len(head) + 1 > HELP_INDENT:  # a long flag: its help starts on the next line
             lines += [head, *(" " * HELP_INDENT + w for w in textwrap.wrap(text, HELP_WIDTH - HELP_INDENT))]

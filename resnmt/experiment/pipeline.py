@@ -15,14 +15,15 @@ from resnmt.data.manifest import ManifestError, read_manifest
 from resnmt.experiment import steps
 from resnmt.experiment.errors import ExperimentError, Log, UsageError
 from resnmt.experiment.options import convert_options, option
-from resnmt.experiment.presets import TrainRequest, dataset_of, default_data_root, default_save_dir, plan_training
+from resnmt.experiment.presets import (TrainPlan, TrainRequest, dataset_of, default_data_root, default_save_dir,
+                                      plan_training)
 from resnmt.experiment.results import append_jsonl, decoding_key, describe
 from resnmt.experiment.runtime import format_seconds, require_commands, tool_env
 from resnmt.subword import SubwordError, checked_post_process
 
 # resnmt-experiment's own options, beside the training options it shares (presets.SHARED_TRAIN_OPTIONS)
-EXPERIMENT_OPTIONS = ("data_root", "mirror", "prep_args", "average", "beam", "lenpen", "batch_size",
-                      "gen_args", "results")
+EXPERIMENT_OPTIONS = ("data_root", "mirror", "prep_args", "average", "exclude_last", "beam", "lenpen",
+                      "batch_size", "gen_args", "strict", "verbose", "results")
 
 
 @dataclass
@@ -40,10 +41,17 @@ class ExperimentRequest:
     prep_args: str = option("", '"A B"', 'more options for resnmt-prepare (e.g. "--bpe-size 8000")')
     average: int = option(10, "N", "checkpoints to average (fewer if fewer exist, with a note)", kind="int",
                           minimum=1)
+    exclude_last: bool = option(
+        False, "", "average numbered checkpoints only (without it, checkpoint_last.pt counts as the newest where "
+        "training stopped mid-epoch: the model scored is the one trained)", kind="flag")
     beam: int = option(4, "K", "beam size", kind="int", minimum=1)
     lenpen: float = option(0.6, "A", "GNMT length penalty alpha", kind="number")
     batch_size: int = option(128, "N", "decoding batch size in sentences", kind="int", minimum=1)
     gen_args: str = option("", '"A B"', 'more fairseq-generate flags (e.g. "--max-len-b 50")')
+    strict: bool = option(False, "", "exit status 1 when the score is flagged as meaningless (the warning "
+                          "after it), for scripts", kind="flag")
+    verbose: bool = option(False, "", "print fairseq's configuration and model dumps too (train.log keeps "
+                           "them either way)", kind="flag")
     results: Path = option(Path("runs/results.jsonl"), "FILE", "JSON lines file of all runs", kind="path")
     # torch threads of its training and decoding (None: torch's default; the demo sets it)
     threads: Optional[int] = option(None, "N", "torch threads", kind="int", minimum=1)
@@ -71,9 +79,8 @@ class Experiment:
         self.train_request = replace(req.train, data=self.data_root / "bin", save_dir=self.save_dir)
         try:  # every option of the training step is checked now, before any heavy work
             plan_training(self.train_request, dry_run=True)
-        except ExperimentError as e:
-            train_log(f"error: {e}")
-            raise ExperimentError("the training options were refused (message above)") from None
+        except ExperimentError as e:  # one line, the last, exit status 1 as for a failed step
+            raise ExperimentError(f"the training options were refused: {e}") from None
 
     def plan(self) -> List[str]:
         """What ``run`` would do, one line per step; nothing is run or written."""
@@ -84,15 +91,27 @@ class Experiment:
         post = self.post_process() if prepared else "(read from the prepared data)"
         scoring = "".join(f" --{k.replace('_', '-')}" + ("" if v is True else f" {v}")
                           for k, v in self.dataset.score_options.items() if v)
+        train = plan_training(self.train_request, dry_run=True)
         return [
             f"1. prepare  {f'{self.data_root} is prepared' if prepared else prepare}",
-            f"2. train    {shlex.join(plan_training(self.train_request, dry_run=True).cmd)}",
-            f"3. average  the last {self.req.average} update (else epoch) checkpoints in {self.save_dir}",
+            f"2. train    {shlex.join(train.cmd)}",
+            f"3. average  the last {self.req.average} update (else epoch) checkpoints in {self.save_dir}"
+            + (", checkpoint_last.pt the newest where training stopped mid-epoch" if not self.req.exclude_last
+               else ""),
             f"4. decode   fairseq-generate {self.data_root / 'bin'} --gen-subset test --beam {self.req.beam} "
             f"--lenpen-form gnmt --lenpen {self.req.lenpen:g} --post-process {post} {self.req.gen_args}".rstrip(),
             f"5. score    resnmt-evaluate --ref {self.data_root / 'raw' / f'test.{self.dataset.tgt}'}{scoring}, "
             f"appended to {self.req.results}",
+            *(f"note: {note}" for note in train.notes),
+            *(f"warning: {w}" for w in self.schedule_warnings(train)),
         ]
+
+    def schedule_warnings(self, plan: Optional[TrainPlan] = None) -> List[str]:
+        """What in the training schedule (of ``plan``, else planned now) cannot give the model
+        it promises, one line each (``resnmt.experiment.schedule``), with the checkpoints this
+        experiment averages."""
+        plan = plan or plan_training(self.train_request, dry_run=True)
+        return plan.schedule.warnings(self.req.average, not self.req.exclude_last)
 
     def step(self, number: int, message: str) -> None:
         self.log(f"step {number}/{self.STEPS}: {message}")
@@ -102,10 +121,10 @@ class Experiment:
         self.prepare()
         self.post_process()  # a --post-process in --gen-args that cannot undo the data's subwords: refused before training
         self.train()
-        checkpoint, n, kind, label = self.average()
+        checkpoint, updates, kind, label = self.average()
         key = decoding_key(label, self.req.beam, self.req.lenpen, self.req.gen_args)
         gen = self.decode(checkpoint, key)
-        return self.score(gen, key, checkpoint, n, kind)
+        return self.score(gen, key, checkpoint, updates, kind)
 
     def prepare(self) -> None:
         if steps.is_prepared(self.data_root, self.dataset.tgt):
@@ -126,36 +145,53 @@ class Experiment:
             return
         self.step(2, f"train {self.req.train.arch} into {self.save_dir}")
         t0 = time.time()
-        steps.train(plan_training(self.train_request, self.train_log), self.train_log, self.req.threads, self.label)
+        plan = plan_training(self.train_request, self.train_log)
+        for warning in self.schedule_warnings(plan):
+            self.train_log(f"warning: {warning}")
+        steps.train(plan, self.train_log, self.req.threads, self.label, verbose=self.req.verbose)
         atomic_write_text(done, json.dumps({"wall_seconds": int(time.time() - t0)}) + "\n")
 
-    def average(self) -> Tuple[Path, int, str, str]:
-        """(checkpoint to decode, number averaged, their kind, label): the newest
-        ``--average`` update checkpoints or, without any, epoch checkpoints; fewer if
-        fewer exist; checkpoint_last.pt alone if training saved no numbered one."""
-        from resnmt.averaging import numbered_checkpoints
+    def average(self) -> Tuple[Path, List[int], str, str]:
+        """(checkpoint to decode, the updates of the checkpoints averaged, their kind, label):
+        the newest ``--average`` update checkpoints or, without any, epoch checkpoints, and
+        checkpoint_last.pt after them where training stopped later (unless ``--exclude-last``);
+        fewer if fewer exist; checkpoint_last.pt alone if training saved no numbered one."""
+        from resnmt.averaging import LAST, AverageError, checkpoint_updates, numbered_checkpoints, \
+            with_last_checkpoint
 
         kind, found = "update", numbered_checkpoints(self.save_dir, "update")
         if not found:
             kind, found = "epoch", numbered_checkpoints(self.save_dir, "epoch")
-        if not found:
-            last = self.save_dir / "checkpoint_last.pt"
-            if not last.exists():
+        paths = [p for _, p in found]
+        try:
+            if not self.req.exclude_last or not paths:
+                paths = with_last_checkpoint(self.save_dir, paths)
+            if not paths:
                 raise ExperimentError(f"no checkpoints in {self.save_dir}")
+            with_last = paths[-1].name == LAST
+            selected = paths[-self.req.average:]
+            updates = [checkpoint_updates(p) for p in selected]
+        except AverageError as e:
+            raise ExperimentError(str(e)) from None
+        if len(paths) == 1 and with_last:
             # training stopped (--max-update) before the end of epoch 1 and saved no numbered checkpoint
-            self.step(3, f"average: no epoch or update checkpoints in {self.save_dir}, decoding checkpoint_last.pt alone")
-            return last, 1, "last", "last"
-        n = min(len(found), self.req.average)
-        output = self.save_dir / f"checkpoint.avg{n}.pt"
+            self.step(3, f"average: no epoch or update checkpoints in {self.save_dir}, decoding {LAST} alone "
+                         f"(update {updates[0]})")
+            return paths[0], updates, "last", "last"
+        n = len(selected)
+        kind += "+last" if with_last else ""
+        label = f"avg{n}-last" if with_last else f"avg{n}"
+        output = self.save_dir / f"checkpoint.{label}.pt"
         if output.exists():
             self.step(3, f"average: {output} exists, skipped")
         else:
-            self.step(3, f"average the last {n} {kind} checkpoints -> {output}")
+            self.step(3, f"average the last {n} {kind} checkpoints (updates {', '.join(map(str, updates))}) "
+                         f"-> {output}")
             if n < self.req.average:
-                self.log(f"note: {len(found)} {kind} checkpoint(s) in {self.save_dir}, fewer than --average "
+                self.log(f"note: {len(paths)} {kind} checkpoint(s) in {self.save_dir}, fewer than --average "
                          f"{self.req.average}: averaging {n}")
-            steps.average([p for _, p in found[-n:]], output)
-        return output, n, kind, f"avg{n}"
+            steps.average(selected, output)
+        return output, updates, kind, label
 
     def post_process(self) -> str:
         """fairseq-generate's --post-process for the data's subword model (its manifest); another
@@ -179,12 +215,13 @@ class Experiment:
         steps.decode(self.data_root / "bin", checkpoint, gen, None, tool_env(self.req.threads), beam=self.req.beam,
                      lenpen=self.req.lenpen, batch_size=self.req.batch_size,
                      extra=["--source-lang", self.dataset.src, "--target-lang", self.dataset.tgt,
-                            "--post-process", self.post_process(), *shlex.split(self.req.gen_args)])
+                            "--post-process", self.post_process(), *shlex.split(self.req.gen_args)],
+                     verbose=self.req.verbose)
         sentences = sum(line.startswith("D-") for line in gen.read_text(encoding="utf-8").splitlines())
         self.log(f"decoded {sentences} sentences in {format_seconds(time.time() - t0)}")
         return gen
 
-    def score(self, gen: Path, key: str, checkpoint: Path, n: int, kind: str) -> dict:
+    def score(self, gen: Path, key: str, checkpoint: Path, updates: List[int], kind: str) -> dict:
         result_path = self.save_dir / f"result.{key}.json"
         if result_path.exists():
             self.step(5, f"score: {result_path} exists, skipped")
@@ -196,6 +233,7 @@ class Experiment:
 
             result = steps.score(gen, ref, **self.dataset.score_options)
             print(summary(result), flush=True)
+            score_warnings = result.pop("warnings")
             fairseq_log = steps.FairseqLog.read(self.save_dir / "train.log")
             last_epoch = fairseq_log.epochs[-1] if fairseq_log.epochs else (None, None, None)
             record = {
@@ -203,9 +241,12 @@ class Experiment:
                 "params": fairseq_log.params, "num_updates": last_epoch[1], "epochs": last_epoch[0],
                 "train_seconds": fairseq_log.train_seconds,
                 "train_wall_seconds": json.loads((self.save_dir / "train.done").read_text()).get("wall_seconds"),
-                "checkpoint": os.path.abspath(checkpoint), "averaged": n, "averaged_kind": kind,
+                "checkpoint": os.path.abspath(checkpoint), "averaged": len(updates), "averaged_kind": kind,
+                "averaged_updates": updates,
                 "beam": self.req.beam, "lenpen": self.req.lenpen, "lenpen_form": "gnmt",
                 **dict(sorted(result.items())),
+                # what cannot give the model promised, then what makes the score meaningless
+                "warnings": self.schedule_warnings() + score_warnings, "score_meaningless": bool(score_warnings),
             }
             atomic_write_text(result_path, json.dumps(record) + "\n")
             append_jsonl(self.req.results, record)

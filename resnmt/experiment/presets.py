@@ -19,6 +19,7 @@ from resnmt.data.manifest import ManifestError, read_manifest
 from resnmt.experiment.errors import ExperimentError, Log, UsageError, quiet
 from resnmt.experiment.options import convert_options, option
 from resnmt.experiment.runtime import USER_DIR, require_commands, which
+from resnmt.experiment.schedule import Schedule, flag_value, warmup_to_fit
 
 # ----------------------------------------------------------------------------- sizes
 
@@ -147,11 +148,14 @@ class TrainRequest:
 
 @dataclass
 class TrainPlan:
-    """What ``plan_training`` resolved: the command and where it writes."""
+    """What ``plan_training`` resolved: the command, where it writes, its schedule (whose
+    ``warnings`` name what cannot train) and the notes on what the preset changed."""
 
     cmd: List[str]
     data: Path
     save_dir: Path
+    schedule: Optional[Schedule] = None
+    notes: List[str] = dataclasses.field(default_factory=list)
 
 
 FAIRSEQ_BF16_FLAGS = ("--bf16", "--memory-efficient-bf16")
@@ -186,6 +190,15 @@ def count_gpus() -> int:
     return torch.cuda.device_count()
 
 
+def closest_archs(arch: str, known: Sequence[str]) -> str:
+    """"closest: A B C; " for the names among ``known`` that look like a mistyped ``arch``
+    ('' when none does)."""
+    import difflib
+
+    close = difflib.get_close_matches(arch, known, n=3, cutoff=0.6)
+    return f"closest: {' '.join(close)}; " if close else ""
+
+
 def check_arch(arch: str) -> None:
     """``arch`` must be an arch of resnmt_transformer or fairseq's ``transformer``."""
     import resnmt  # noqa: F401  registers the archs
@@ -193,7 +206,8 @@ def check_arch(arch: str) -> None:
 
     allowed = sorted(a for a, m in ARCH_MODEL_NAME_REGISTRY.items() if m == "resnmt_transformer") + ["transformer"]
     if arch not in allowed:
-        raise UsageError(f"ARCH '{arch}' is not a resnmt_transformer arch or 'transformer'; allowed: {' '.join(allowed)}")
+        raise UsageError(f"ARCH '{arch}' is not a resnmt_transformer arch or 'transformer'; "
+                         f"{closest_archs(arch, allowed)}allowed: {' '.join(allowed)}")
 
 
 # ------------------------------------------------------------------------------- plan
@@ -289,6 +303,17 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
                 raise ExperimentError(f"{data}/{name} not found: {data} is not {dataset.name} data binarized "
                                       f"for {dataset.src}->{dataset.tgt}")
 
+    # schedule: a preset's warm-up longer than the run is scaled to it (a warm-up after --
+    # is the user's: warned about, not changed)
+    schedule = Schedule.of([*flags, *req.extra], data if data.is_dir() else None, dataset.src, dataset.tgt, world)
+    notes = []
+    if schedule.total and schedule.warmup >= schedule.total and flag_value(req.extra, "--warmup-updates") is None:
+        warmup = warmup_to_fit(schedule.total)
+        flags[flags.index("--warmup-updates") + 1] = str(warmup)
+        notes.append(f"preset {preset}: the run ({schedule.total} updates) is shorter than its {schedule.warmup} "
+                     f"warm-up updates: warm-up scaled to {warmup} (-- --warmup-updates N to choose)")
+        schedule = dataclasses.replace(schedule, warmup=warmup)
+
     # launcher
     launch, dist = [], []
     if gpus > 1 or nodes > 1:
@@ -311,5 +336,8 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
     log(f"{dataset.name} {dataset.src}->{dataset.tgt}, {req.arch} ({size}), preset {preset}, {dtype}, {world} "
         f"process(es) ({gpus} GPU(s) x {nodes} node(s))")
     log(f"batch: {world} x max-tokens {cap} x update-freq {update_freq} = {world * cap * update_freq} tokens per "
-        f"update (target {target})")
-    return TrainPlan(cmd=cmd, data=data, save_dir=save_dir)
+        f"update (target {target})" + (f", {schedule.epoch_updates} updates per epoch" if schedule.epoch_updates
+                                        else ""))
+    for note in notes:
+        log(f"note: {note}")
+    return TrainPlan(cmd=cmd, data=data, save_dir=save_dir, schedule=schedule, notes=notes)

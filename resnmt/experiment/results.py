@@ -41,5 +41,6 @@ def describe(r: dict) -> str:
         parts.append(f"compound-split BLEU {r['compound_split_bleu']:.2f}")
     if r.get("params"):
         parts.append(f"{r['params']:,} parameters")
-    parts.append(f"{r['num_updates']} updates, averaged {r['averaged']} {r['averaged_kind']} checkpoints")
+    at = f" (updates {', '.join(map(str, r['averaged_updates']))})" if r.get("averaged_updates") else ""
+    parts.append(f"{r['num_updates']} updates, averaged {r['averaged']} {r['averaged_kind']} checkpoints{at}")
     return f"{r['dataset']} {r['arch']}: " + ", ".join(parts)

@@ -55,10 +55,11 @@ def require_commands(*names: str) -> None:
 
 
 def run_logged(cmd: Sequence, log_path: Optional[Path], env: Optional[Dict[str, str]] = None,
-               stdout_path: Optional[Path] = None) -> None:
+               stdout_path: Optional[Path] = None, quiet: bool = False) -> None:
     """Run ``cmd``; its stderr (and stdout unless ``stdout_path``) is appended to ``log_path``
-    (or passed through when None). ``stdout_path`` is written atomically: it exists only
-    if the command succeeded."""
+    (or passed through when None; ``quiet``: without fairseq's configuration and model
+    dumps, resnmt.quiet.FairseqNoise). ``stdout_path`` is written atomically: it exists
+    only if the command succeeded."""
     cmd = [str(c) for c in cmd]
     log = None
     if log_path is not None:
@@ -67,13 +68,14 @@ def run_logged(cmd: Sequence, log_path: Optional[Path], env: Optional[Dict[str, 
         log = open(log_path, "a", encoding="utf-8")
         log.write("$ " + shlex.join(cmd) + "\n")
         log.flush()
+    err = subprocess.PIPE if log is None and quiet else log
     try:
         if stdout_path is None:
-            proc = subprocess.run(cmd, stdout=log, stderr=log, env=env)
+            proc = subprocess.run(cmd, stdout=log, stderr=err, env=env)
         else:
             try:
                 with atomic_open(stdout_path, "w") as out:
-                    proc = subprocess.run(cmd, stdout=out, stderr=log, env=env)
+                    proc = subprocess.run(cmd, stdout=out, stderr=err, env=env)
                     if proc.returncode != 0:
                         raise _CommandFailed
             except _CommandFailed:
@@ -81,6 +83,12 @@ def run_logged(cmd: Sequence, log_path: Optional[Path], env: Optional[Dict[str, 
     finally:
         if log is not None:
             log.close()
+    if err is subprocess.PIPE:
+        from resnmt.quiet import FairseqNoise
+
+        noise = FairseqNoise()
+        sys.stderr.write("".join(filter(noise.keep, proc.stderr.decode(errors="replace").splitlines(True))))
+        sys.stderr.flush()
     if proc.returncode != 0:
         where = ""
         if log_path is not None:

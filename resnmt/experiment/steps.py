@@ -70,10 +70,13 @@ def repair_checkpoint_last(save_dir: Path, log: Log) -> None:
             "training starts from scratch")
 
 
-def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str = "") -> None:
+def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str = "", verbose: bool = True) -> None:
     """Run ``plan.cmd`` (resuming from checkpoint_last.pt), its output on stdout (each line
-    after ``label``, which tells concurrent runs apart) and appended to SAVE_DIR/train.log,
-    the command to SAVE_DIR/train.cmd; ``threads``: its torch threads (None: torch's default)."""
+    after ``label``, which tells concurrent runs apart; without ``verbose``, not fairseq's
+    configuration and model dumps) and appended to SAVE_DIR/train.log in full, the command
+    to SAVE_DIR/train.cmd; ``threads``: its torch threads (None: torch's default)."""
+    from resnmt.quiet import FairseqNoise
+
     save_dir = plan.save_dir
     save_dir.mkdir(parents=True, exist_ok=True)
     repair_checkpoint_last(save_dir, log)
@@ -94,10 +97,11 @@ def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str =
     # fairseq's own output, appended to SAVE_DIR/train.log as well (all restarts in one file)
     with open(save_dir / "train.log", "ab") as train_log:
         proc = subprocess.Popen(plan.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=tool_env(threads))
-        prefix = label.encode()
+        prefix, noise = label.encode(), FairseqNoise()
         for line in iter(proc.stdout.readline, b""):
-            sys.stdout.buffer.write(prefix + line)
-            sys.stdout.flush()
+            if verbose or noise.keep(line.decode(errors="replace")):
+                sys.stdout.buffer.write(prefix + line)
+                sys.stdout.flush()
             train_log.write(line)
             train_log.flush()
         returncode = proc.wait()
@@ -119,15 +123,16 @@ def average(paths: Sequence[Path], output: Path) -> None:
 
 def decode(bin_dir: Path, checkpoint: Path, output: Path, log_path: Optional[Path], env: Optional[Dict[str, str]], *,
            subset: str = "test", beam: int = 4, lenpen: float = 0.6, batch_size: int = 128,
-           max_len_a: float = 0, max_len_b: int = 200, extra: Sequence[str] = ()) -> None:
+           max_len_a: float = 0, max_len_b: int = 200, extra: Sequence[str] = (), verbose: bool = True) -> None:
     """``fairseq-generate`` with the papers' search (beam ``beam``, GNMT length penalty
-    ``lenpen``) into ``output`` (written only if decoding succeeded); ``extra`` flags last."""
+    ``lenpen``) into ``output`` (written only if decoding succeeded); ``extra`` flags last;
+    without ``verbose`` and ``log_path``, its messages without fairseq's configuration dump."""
     run_logged(
         ["fairseq-generate", bin_dir, "--user-dir", USER_DIR, "--task", "resnmt_translation", "--path", checkpoint,
          "--gen-subset", subset, "--beam", beam, "--lenpen-form", "gnmt", "--lenpen", lenpen,
          "--batch-size", batch_size, "--num-workers", "0", "--max-len-a", max_len_a, "--max-len-b", max_len_b,
          *extra],
-        log_path, env, stdout_path=output)
+        log_path, env, stdout_path=output, quiet=not verbose)
 
 
 def score(hyp: Path, ref: Path, *, remove_bpe: str = "none", detok: str = "none", lang: Optional[str] = None,
