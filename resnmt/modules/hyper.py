@@ -152,9 +152,10 @@ class StreamConnection(nn.Module):
         return torch.addcmul(mixed, write.to(mixed.dtype).unsqueeze(-1), branch_output.unsqueeze(-2))
 
     def _mix(self, read_and_mix: Tensor, h: Tensor) -> Tuple[Tensor, Tensor]:
-        """``read_and_mix`` (..., n+1, n): row 0 the read weights, rows 1..n the mixing
-        matrix; one matmul for both, then split."""
-        mixed = torch.matmul(read_and_mix.to(h.dtype), h)
+        """``read_and_mix`` (n+1, n) or (T, B, n+1, n): row 0 the read weights, rows 1..n the
+        mixing matrix; one product for both, then split. einsum, not matmul: matmul
+        broadcasts a static (n+1, n) to every position and is 3 times slower on the CPU."""
+        mixed = torch.einsum("...ks,...sc->...kc", [read_and_mix.to(h.dtype), h])
         return mixed[..., 0, :], mixed[..., 1:, :]
 
     def extra_repr(self) -> str:
