@@ -111,7 +111,8 @@ def test_hc_initial_values_are_the_papers(index):
     assert torch.equal(dhc.alpha, shc.alpha) and torch.equal(dhc.beta, shc.beta)
     assert not dhc.alpha_weight.any() and not dhc.beta_weight.any()
     assert dhc.alpha_weight.shape == (C, N + 1) and dhc.beta_weight.shape == (C,)
-    assert torch.equal(dhc.alpha_scale.data, torch.full((1,), 0.01)) and torch.equal(dhc.beta_scale.data, dhc.alpha_scale.data)
+    assert torch.equal(dhc.alpha_scale.data, torch.full((1,), 0.01))
+    assert torch.equal(dhc.beta_scale.data, torch.full((1,), 0.01))
     # the paper's count: |norm| + d(n+2) + n(n+2) + 2
     assert sum(p.numel() for p in dhc.parameters()) == 2 * C + C * (N + 2) + N * (N + 2) + 2
 
