@@ -5,6 +5,7 @@
 #   make demo                 # prepare Multi30k, train two small models, decode, score, plot
 #   make venv                 # only set up the environment
 #   make test-slow            # the slow tests (the demo end to end, per-family twins)
+#   make gpu-bundle           # .gpu/, what a GPU lease carries, rehearsed on the CPU (benchmarks/gpu_job.sh)
 #   make TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128' venv
 #                             # a CUDA build of torch on a GPU machine
 
@@ -20,7 +21,7 @@ PYTEST_WORKERS ?= auto
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.resnmt-installed
 
-.PHONY: venv test test-slow demo bench clean-venv
+.PHONY: venv test test-slow demo bench gpu-bundle clean-venv
 
 venv: $(STAMP)
 
@@ -45,6 +46,9 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash benchmarks/run_all.sh
+
+gpu-bundle: $(STAMP)
+	PYTHON=$(BIN)/python bash benchmarks/gpu_bundle.sh
 
 clean-venv:
 	rm -rf $(VENV)

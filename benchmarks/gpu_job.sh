@@ -8,7 +8,7 @@
 #   run(command="bash benchmarks/gpu_job.sh 4", carry=[".gpu"], timeout_s=300)   # a later lease
 # (a 15-minute lease holds a start, part 1 and part 2.)
 #
-# .gpu/ (ignored by git; how to rebuild it: docs/benchmarks.md) holds
+# .gpu/ (ignored by git; `make gpu-bundle` builds it and rehearses every part on the CPU) holds
 #   whl/        ve-fairseq 0.12.3 cp312 and the dependencies the machine lacks
 #               (bitarray, hydra-core, omegaconf, antlr4-python3-runtime 4.9.3)
 #   multi30k/   the prepared Multi30k EN-DE (resnmt's data prep: sentencepiece 8000, joined dictionary)

@@ -81,6 +81,7 @@ ROWS: Dict[str, Row] = {
     "rezero": Row("transformer_rezero_base", (), "transformer", 0.97),
     "sas": Row("transformer_sas_base", (), "transformer", flops_target=0.95),  # the paper's gate
     "sas_gate64": Row("transformer_sas_base", ("--sas-gate-dim", "64"), "transformer", flops_target=0.95),
+    "highway": Row("transformer_highway_base", (), "transformer", flops_target=0.95),  # a gate per sublayer
     # plain Swish: nswish with every FFN left unnormalized (fairseq 0.12 has no swish --activation-fn)
     "swish": Row("transformer_postln_base", ("--normalized-activation", "nswish", "--encoder-unnormalized-top-layers",
                                              "{L}", "--decoder-unnormalized-top-layers", "{L}")),

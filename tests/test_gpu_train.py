@@ -93,3 +93,24 @@ def test_a_failing_configuration_is_recorded_and_the_others_measured(tiny_bin, t
     assert "RuntimeError: planted failure" in errors[0]["error"]
     rows = [r for r in records if r["kind"] == "row"]
     assert [r["config"] for r in rows] == ["transformer"] and rows[0]["warmup_s"] > 0
+
+
+def test_the_gpu_job_measures_every_named_arch():
+    """The GPU job stays current: every resnmt `*_base` arch has a row in gpu_train.py, and
+    gpu_job.sh's part 4 measures exactly the rows left out of the default table, with the
+    references they are compared to."""
+    import re
+
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import gpu_train
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import resnmt  # noqa: F401  (registers the archs)
+
+    named = {a for a, m in ARCH_MODEL_REGISTRY.items() if m.__module__.startswith("resnmt") and a.endswith("_base")}
+    assert named and named <= {r.arch for r in gpu_train.ROWS.values()}, named - {r.arch for r in gpu_train.ROWS.values()}
+    job = (REPO_ROOT / "benchmarks" / "gpu_job.sh").read_text()
+    part4 = set(re.search(r'elif \[ "\$PART" = 4 \].*?--rows (\S+)', job, re.S).group(1).split(","))
+    extra = set(gpu_train.CROSS_LAYER_ROWS)
+    references = {gpu_train.ROWS[r].reference for r in extra}
+    assert part4 == extra | references | {gpu_train.ROWS[r].reference for r in references if gpu_train.ROWS[r].reference}
