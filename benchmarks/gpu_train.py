@@ -102,6 +102,14 @@ CROSS_LAYER_ROWS: Dict[str, Row] = {
     "post_ln_rms_norm": Row("transformer_postln_base", ("--normalization", "rms_norm"), "post_ln", 0.97),
     "pre_ln_dyt": Row("transformer_preln_base", ("--normalization", "dyt"), "pre_ln", 0.97),
     "post_ln_dyt": Row("transformer_postln_base", ("--normalization", "dyt"), "post_ln", 0.97),
+    # the 2025 kinds (issue 44), targets by analogy as in speed.py; mix_ln and hybrid_norm
+    # against pre-LN here (post-LN's row, transformer, is in the same part)
+    "hyper": Row("transformer_hyper_base", (), "transformer_prenorm", 0.80),
+    "mhc": Row("transformer_mhc_base", (), "transformer_prenorm", 0.70),
+    "mix_ln": Row("transformer_mix_ln_base", (), "transformer_prenorm", 0.98),
+    "ln_scaling": Row("transformer_ln_scaling_base", (), "transformer_prenorm", 0.97),
+    "hybrid_norm": Row("transformer_hybrid_norm_base", (), "transformer_prenorm", 0.90),
+    "denseformer": Row("transformer_denseformer_base", (), "transformer_prenorm", 0.93),
 }
 DEFAULT_ROWS = tuple(ROWS)
 ROWS.update(CROSS_LAYER_ROWS)
