@@ -465,3 +465,35 @@ def test_stream_kinds_train_the_same_with_activation_checkpointing(tiny_bin, kin
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_gradient_norms_of_the_streams_cover_the_whole_state(tiny_bin):
+    """resnmt-analyze's ||dL/dh_t|| per block output: for hyper a layer outputs the n
+    streams (T, B, n, C), and the norm is over the position's whole state (n·C values)."""
+    from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+
+    from resnmt.analysis.gradients import block_gradient_norms
+
+    model, task, _ = build(tiny_bin, "transformer_hyper_base", ["--hc-dynamic"])
+    model.eval()
+    pad = task.target_dictionary.pad()
+    sample = sample_batch(task, 6)
+    tool, _, _ = block_gradient_norms(model, sample, 0.1, pad)
+    outputs = {}
+    handles = [layer.register_forward_hook(lambda m, i, o, key=(side, k): outputs.__setitem__(key, o[0]))
+               for side in ("encoder", "decoder") for k, layer in enumerate(getattr(model, side).layers)]
+    net_output = model(**sample["net_input"])
+    for h in handles:
+        h.remove()
+    for out in outputs.values():
+        out.retain_grad()
+    lprobs = model.get_normalized_probs(net_output, log_probs=True)
+    loss, _ = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), sample["target"].view(-1), 0.1, ignore_index=pad)
+    loss.backward()
+    keep = {"encoder": sample["net_input"]["src_tokens"].ne(pad).t(), "decoder": sample["target"].ne(pad).t()}
+    for (side, k), out in outputs.items():
+        assert out.dim() == 4 and out.size(2) == 4
+        norms = out.grad.double().pow(2).sum(dim=(-2, -1)).sqrt()
+        expected = float((norms * keep[side]).sum() / keep[side].sum())
+        total, count = tool[(side, k, "output")]
+        assert float(total / count) == pytest.approx(expected, rel=1e-5) and expected > 0, (side, k)
