@@ -497,3 +497,27 @@ def test_gradient_norms_of_the_streams_cover_the_whole_state(tiny_bin):
         expected = float((norms * keep[side]).sum() / keep[side].sum())
         total, count = tool[(side, k, "output")]
         assert float(total / count) == pytest.approx(expected, rel=1e-5) and expected > 0, (side, k)
+
+
+def test_analyze_reports_the_static_mixing_of_every_sublayer(tiny_bin, tmp_path):
+    """resnmt-analyze's stream weights: HC's A_m, B, A_r and mHC's mappings at φ = 0, one row
+    per sublayer in the stack's order (the paper's init at init), drawn as heat maps."""
+    from resnmt.analysis.plotting import plot_stream_weights
+    from resnmt.cli.analyze import stream_weights
+
+    model, _, _ = build(tiny_bin, "transformer_hyper_base", ["--decoder-residual", "mhc", "--hc-streams", "3"])
+    with torch.no_grad():
+        model.encoder.layers[1].ffn_connection.streams.beta.fill_(0.5)
+    weights = stream_weights(model)
+    assert set(weights) == {"hc_read", "hc_write", "hc_mix", "mhc_pre", "mhc_post", "mhc_res"}
+    assert weights["hc_read"]["encoder"] == [[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 0, 0]]  # e_{k mod 3}, k = 0..3
+    assert weights["hc_write"]["encoder"] == [[1, 1, 1]] * 3 + [[0.5] * 3]
+    assert weights["hc_mix"]["encoder"] == [[1, 0, 0, 0, 1, 0, 0, 0, 1]] * 4
+    assert len(weights["mhc_res"]["decoder"]) == 6  # 2 layers x 3 sublayers
+    eps = 0.01
+    for k, (pre, post, res) in enumerate(zip(*(weights[n]["decoder"] for n in ("mhc_pre", "mhc_post", "mhc_res")))):
+        assert pre == pytest.approx([eps + (1 - 3 * eps) * (i == k % 3) for i in range(3)], abs=1e-6)
+        assert post == pytest.approx([1.0] * 3, abs=1e-7)
+        assert res == pytest.approx([eps + (1 - 3 * eps) * (i == j) for i in range(3) for j in range(3)], abs=1e-6)
+    for name, sides in weights.items():
+        assert plot_stream_weights(name, sides, "test", tmp_path / f"{name}.png").stat().st_size > 5000

@@ -8,7 +8,7 @@ the sublayer as ``h, mixed, write = conn.width(H)``,
 :class:`~resnmt.modules.streams.HyperStream` tiles the embedded input n times before the
 first layer and sums the streams before the final norm.
 """
-from typing import Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +24,7 @@ from resnmt.modules.hyper import (
     ManifoldHyperConnection,
     StaticHyperConnection,
     output_projection_init_factor,
+    sinkhorn_knopp,
 )
 from resnmt.modules.streams import HyperStream, ResidualStream
 
@@ -58,6 +59,11 @@ class MultiStreamConnection(PreLNConnection):
 
     def depth(self, branch_output: Tensor, mixed: Tensor, write: Tensor) -> Tensor:
         return self.streams.depth(branch_output, mixed, write)
+
+    def learned(self) -> Dict[str, List[float]]:  # pragma: no cover - abstract
+        """What ``resnmt-analyze`` reports of this sublayer's learned mixing: one row per
+        name (the static part; the per-position dynamic part is left out)."""
+        raise NotImplementedError
 
     def forward(self, x: Tensor, fx: Tensor) -> Tensor:
         """The streams after the sublayer, from the streams ``x`` (T, B, n, C) before it and
@@ -101,6 +107,13 @@ class HyperConnection(MultiStreamConnection):
             return DynamicHyperConnection(dim, spec.norm(dim), spec.hc_streams, spec.sublayer_index)
         return StaticHyperConnection(dim, spec.hc_streams, spec.sublayer_index)
 
+    def learned(self) -> Dict[str, List[float]]:
+        """``hc_read`` A_m (n), ``hc_write`` B (n), ``hc_mix`` A_r row-major (n²): the static
+        parameters (DHC's per-position part is left out)."""
+        alpha = self.streams.alpha.detach().float().cpu()
+        return {"hc_read": alpha[:, 0].tolist(), "hc_write": self.streams.beta.detach().float().cpu().tolist(),
+                "hc_mix": alpha[:, 1:].flatten().tolist()}
+
     def initialize_sublayer(self, projections: Mapping[str, nn.Module]) -> None:
         if self.init_factor is None:
             return
@@ -136,6 +149,16 @@ class ManifoldHyperConnectionKind(MultiStreamConnection):
         if spec.hc_streams < 2:
             raise ConnectionConfigError(
                 f"--hc-streams {spec.hc_streams} is invalid for --residual mhc: it needs at least 2 streams")
+
+    def learned(self) -> Dict[str, List[float]]:
+        """``mhc_pre`` σ(b_pre) (n), ``mhc_post`` 2σ(b_post) (n), ``mhc_res`` SK(b_res) row-major
+        (n²): the mappings where the dynamic part α·x⃗'φ is 0."""
+        s = self.streams
+        with torch.no_grad():
+            res = sinkhorn_knopp(s.bias_res.detach().float(), s.sinkhorn_iterations)
+            return {"mhc_pre": torch.sigmoid(s.bias_pre.detach().float()).cpu().tolist(),
+                    "mhc_post": (2 * torch.sigmoid(s.bias_post.detach().float())).cpu().tolist(),
+                    "mhc_res": res.flatten().cpu().tolist()}
 
     def build_streams(self, dim: int, spec: ConnectionSpec) -> nn.Module:
         return ManifoldHyperConnection(dim, spec.hc_streams, spec.sublayer_index, spec.mhc_sinkhorn_iterations)
