@@ -68,8 +68,17 @@ ROWS: Dict[str, Row] = {
     "post_ln + rms_norm": Row("transformer_postln_base", ("--normalization", "rms_norm"), seeds=1),
     "pre_ln + dyt": Row("transformer_preln_base", ("--normalization", "dyt"), seeds=1),
     "post_ln + dyt": Row("transformer_postln_base", ("--normalization", "dyt"), seeds=1),
+    # the 2025 kinds (issue 44), one seed each so far
+    "hyper": Row("transformer_hyper_base", seeds=1),
+    "mhc": Row("transformer_mhc_base", seeds=1),
+    "mix_ln": Row("transformer_mix_ln_base", seeds=1),
+    "ln_scaling": Row("transformer_ln_scaling_base", seeds=1),
+    "hybrid_norm": Row("transformer_hybrid_norm_base", seeds=1),
+    "denseformer": Row("transformer_denseformer_base", seeds=1),
 }
 # the rows above that the quality table (benchmarks/quality.py) does not train
+# the 2025 kinds' rows (issue 44), studied after the cross-layer ones
+GEN2025_KINDS = ("hyper", "mhc", "mix_ln", "ln_scaling", "hybrid_norm", "denseformer")
 NEW_KINDS = ("b2t", "resi_dual", "dlcl", "peri_ln", "dlcl_post", "pre_ln + rms_norm", "post_ln + rms_norm",
              "pre_ln + dyt", "post_ln + dyt")
 
@@ -291,6 +300,12 @@ CONFIGS = {
     "post_ln_rms_norm": ("transformer_postln_base", ["--normalization", "rms_norm"]),
     "pre_ln_dyt": ("transformer_preln_base", ["--normalization", "dyt"]),
     "post_ln_dyt": ("transformer_postln_base", ["--normalization", "dyt"]),
+    "hyper": ("transformer_hyper_base", []),
+    "mhc": ("transformer_mhc_base", []),
+    "mix_ln": ("transformer_mix_ln_base", []),
+    "ln_scaling": ("transformer_ln_scaling_base", []),
+    "hybrid_norm": ("transformer_hybrid_norm_base", []),
+    "denseformer": ("transformer_denseformer_base", []),
 }
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ import sys
 from pathlib import Path
 
 import common
-from common import CONTROL_ROWS, DEFAULT_MILESTONES, NEW_KINDS, slug
+from common import CONTROL_ROWS, DEFAULT_MILESTONES, GEN2025_KINDS, NEW_KINDS, slug
 from common import CURVES_ROWS as ROWS
 
 from resnmt.averaging import numbered_checkpoints
@@ -74,6 +74,7 @@ STUDY_ORDER = (
     + [("deep", r, 1) for r in ("b2t (warm-up 1000)", "resi_dual (warm-up 1000)")]
     + [("base", r, 1) for r in ("post_ln", "rskip_ln (λ=2)", "pre_ln", "sas")]
     + [("base", r, 1) for r in CONTROL_ROWS]
+    + [(size, r, 1) for r in GEN2025_KINDS for size in ("deep", "small")]
 )
 
 

@@ -69,7 +69,7 @@ if [ "$PART" = 1 ]; then
     echo "[gpu_job] 4096-token bf16 table done at $((SECONDS - T0)) s"
 elif [ "$PART" = 4 ]; then
     "${BENCH[@]}" --tokens 4096 --dtypes bf16 --no-recipe --warmup 10 --updates 100 --rounds 3 \
-        --rows transformer,transformer_prenorm,post_ln,pre_ln,peri_ln,b2t,resi_dual,dlcl,dlcl_post,pre_ln_rms_norm,post_ln_rms_norm,pre_ln_dyt,post_ln_dyt \
+        --rows transformer,transformer_prenorm,post_ln,pre_ln,peri_ln,b2t,resi_dual,dlcl,dlcl_post,pre_ln_rms_norm,post_ln_rms_norm,pre_ln_dyt,post_ln_dyt,hyper,mhc,mix_ln,ln_scaling,hybrid_norm,denseformer \
         --deadline $(( $(left) - 40 )) "${SMOKE[@]}"
 elif [ "$PART" = 2 ]; then
     "${BENCH[@]}" --tokens "" --no-recipe --whole-process --whole-updates 200 --whole-interval 10 --whole-skip 20 \

@@ -98,6 +98,14 @@ CROSS_LAYER_ROWS: Dict[str, Comparison] = {
     "post_ln_rms_norm": Comparison("post_ln_rms_norm", "post_ln", train=0.97),
     "pre_ln_dyt": Comparison("pre_ln_dyt", "pre_ln", train=0.97),
     "post_ln_dyt": Comparison("post_ln_dyt", "post_ln", train=0.97),
+    # the 2025 kinds (issue 44), targets by analogy as in speed.py; mix_ln and hybrid_norm
+    # against pre-LN here (post-LN's row, transformer, is in the same part)
+    "hyper": Comparison("hyper", "transformer_prenorm", train=0.80),
+    "mhc": Comparison("mhc", "transformer_prenorm", train=0.70),
+    "mix_ln": Comparison("mix_ln", "transformer_prenorm", train=0.98),
+    "ln_scaling": Comparison("ln_scaling", "transformer_prenorm", train=0.97),
+    "hybrid_norm": Comparison("hybrid_norm", "transformer_prenorm", train=0.90),
+    "denseformer": Comparison("denseformer", "transformer_prenorm", train=0.93),
 }
 DEFAULT_ROWS = tuple(ROWS)
 ROWS.update(CROSS_LAYER_ROWS)

@@ -76,6 +76,19 @@ ROWS = {
     "post_ln + rms_norm": Comparison("post_ln_rms_norm", "post_ln", 0.98, 0.98, 1.05),
     "pre_ln + dyt": Comparison("pre_ln_dyt", "pre_ln", 0.98, 0.98, 1.05),
     "post_ln + dyt": Comparison("post_ln_dyt", "post_ln", 0.98, 0.98, 1.05),
+    # the 2025 kinds (issue 44); targets by analogy, set before measuring: hyper and mhc
+    # carry n = 4 streams (a mix of n+1 by n per sublayer; mhc adds a (nC, n²+2n) projection
+    # and 20 Sinkhorn iterations per position), memory for the n-wide activations; mix_ln
+    # and ln_scaling are pre-LN's work; hybrid_norm adds three per-head norms per attention
+    # and one LN per FFN; denseformer a weighted sum of up to N+1 tensors per layer
+    "hyper": Comparison("hyper", "transformer_prenorm", 0.80, 0.85, 1.30),
+    "mhc": Comparison("mhc", "transformer_prenorm", 0.70, 0.75, 1.35),
+    "ln_scaling": Comparison("ln_scaling", "transformer_prenorm", 0.97, 0.97, 1.05),
+    "denseformer": Comparison("denseformer", "transformer_prenorm", 0.93, 0.93, 1.05),
+    "mix_ln vs post_ln": Comparison("mix_ln", "transformer", 0.97, 0.97, 1.05),
+    "mix_ln vs pre_ln": Comparison("mix_ln", "transformer_prenorm", 0.98, 0.98, 1.05),
+    "hybrid_norm vs post_ln": Comparison("hybrid_norm", "transformer", 0.90, 0.90, 1.10),
+    "hybrid_norm vs pre_ln": Comparison("hybrid_norm", "transformer_prenorm", 0.90, 0.90, 1.10),
 }
 # --------------------------------------------------------------------------- worker
 

@@ -42,14 +42,19 @@ def randomize_norms(model, seed=0):
 
 
 def move_connections_off_init(model, seed=0):
-    """Give learned connection scales (ReZero's a, learned lambda, Admin's omega)
-    non-trivial values: ReZero starts at a = 0, where every sublayer is skipped and
-    gets no gradient, so equations and gradients would not really be tested."""
+    """Give learned connection scales (ReZero's a, learned lambda, Admin's omega) and the
+    2025 kinds' dynamic weights (DHC's W, mHC's phi, DenseFormer's alpha) non-trivial
+    values: ReZero starts at a = 0, where every sublayer is skipped and gets no gradient;
+    DHC's and mHC's scales get none while their W/phi are 0; so equations and gradients
+    would not really be tested."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("residual_weight", "skip_scale")):
                 p.copy_(p + 0.5 + 0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith(("streams.alpha_weight", "streams.beta_weight", "streams.phi",
+                                "residual_stream.average.weights")):
+                p.copy_(p + 0.3 * torch.randn(p.shape, generator=g))
 
 
 def assert_incremental_equals_full(model, task, n=3, atol=1e-5):

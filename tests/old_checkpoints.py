@@ -23,6 +23,12 @@ CHECKPOINTS = {
                               "--normalization", "rms_norm"],
     "dlcl_post_dyt": ["--residual", "dlcl_post", "--encoder-layers", "3", "--dlcl-window", "2",
                       "--normalization", "dyt"],
+    "hyper_dynamic_mhc": ["--encoder-residual", "hyper", "--decoder-residual", "mhc", "--hc-dynamic",
+                          "--hc-streams", "3"],
+    "mix_ln_ln_scaling": ["--encoder-residual", "mix_ln", "--decoder-residual", "ln_scaling", "--encoder-layers", "2",
+                          "--decoder-layers", "2", "--mix-ln-fraction", "0.5"],
+    "hybrid_norm_star_denseformer": ["--encoder-residual", "hybrid_norm", "--decoder-residual", "denseformer",
+                                     "--hybrid-norm-star", "--encoder-layers", "2", "--decoder-layers", "2"],
 }
 
 

@@ -12,11 +12,12 @@ from model_utils import TINY
 from resnmt.models.model_spec import resolve_model
 
 FAMILIES = ["postln", "preln", "xskip", "rskip", "sas", "highway", "deepnorm", "rezero", "admin", "periln", "b2t",
-            "resi_dual", "dlcl", "dlcl_post"]
+            "resi_dual", "dlcl", "dlcl_post", "hyper", "mhc", "denseformer", "mix_ln", "ln_scaling", "hybrid_norm"]
 # fairseq-generate for every family is in the slow suite; the default suite decodes these
-# through the CLI (dlcl: a residual stream through stock fairseq-train and beam search), and
-# every kind's decoding in-process (test_model, test_old_checkpoints)
-DEFAULT_SUITE_FAMILIES = ("postln", "rskip", "sas", "dlcl")
+# through the CLI (dlcl: a residual stream through stock fairseq-train and beam search;
+# hyper: n streams (T, B, n, C) through both), and every kind's decoding in-process
+# (test_model, test_old_checkpoints)
+DEFAULT_SUITE_FAMILIES = ("postln", "rskip", "sas", "dlcl", "hyper")
 USER_DIR = str(REPO_ROOT / "resnmt")
 
 

@@ -211,6 +211,8 @@ def test_every_kind_finite_under_bf16_autocast(kind):
     torch.manual_seed(0)
     conn = build_connection(DIM, ConnectionSpec(kind=kind))
     x = torch.randn(5, 3, DIM) * 30
+    if conn.multi_stream:  # hyper, mhc: the connection reads and returns n streams (T, B, n, C)
+        x = torch.randn(5, 3, conn.streams.num_streams, DIM) * 30
     fx = torch.randn(5, 3, DIM) * 30
     ref = conn(x, fx)
     assert torch.isfinite(ref).all()
@@ -346,7 +348,8 @@ def test_spec_is_immutable_and_copies_validate():
 def test_registry_is_the_one_list():
     """Kinds, flags, final-norm rule and statistics all come from the classes."""
     assert CONNECTION_KINDS == tuple(CONNECTION_CLASSES)
-    assert {kind for kind, cls in CONNECTION_CLASSES.items() if cls.final_norm} == {"pre_ln", "peri_ln", "dlcl"}
+    assert {kind for kind, cls in CONNECTION_CLASSES.items() if cls.final_norm} == {
+        "pre_ln", "peri_ln", "dlcl", "denseformer", "mix_ln", "ln_scaling", "hybrid_norm", "hyper", "mhc"}
     owned = {flag.dest for cls in CONNECTION_CLASSES.values() for flag in cls.flags}
     assert owned == set(CONNECTION_FLAGS)
     for kind, cls in CONNECTION_CLASSES.items():

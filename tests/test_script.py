@@ -22,8 +22,11 @@ def test_layers_script_and_compute_the_same(tiny_bin, name):
     for side in ("encoder", "decoder"):
         layer = getattr(model, side).layers[-1]  # every layer of a side is built alike
         scripted = torch.jit.script(layer)
+        streams = x
+        if layer.multi_stream:  # hyper, mhc: the layer reads and returns n streams (T, B, n, C)
+            streams = torch.randn(5, 2, layer.ffn_connection.streams.num_streams, 16)
         with torch.no_grad():
-            expected, got = call(layer, side, x, memory), call(scripted, side, x, memory)
+            expected, got = call(layer, side, streams, memory), call(scripted, side, streams, memory)
         assert len(got) == len(expected) == 3  # (x, extra, residual sum): one shape for every layer
         for a, b in zip(got, expected):  # TorchScript may pick other kernels: float32 rounding apart
             assert (a is None) == (b is None)

@@ -79,7 +79,8 @@ def block_gradient_norms(
         if grad is None:
             norms = torch.zeros_like(keep)
         else:
-            norms = torch.linalg.vector_norm(grad.double(), dim=-1)
+            # over the position's whole state: its C features, or its n streams' n*C (hyper, mhc)
+            norms = torch.linalg.vector_norm(grad.double().flatten(2), dim=-1)
         result[site] = ((norms * keep).sum(), keep.sum())
     blocks.outputs.clear()
     return result, loss.detach(), nll.detach()

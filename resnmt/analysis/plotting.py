@@ -78,6 +78,13 @@ def plot_all(statistics: dict, title: str, out_dir: Path, kinds: Dict[str, str])
 
 STREAM_LABELS = {  # learned stream weights -> (title, colour bar label)
     "dlcl_weights": ("DLCL combination weights W[l, k]", "weight"),
+    "denseformer_weights": ("DenseFormer weights α[i, j] (row i-1: block i's input)", "weight"),
+    "hc_read": ("Hyper-Connections A_m (row: sublayer k, column: stream)", "weight"),
+    "hc_write": ("Hyper-Connections B (row: sublayer k, column: stream)", "weight"),
+    "hc_mix": ("Hyper-Connections A_r, row-major (row: sublayer k)", "weight"),
+    "mhc_pre": ("mHC H_pre at φ = 0 (row: sublayer k, column: stream)", "weight"),
+    "mhc_post": ("mHC H_post at φ = 0 (row: sublayer k, column: stream)", "weight"),
+    "mhc_res": ("mHC H_res at φ = 0, row-major (row: sublayer k)", "weight"),
 }
 
 
@@ -96,8 +103,8 @@ def plot_stream_weights(name: str, per_side: Dict[str, List[List[float]]], title
         image = ax.imshow(shown, cmap="viridis", origin="upper")
         n = matrix.shape[0]
         for row in range(n):
-            for col in range(n):
-                if matrix[row, col] != 0 and n <= 13:
+            for col in range(matrix.shape[1]):
+                if matrix[row, col] != 0 and n <= 13 and matrix.shape[1] <= 16:
                     ax.text(col, row, f"{matrix[row, col]:.2f}", ha="center", va="center", fontsize=7, color="w")
         ax.set_title(side)
         ax.set_xlabel("output of layer k (0 = embedding)")

@@ -230,12 +230,21 @@ def analyze(args) -> dict:
 
 def stream_weights(model) -> Dict[str, Dict[str, list]]:
     """``{name: {side: matrix}}``: the learned weights of each side's residual stream (DLCL's
-    combination weights), for the sides that have one."""
+    combination weights, DenseFormer's α), for the sides that have one, and of the
+    multi-stream connections (HC's, mHC's static mixing: one row per sublayer, in the
+    stack's order)."""
     out: Dict[str, Dict[str, list]] = {}
     for side in ("encoder", "decoder"):
-        stream = getattr(getattr(model, side), "residual_stream", None)
+        stack = getattr(model, side)
+        stream = getattr(stack, "residual_stream", None)
         for name, matrix in (stream.learned() if stream is not None else {}).items():
             out.setdefault(name, {})[side] = matrix
+        for layer in stack.layers:
+            for attr in ("self_attn_connection", "encoder_attn_connection", "ffn_connection"):
+                conn = getattr(layer, attr, None)
+                if conn is not None and getattr(conn, "multi_stream", False):
+                    for name, row in conn.learned().items():
+                        out.setdefault(name, {}).setdefault(side, []).append(row)
     return out
 
 

@@ -12,6 +12,14 @@ sublayer runs as ``connection(x, dropout(sublayer(connection.prenorm(x))))``, wr
 in ``forward``; every choice is made at construction (``torch.jit.Final`` attributes), so
 the layers script with ``torch.jit.script`` as fairseq's do.
 
+Kinds with n residual streams (``multi_stream``: hyper, mhc) get ``x`` as the streams
+(T, B, n, C) and run each sublayer as ``h, mixed, write = connection.width(x)``,
+``x = connection.depth(dropout(sublayer(connection.prenorm(h))), mixed, write)``; kinds
+with ``qkv_normalized`` (hybrid_norm) get attentions with per-head normalized Q, K, V
+(:func:`resnmt.modules.qkv_norm_attention.qkv_norm_attention`, built with fairseq's
+arguments). Each connection is built for its layer and sublayer
+(``spec.at_layer(l).at_sublayer(s)``).
+
 Both layers return ``(x, extra, residual_sum)``: ``extra`` is the encoder's fc2 output
 (with ``return_fc``) or the decoder's attention weights, ``residual_sum`` the sum of the
 sublayers' ``dropout(F)`` when the stack's residual stream reads it (ResiDual), else None.
@@ -30,6 +38,7 @@ from fairseq.modules.transformer_layer import (
 from torch import Tensor, nn
 
 from resnmt.modules.connections import (
+    CONNECTION_CLASSES,
     FFN_IN,
     FFN_OUT,
     KEY,
@@ -39,6 +48,7 @@ from resnmt.modules.connections import (
     ConnectionSpec,
     build_connection,
 )
+from resnmt.modules.qkv_norm_attention import qkv_norm_attention
 
 # fairseq's LayerNorm name -> our connection name, per sublayer
 FAIRSEQ_NORM_NAMES = {
@@ -46,6 +56,9 @@ FAIRSEQ_NORM_NAMES = {
     "encoder_attn_layer_norm": "encoder_attn_connection",
     "final_layer_norm": "ffn_connection",
 }
+# fairseq's LayerNorm name -> the sublayer (ConnectionSpec.at_sublayer)
+SUBLAYER_OF = {"self_attn_layer_norm": "self_attn", "encoder_attn_layer_norm": "encoder_attn",
+               "final_layer_norm": "ffn"}
 
 
 class ConnectedSublayers:
@@ -54,16 +67,37 @@ class ConnectedSublayers:
 
     last_reads_layer_input: torch.jit.Final[bool]  # B2T: the FFN's connection also reads the layer's input
     collects_residual_sum: torch.jit.Final[bool]  # the stack's stream reads the sum of the dropout(F)
+    multi_stream: torch.jit.Final[bool]  # x is n streams (T, B, n, C); each connection's width/depth (HC, mHC)
+
+    def _keep_spec(self, spec: ConnectionSpec) -> None:
+        """Before fairseq's ``__init__``: the spec its attention factories read (a plain
+        attribute, before nn.Module exists; dropped by :meth:`_replace_parent_norms`)."""
+        object.__setattr__(self, "_pending_spec", spec)
+
+    def _attention(self, fairseq_build, embed_dim: int, num_heads: int, **kwargs):
+        """The attention of this layer's kind: fairseq's, or with per-head normalized Q, K,
+        V (HybridNorm: ``qkv_normalized``), built with the same arguments."""
+        spec = self.__dict__["_pending_spec"]
+        if not CONNECTION_CLASSES[spec.kind].qkv_normalized:
+            return fairseq_build()
+        if kwargs.pop("add_bias_kv", False) or kwargs.pop("add_zero_attn", False):
+            raise ValueError(f"--residual {spec.kind}: --add-bias-kv/--add-zero-attn are not supported")
+        return qkv_norm_attention(embed_dim, num_heads, q_noise=self.quant_noise,
+                                  qn_block_size=self.quant_noise_block_size, normalization=spec.normalization,
+                                  dyt_alpha_init=spec.dyt_alpha_init, export=spec.export, **kwargs)
 
     def _replace_parent_norms(self, spec: ConnectionSpec, names: List[str], collect_residual_sum: bool) -> None:
         """Drop fairseq's fixed LayerNorms and the plain activation function; build one
         connection per sublayer instead, and settle what ``forward`` computes."""
         for fairseq_name in names:
             delattr(self, fairseq_name)
-            setattr(self, FAIRSEQ_NORM_NAMES[fairseq_name], build_connection(self.embed_dim, spec))
+            connection = build_connection(self.embed_dim, spec.at_sublayer(SUBLAYER_OF[fairseq_name]))
+            setattr(self, FAIRSEQ_NORM_NAMES[fairseq_name], connection)
         del self.activation_fn
+        self.__dict__.pop("_pending_spec", None)
         self.last_reads_layer_input = self.ffn_connection.reads_layer_input
         self.collects_residual_sum = collect_residual_sum
+        self.multi_stream = self.ffn_connection.multi_stream
 
     def _initialize_sublayers(self) -> None:
         """Let each connection initialise the sublayer it wraps (DeepNorm scales the
@@ -110,10 +144,16 @@ class ResidualEncoderLayer(ConnectedSublayers, TransformerEncoderLayerBase):
 
     def __init__(self, cfg, connection: ConnectionSpec, ffn_activation: nn.Module, return_fc: bool = False,
                  collect_residual_sum: bool = False):
+        self._keep_spec(connection)
         super().__init__(cfg, return_fc=return_fc)
         self._replace_parent_norms(connection, ["self_attn_layer_norm", "final_layer_norm"], collect_residual_sum)
         self.ffn_activation = ffn_activation
         self._initialize_sublayers()
+
+    def build_self_attention(self, embed_dim, cfg):
+        return self._attention(lambda: super(ResidualEncoderLayer, self).build_self_attention(embed_dim, cfg),
+                               embed_dim, cfg.encoder.attention_heads, dropout=cfg.attention_dropout,
+                               self_attention=True)
 
     def upgrade_state_dict_named(self, state_dict, name):
         super().upgrade_state_dict_named(state_dict, name)  # fairseq's layer_norms.N renames
@@ -134,15 +174,26 @@ class ResidualEncoderLayer(ConnectedSublayers, TransformerEncoderLayerBase):
         if attn_mask is not None:  # same masking values as fairseq
             attn_mask = attn_mask.masked_fill(attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4)
 
-        h = self.self_attn_connection.prenorm(x)
+        h, mixed, write = x, x, x
+        if self.multi_stream:
+            h, mixed, write = self.self_attn_connection.width(x)
+        h = self.self_attn_connection.prenorm(h)
         h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=encoder_padding_mask, need_weights=False,
                               attn_mask=attn_mask)
         f_attn = self.dropout_module(h)
-        x = self.self_attn_connection(x, f_attn)
+        if self.multi_stream:
+            x = self.self_attn_connection.depth(f_attn, mixed, write)
+        else:
+            x = self.self_attn_connection(x, f_attn)
 
-        fc_result = self.feed_forward(self.ffn_connection.prenorm(x), encoder_padding_mask)
+        h = x
+        if self.multi_stream:
+            h, mixed, write = self.ffn_connection.width(x)
+        fc_result = self.feed_forward(self.ffn_connection.prenorm(h), encoder_padding_mask)
         f_ffn = self.dropout_module(fc_result)
-        if self.last_reads_layer_input:
+        if self.multi_stream:
+            x = self.ffn_connection.depth(f_ffn, mixed, write)
+        elif self.last_reads_layer_input:
             x = self.ffn_connection(x, f_ffn, layer_input)
         else:
             x = self.ffn_connection(x, f_ffn)
@@ -168,6 +219,7 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
         add_zero_attn: bool = False,
         collect_residual_sum: bool = False,
     ):
+        self._keep_spec(connection)
         super().__init__(cfg, no_encoder_attn=no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
         norms = ["self_attn_layer_norm", "final_layer_norm"]
         if self.encoder_attn is not None:
@@ -178,6 +230,18 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
         self._replace_parent_norms(connection, norms, collect_residual_sum)
         self.ffn_activation = ffn_activation
         self._initialize_sublayers()
+
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        return self._attention(
+            lambda: super(ResidualDecoderLayer, self).build_self_attention(embed_dim, cfg, add_bias_kv, add_zero_attn),
+            embed_dim, cfg.decoder.attention_heads, dropout=cfg.attention_dropout, add_bias_kv=add_bias_kv,
+            add_zero_attn=add_zero_attn, self_attention=not cfg.cross_self_attention)
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        return self._attention(lambda: super(ResidualDecoderLayer, self).build_encoder_attention(embed_dim, cfg),
+                               embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim,
+                               vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
+                               encoder_decoder_attention=True)
 
     def upgrade_state_dict_named(self, state_dict, name):
         self._upgrade_norm_names(state_dict, name)
@@ -213,18 +277,27 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
             need_attn = True
         layer_input = x
 
-        h = self.self_attn_connection.prenorm(x)
+        h, mixed, write = x, x, x
+        if self.multi_stream:
+            h, mixed, write = self.self_attn_connection.width(x)
+        h = self.self_attn_connection.prenorm(h)
         h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=self_attn_padding_mask,
                               incremental_state=incremental_state, need_weights=False, attn_mask=self_attn_mask)
         f_self = self.dropout_module(h)
-        x = self.self_attn_connection(x, f_self)
+        if self.multi_stream:
+            x = self.self_attn_connection.depth(f_self, mixed, write)
+        else:
+            x = self.self_attn_connection(x, f_self)
         residual_sum: Optional[Tensor] = None
         if self.collects_residual_sum:
             residual_sum = f_self
 
         attn: Optional[Tensor] = None
         if self.encoder_attn is not None and self.encoder_attn_connection is not None and encoder_out is not None:
-            h = self.encoder_attn_connection.prenorm(x)
+            h = x
+            if self.multi_stream:
+                h, mixed, write = self.encoder_attn_connection.width(x)
+            h = self.encoder_attn_connection.prenorm(h)
             h, attn = self.encoder_attn(
                 query=h,
                 key=encoder_out,
@@ -236,12 +309,20 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
                 need_head_weights=need_head_weights,
             )
             f_cross = self.dropout_module(h)
-            x = self.encoder_attn_connection(x, f_cross)
+            if self.multi_stream:
+                x = self.encoder_attn_connection.depth(f_cross, mixed, write)
+            else:
+                x = self.encoder_attn_connection(x, f_cross)
             if residual_sum is not None:
                 residual_sum = residual_sum + f_cross
 
-        f_ffn = self.dropout_module(self.feed_forward(self.ffn_connection.prenorm(x), self_attn_padding_mask))
-        if self.last_reads_layer_input:
+        h = x
+        if self.multi_stream:
+            h, mixed, write = self.ffn_connection.width(x)
+        f_ffn = self.dropout_module(self.feed_forward(self.ffn_connection.prenorm(h), self_attn_padding_mask))
+        if self.multi_stream:
+            x = self.ffn_connection.depth(f_ffn, mixed, write)
+        elif self.last_reads_layer_input:
             x = self.ffn_connection(x, f_ffn, layer_input)
         else:
             x = self.ffn_connection(x, f_ffn)

@@ -27,12 +27,20 @@ stream    what it carries                                                  sourc
 ResiDual  d_0 = s*x_0, d_{k+1} = d_k + s*F_k; output alpha*x_N + LN(d_N)   Xie et al. 2023
 DLCL      y_0..y_l; layer l+1 reads sum_k W[l+1,k] LN(y_k) (pre-norm)       Wang et al., ACL 2019
           or LN(sum_k W[l+1,k] y_k) (post-norm); W from the average
+Dense     X_0..X_l; block l+1 reads Y_l = sum_j alpha[l,j] X_j, the output  Pagliardini et al.,
+Former    Y_L (then the final norm); alpha from the identity                NeurIPS 2024
+Hyper     n streams H (T, B, n, C): H^0 = x_0 tiled n times, the layers     Zhu et al., ICLR 2025;
+          read and update H (their connections' width/depth), output       DeepSeek 2025 (mHC)
+          the streams' sum (then the final norm)
 ========  ===============================================================  =====================
 """
 from typing import ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
+
+from resnmt.modules.denseformer import DepthWeightedAverage
+from resnmt.modules.hyper import expand_streams, reduce_streams
 
 State = Tuple[Tensor, ...]
 
@@ -171,3 +179,50 @@ class DLCLStream(ResidualStream):
     def extra_repr(self) -> str:
         window = f", window={self.window}" if self.window else ""
         return f"{'pre' if self.pre_norm else 'post'}-norm, layers={self.num_layers}{window}"
+
+
+class DenseFormerStream(ResidualStream):
+    """DenseFormer (Pagliardini et al., NeurIPS 2024, arXiv:2402.02622): with X_0 the
+    embedded input and X_i the output of block i, block i+1 reads
+    ``Y_i = sum_{j<=i} alpha[i-1, j] X_j`` (block 1 reads X_0), the stack's output is
+    ``Y_L`` (then the final norm); alpha a :class:`~resnmt.modules.denseformer.DepthWeightedAverage`
+    starting at the identity (alpha_ii = 1), so the stack starts as the plain pre-LN stack."""
+
+    def __init__(self, num_layers: int):
+        super().__init__()
+        self.average = DepthWeightedAverage(num_layers)
+
+    def begin(self, x: Tensor) -> State:
+        return (x,)
+
+    def layer_input(self, state: State, index: int, x: Tensor) -> Tensor:
+        return state[0] if index == 0 else self.average(list(state))
+
+    def after_layer(self, state: State, index: int, y: Tensor, residual_sum: Optional[Tensor]) -> State:
+        return state + (y,)
+
+    def end(self, state: State, x: Tensor) -> Tensor:
+        return self.average(list(state))
+
+    def learned(self) -> Dict[str, List[List[float]]]:
+        return self.average.learned()
+
+
+class HyperStream(ResidualStream):
+    """Hyper-Connections' and mHC's n streams (:mod:`resnmt.modules.hyper`): the first layer
+    reads the embedded input tiled n times, ``H^0`` (T, B, n, C); each layer reads and
+    returns the streams (its connections mix and update them); the stack's output is the
+    streams' sum (T, B, C), before the final norm (the HC paper's order)."""
+
+    def __init__(self, num_streams: int):
+        super().__init__()
+        self.num_streams = int(num_streams)
+
+    def layer_input(self, state: State, index: int, x: Tensor) -> Tensor:
+        return expand_streams(x, self.num_streams) if index == 0 else x
+
+    def end(self, state: State, x: Tensor) -> Tensor:
+        return reduce_streams(x)
+
+    def extra_repr(self) -> str:
+        return f"streams={self.num_streams}"

@@ -21,31 +21,39 @@ The package, by job:
   pre-LN), :mod:`~resnmt.modules.connections.rskip` (the rSkip paper's),
   :mod:`~resnmt.modules.connections.gated` (SAS, highway),
   :mod:`~resnmt.modules.connections.deep` (DeepNorm, ReZero, Admin, Peri-LN),
-  :mod:`~resnmt.modules.connections.cross_layer` (B2T, ResiDual, DLCL).
+  :mod:`~resnmt.modules.connections.cross_layer` (B2T, ResiDual, DLCL, DenseFormer),
+  :mod:`~resnmt.modules.connections.depth_norm` (Mix-LN, LayerNorm Scaling, HybridNorm),
+  :mod:`~resnmt.modules.connections.multi_stream` (Hyper-Connections, mHC).
 
 **The registry is the one list of kinds**, in this order (the table is generated from
 it: ``python -m resnmt.cli.kind_table --write``):
 
 <!-- kind-docstring-table:begin -->
-=========  ============================================================================================
-kind       output y
-=========  ============================================================================================
-post_ln    LN(x + F)
-pre_ln     x + F(LN(x)), a final LN after each stack
-xskip      λ·x + F, no normalization
-xskip_ln   LN(λ·x + F), --skip-lambda-learned: λ a learned vector
-rskip_ln   y₁ = LN₁(x + F), y_k = LN_k(x + y_{k-1}), output y_λ, λ an integer ≥ 1
-sas        α·x + β·F + γ·LN(x + F), α, β learned gates, γ = (1-α)(1-β) (--sas-gamma gate: a third gate)
-highway    t·F + (1-t)·x, t = σ(x W_T + b_T)
-deepnorm   LN(α·x + F), α and the init's β from the depths
-rezero     x + a·F, a learned from 0, no LayerNorm
-admin      LN(ω ⊙ x + F), ω learned, initialised from the depth
-peri_ln    x + LN_out(F(LN_in(x))), a final LN after each stack
-b2t        LN(h + F(h) + x₀), post-LN; a layer's last LN also takes the layer's input x₀
-resi_dual  x_N + LN(d), d = x₀ + ΣF, post-LN sublayers; d adds every sublayer's F
-dlcl       x_l = Σ_{k<l} W[l,k]·LN(y_k), pre-LN layers; W learned from the average
-dlcl_post  x_l = LN(Σ_{k<l} W[l,k]·y_k), post-LN layers; W learned from the average
-=========  ============================================================================================
+===========  =====================================================================================================================
+kind         output y
+===========  =====================================================================================================================
+post_ln      LN(x + F)
+pre_ln       x + F(LN(x)), a final LN after each stack
+xskip        λ·x + F, no normalization
+xskip_ln     LN(λ·x + F), --skip-lambda-learned: λ a learned vector
+rskip_ln     y₁ = LN₁(x + F), y_k = LN_k(x + y_{k-1}), output y_λ, λ an integer ≥ 1
+sas          α·x + β·F + γ·LN(x + F), α, β learned gates, γ = (1-α)(1-β) (--sas-gamma gate: a third gate)
+highway      t·F + (1-t)·x, t = σ(x W_T + b_T)
+deepnorm     LN(α·x + F), α and the init's β from the depths
+rezero       x + a·F, a learned from 0, no LayerNorm
+admin        LN(ω ⊙ x + F), ω learned, initialised from the depth
+peri_ln      x + LN_out(F(LN_in(x))), a final LN after each stack
+b2t          LN(h + F(h) + x₀), post-LN; a layer's last LN also takes the layer's input x₀
+resi_dual    x_N + LN(d), d = x₀ + ΣF, post-LN sublayers; d adds every sublayer's F
+dlcl         x_l = Σ_{k<l} W[l,k]·LN(y_k), pre-LN layers; W learned from the average
+dlcl_post    x_l = LN(Σ_{k<l} W[l,k]·y_k), post-LN layers; W learned from the average
+denseformer  Y_i = Σ_{j≤i} α_ij·X_j, pre-LN blocks; X₀ the embedding, α from the identity
+mix_ln       LN(x + F) if l < ⌊αL⌋, else x + F(LN(x)), α = --mix-ln-fraction; a final LN after each stack
+ln_scaling   x + F(LN(x)/√ℓ), pre-LN, ℓ the 1-based block index; a final LN after each stack
+hybrid_norm  x + Attn_QKV(x); Norm(x) + FFN(Norm(x)), Q, K, V normalized per head (self and cross); a final LN after each stack
+hyper        H ← A_rᵀH + Bᵀ·F(LN(A_mᵀH)), n streams (--hc-streams); H⁰ = n copies of x₀, output ΣH then the final LN
+mhc          H ← H_res·H + H_postᵀ·F(LN(H_pre·H)), H_res = SK(·), n streams (--hc-streams); H_pre, H_post sigmoids; Sinkhorn-Knopp
+===========  =====================================================================================================================
 <!-- kind-docstring-table:end -->
 
 Every normalization a kind owns is ``--normalization`` (LayerNorm, RMSNorm or DyT;
@@ -92,7 +100,10 @@ from resnmt.modules.connections.cross_layer import (  # noqa: F401
     B2TConnection,
     DLCLConnection,
     DLCLPostConnection,
+    DenseFormerConnection,
     ResiDualConnection,
 )
+from resnmt.modules.connections.depth_norm import HybridNormConnection, LNScalingConnection, MixLNConnection  # noqa: F401
+from resnmt.modules.connections.multi_stream import HyperConnection, ManifoldHyperConnectionKind  # noqa: F401
 
 CONNECTION_KINDS = tuple(CONNECTION_CLASSES)

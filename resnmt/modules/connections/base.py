@@ -37,7 +37,13 @@ class SublayerConnection(nn.Module):
     * ``reads_layer_input``: :meth:`forward` of the layer's last sublayer also takes the
       layer's input (B2T);
     * :meth:`build_stream`: the :class:`~resnmt.modules.streams.ResidualStream` the stack
-      carries from layer to layer besides ``x`` (ResiDual, DLCL; None: plain stacking).
+      carries from layer to layer besides ``x`` (ResiDual, DLCL; None: plain stacking);
+    * ``multi_stream``: the layer hands the connection n streams ``H`` (T, B, n, C) and runs
+      each sublayer as ``h, mixed, write = conn.width(H)``,
+      ``H = conn.depth(dropout(F(conn.prenorm(h))), mixed, write)`` (Hyper-Connections, mHC);
+    * ``qkv_normalized``: the layer builds its attention (self and cross) with per-head
+      normalized Q, K, V (:func:`resnmt.modules.qkv_norm_attention.qkv_norm_attention`;
+      HybridNorm).
 
     A connection is built once per sublayer from its layer's spec
     (``spec.layer_index`` is the layer), so a kind may depend on the layer's position.
@@ -57,6 +63,8 @@ class SublayerConnection(nn.Module):
     arch_options: ClassVar[Mapping[str, Any]] = {}
     normalized: ClassVar[bool] = True
     reads_layer_input: ClassVar[bool] = False
+    multi_stream: ClassVar[bool] = False
+    qkv_normalized: ClassVar[bool] = False
 
     @classmethod
     def check_spec(cls, spec: ConnectionSpec) -> None:

@@ -1,5 +1,5 @@
-"""Kinds that cross a sublayer: B2T reads its layer's input; ResiDual and DLCL carry a
-residual stream from layer to layer (:mod:`resnmt.modules.streams`).
+"""Kinds that cross a sublayer: B2T reads its layer's input; ResiDual, DLCL and DenseFormer
+carry a residual stream from layer to layer (:mod:`resnmt.modules.streams`).
 
 A method that needs more than one sublayer's ``x`` and ``F`` is one stream class (what the
 stack carries) and one kind here whose :meth:`build_stream` returns it.
@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from resnmt.modules.connections.classic import PostLNConnection, PreLNConnection
 from resnmt.modules.connections.spec import ConnectionSpec, register_connection
 from resnmt.modules.flags import Flag, positive_float, positive_int
-from resnmt.modules.streams import DLCLStream, ResiDualStream, ResidualStream
+from resnmt.modules.streams import DenseFormerStream, DLCLStream, ResiDualStream, ResidualStream
 
 
 @register_connection
@@ -126,3 +126,20 @@ class DLCLPostConnection(PostLNConnection):
         return DLCLStream(stream_norms(dim, spec), pre_norm=False, window=spec.dlcl_window)
 
 
+@register_connection
+class DenseFormerConnection(PreLNConnection):
+    """DenseFormer: pre-LN blocks whose outputs are replaced by a learned depth-weighted
+    average of the embedded input and every earlier block output,
+    ``Y_i = sum_{j<=i} alpha_ij X_j``, starting at the identity
+    (:class:`~resnmt.modules.streams.DenseFormerStream`; Pagliardini et al., NeurIPS 2024,
+    arXiv:2402.02622). The paper's period/dilation options are not implemented."""
+
+    kind = "denseformer"
+    equation = "Y_i = Σ_{j≤i} α_ij·X_j"
+    note = "pre-LN blocks; X₀ the embedding, α from the identity"
+    source = "DenseFormer, Pagliardini et al., NeurIPS 2024, arXiv:2402.02622"
+    arch_family = "denseformer"
+
+    @classmethod
+    def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
+        return DenseFormerStream(spec.layers)

@@ -70,7 +70,12 @@ SETTINGS = {
     "dyt_alpha_init": DEFAULT_DYT_ALPHA,
     "no_final_norm": False,
     "layer_index": None,
+    "sublayer": None,
 }
+
+# a layer's sublayers in order, by side: the sublayer index k in the stack is
+# layer_index * len(side's tuple) + position (multi-stream kinds start reading stream k mod n)
+SUBLAYERS = {"encoder": ("self_attn", "ffn"), "decoder": ("self_attn", "encoder_attn", "ffn")}
 
 
 class ConnectionSpec:
@@ -89,6 +94,8 @@ class ConnectionSpec:
         no_final_norm: fairseq's ``--no-decoder-final-norm`` (the decoder side only).
         layer_index: the layer a connection is built for (0-based; :meth:`at_layer`),
             None for the side as a whole. A kind whose form depends on the layer reads it.
+        sublayer: the sublayer a connection is built for (``SUBLAYERS``: self_attn,
+            encoder_attn, ffn; :meth:`at_sublayer`), None where not given.
         **options: values of the kinds' flags by ``dest`` (``skip_lambda=2.0``,
             ``sas_gate_dim=64``, ...); a flag left out takes its default.
     """
@@ -140,6 +147,7 @@ class ConnectionSpec:
         shown = ", ".join(f"{k}={v!r}" for k, v in self.options if k in own)
         norm = "" if self.normalization == DEFAULT_NORMALIZATION else f", normalization={self.normalization!r}"
         layer = "" if self.layer_index is None else f", layer_index={self.layer_index}"
+        layer += "" if self.sublayer is None else f", sublayer={self.sublayer!r}"
         return (f"ConnectionSpec(kind={self.kind!r}, side={self.side!r}, layers={self.encoder_layers}+"
                 f"{self.decoder_layers}{norm}{layer}{', ' + shown if shown else ''})")
 
@@ -150,6 +158,26 @@ class ConnectionSpec:
             object.__setattr__(spec, name, getattr(self, name))
         object.__setattr__(spec, "layer_index", int(index))
         return spec
+
+    def at_sublayer(self, name: str) -> "ConnectionSpec":
+        """This spec for the connection of sublayer ``name`` of its layer (no check again)."""
+        if name not in SUBLAYERS[self.side]:
+            raise ValueError(f"{self.side} layers have no sublayer {name!r}: {', '.join(SUBLAYERS[self.side])}")
+        spec = object.__new__(ConnectionSpec)
+        for attr in ("kind", *SETTINGS, "options"):
+            object.__setattr__(spec, attr, getattr(self, attr))
+        object.__setattr__(spec, "sublayer", name)
+        return spec
+
+    @property
+    def sublayer_index(self) -> int:
+        """The sublayer's index k in its stack, every sublayer counted from 0 (encoder layer
+        l: 2l, 2l+1; decoder layer l: 3l, 3l+1 cross-attention, 3l+2); 0 where the layer or
+        sublayer is not given (a connection built for the side as a whole)."""
+        if self.layer_index is None or self.sublayer is None:
+            return 0
+        order = SUBLAYERS[self.side]
+        return self.layer_index * len(order) + order.index(self.sublayer)
 
     def norm(self, dim: int) -> nn.Module:
         """A new normalization of ``dim`` features, of this spec's ``--normalization``."""
