@@ -228,7 +228,7 @@ def test_experiment_bad_options_stop_before_any_work(tmp_path, monkeypatch, caps
     code, err = run_experiment("--results", tmp_path / "r.jsonl", "multi30k", "transformer_nope_base")
     assert code == 1 and err.splitlines()[-1].startswith(
         "[run_experiment] error: the training options were refused: ARCH 'transformer_nope_base' is not a "
-        "resnmt_transformer arch or 'transformer'; closest: transformer_preln_base transformer_periln_base")
+        "resnmt_transformer arch or 'transformer'; closest: transformer_preln_base transformer_hyper_base transformer_periln_base")
     code, err = run_experiment("--average", "0", "multi30k", "transformer")
     assert code == 2 and "--average '0': must be an integer >= 1" in err
     assert os.listdir(tmp_path) == []
