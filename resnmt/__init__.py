@@ -5,10 +5,10 @@ package registers the ``resnmt_transformer`` model, its named architectures
 (``transformer_sas_base`` ...), the ``resnmt_translation`` task and the ``adam_fused``
 optimizer (fairseq's ``adam`` in multi-tensor kernels), allow-lists the
 types fairseq checkpoints hold so that they load under torch's ``weights_only``,
-lets a training run that stops mid-epoch exit cleanly (``resnmt.prefetch_exit``), and
+lets a training run that stops mid-epoch exit cleanly (``resnmt.training.prefetch_exit``), and
 keeps the float32 master weights of ``--fp16``/``--bf16`` runs in their checkpoints so
-that a resumed run continues exactly (``resnmt.bf16``), and hides the deprecation notices
-fairseq's calls cause in hydra and torch (``resnmt.quiet``). What needs fairseq or torch
+that a resumed run continues exactly (``resnmt.training.bf16``), and hides the deprecation notices
+fairseq's calls cause in hydra and torch (``resnmt.training.quiet``). What needs fairseq or torch
 happens as soon as that library is loaded (``resnmt.plugin``), so that data preparation
 (``resnmt.data``) imports neither.
 
@@ -17,11 +17,11 @@ loads a checkpoint for translation from Python (fairseq's hub interface; ``resnm
 """
 from resnmt.version import __version__  # noqa: F401
 from resnmt.plugin import allow_fairseq_checkpoints, plug_into_fairseq, when_imported
-from resnmt.prefetch_exit import park_prefetch_threads_at_exit
-from resnmt.quiet import hide_third_party_deprecations
+from resnmt.training.prefetch_exit import park_prefetch_threads_at_exit
+from resnmt.training.quiet import hide_third_party_deprecations
 
-hide_third_party_deprecations()  # hydra's and torch's notices about fairseq's calls (resnmt.quiet)
-park_prefetch_threads_at_exit()  # (resnmt.prefetch_exit)
+hide_third_party_deprecations()  # hydra's and torch's notices about fairseq's calls (resnmt.training.quiet)
+park_prefetch_threads_at_exit()  # (resnmt.training.prefetch_exit)
 when_imported({"torch": allow_fairseq_checkpoints, "fairseq": plug_into_fairseq})
 
 

@@ -83,7 +83,7 @@ class Dataset:
 
     @property
     def score_options(self) -> dict:
-        """The scoring keywords (resnmt.scoring) of this dataset's test set."""
+        """The scoring keywords (resnmt.decoding.scoring) of this dataset's test set."""
         if self.detok == "none":
             return {}
         return {"detok": self.detok, "lang": self.tgt, "compound_split": self.compound_split}
