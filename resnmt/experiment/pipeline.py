@@ -1,6 +1,6 @@
 """``Experiment``: prepare -> train -> average -> decode -> score for one model, each step
 skipped when its output exists (re-running resumes an interrupted experiment or does
-nothing). ``resnmt-experiment`` and the demo (``resnmt.cli.experiment``) run it."""
+nothing). ``resnmt-experiment`` (``resnmt.cli.experiment``) and the demo (``resnmt.cli.demo``) run it."""
 import json
 import os
 import shlex
