@@ -14,6 +14,14 @@ happens as soon as that library is loaded (``resnmt.plugin``), so that data prep
 
 ``resnmt.from_pretrained(checkpoint_dir, checkpoint_file=..., data_name_or_path=...)``
 loads a checkpoint for translation from Python (fairseq's hub interface; ``resnmt.hub``).
+
+The package, from the ground up: ``shared`` and ``atomic`` (what every layer uses, the
+standard library alone); ``modules`` (the connections, norms and activations as ``nn``
+modules), ``models`` (the model, its flags resolved once, the named archs) and ``tasks``
+(the task); ``training`` (what resnmt adds to fairseq's training) and ``decoding`` (to
+decoding and scoring); ``data`` (preparing a corpus) and ``analysis`` (what a trained model
+learned); ``experiment`` (the papers' pipeline, step by step); ``cli`` (the commands, over
+all of it). ``plugin`` plugs it into fairseq, ``hub`` loads it from Python.
 """
 from resnmt.version import __version__  # noqa: F401
 from resnmt.plugin import allow_fairseq_checkpoints, plug_into_fairseq, when_imported
