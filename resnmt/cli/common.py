@@ -34,8 +34,10 @@ def logger(name: str) -> Callable[[str], None]:
     return lambda message: print(f"[{name}] {message}", file=sys.stderr, flush=True)
 
 
-class Parser(argparse.ArgumentParser):
-    """Usage errors as one line naming the option (exit status 2); help is ``text``, the command's own."""
+class PipelineParser(argparse.ArgumentParser):
+    """The pipeline commands' parser: a usage error is one ``[NAME] error:`` line naming the
+    option (exit status 2), beside their ``[NAME]`` progress lines; help is ``text``, the
+    command's own. (The single-step tools' is ``OneLineErrorParser``: ``PROG: error:``.)"""
 
     def __init__(self, prog: str, usage: str, text: str):
         super().__init__(prog=prog, usage=usage, add_help=False, allow_abbrev=False)
@@ -70,7 +72,7 @@ def split_extra(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
     return argv, []
 
 
-def parse(parser: Parser, argv: Sequence[str]):
+def parse(parser: PipelineParser, argv: Sequence[str]):
     own, extra = split_extra(argv)
     args = parser.parse_args(own)
     if args.help:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from resnmt.atomic import atomic_write_text
-from resnmt.cli.common import Parser, logger, parse, report_warnings, run_guarded
+from resnmt.cli.common import PipelineParser, logger, parse, report_warnings, run_guarded
 from resnmt.experiment import presets, steps
 from resnmt.experiment.errors import ExperimentError, UsageError
 from resnmt.experiment.options import check_choice
@@ -67,7 +67,7 @@ docs/figures/curves-bleu.png; longer and deeper runs: benchmarks/curves.py."""
 
 def demo_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/demo.sh") -> int:
     env = os.environ.get
-    p = Parser(prog, f"{prog} [options]     (make demo runs it with the venv on PATH)", DEMO_HELP)
+    p = PipelineParser(prog, f"{prog} [options]     (make demo runs it with the venv on PATH)", DEMO_HELP)
     p.add_argument("--budget", default=env("DEMO_BUDGET", "full"))
     p.add_argument("--max-epoch", default=env("DEMO_MAX_EPOCH") or None)
     p.add_argument("--max-update", default=env("DEMO_MAX_UPDATE") or None)

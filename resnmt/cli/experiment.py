@@ -19,7 +19,7 @@ import textwrap
 import time
 from typing import Optional, Sequence, Tuple
 
-from resnmt.cli.common import Parser, command_name, logger, parse, report_warnings, run_guarded
+from resnmt.cli.common import PipelineParser, command_name, logger, parse, report_warnings, run_guarded
 from resnmt.data.corpora import DATASETS
 from resnmt.experiment import presets, steps
 from resnmt.experiment.errors import UsageError
@@ -140,7 +140,7 @@ def train_request(args, names: Sequence[str]) -> presets.TrainRequest:
 # ------------------------------------------------------------------------------- train
 
 def train_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/train.sh") -> int:
-    p = Parser(prog, f"{prog} [options] DATASET ARCH [-- FAIRSEQ-TRAIN FLAGS...]", TRAIN_HELP)
+    p = PipelineParser(prog, f"{prog} [options] DATASET ARCH [-- FAIRSEQ-TRAIN FLAGS...]", TRAIN_HELP)
     add_options(p, presets.TrainRequest, TRAIN_OPTIONS)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--verbose", action="store_true")
@@ -163,8 +163,8 @@ def train_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/train.
 
 # -------------------------------------------------------------------------- experiment
 
-def experiment_parser(prog: str) -> Parser:
-    p = Parser(prog, f"{prog} [options] DATASET ARCH [-- FAIRSEQ-TRAIN FLAGS...]", EXPERIMENT_HELP)
+def experiment_parser(prog: str) -> PipelineParser:
+    p = PipelineParser(prog, f"{prog} [options] DATASET ARCH [-- FAIRSEQ-TRAIN FLAGS...]", EXPERIMENT_HELP)
     add_options(p, ExperimentRequest, EXPERIMENT_OPTIONS)
     add_options(p, presets.TrainRequest, RUN_OPTIONS)
     p.add_argument("--dry-run", action="store_true")
