@@ -48,7 +48,7 @@ import common
 from common import CONTROL_ROWS, DEFAULT_MILESTONES, GEN2025_KINDS, NEW_KINDS, slug
 from common import CURVES_ROWS as ROWS
 
-from resnmt.averaging import numbered_checkpoints
+from resnmt.decoding.averaging import numbered_checkpoints
 from resnmt.experiment import steps
 from resnmt.experiment.presets import SIZES
 from resnmt.experiment.runtime import tool_env

@@ -19,7 +19,7 @@ def fairseq_training(argv: Sequence[str]):
     from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from resnmt.bf16 import untie_bf16_from_tpu
+    from resnmt.training.bf16 import untie_bf16_from_tpu
 
     argv = [str(x) for x in argv]
     args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)

@@ -5,23 +5,31 @@ package registers the ``resnmt_transformer`` model, its named architectures
 (``transformer_sas_base`` ...), the ``resnmt_translation`` task and the ``adam_fused``
 optimizer (fairseq's ``adam`` in multi-tensor kernels), allow-lists the
 types fairseq checkpoints hold so that they load under torch's ``weights_only``,
-lets a training run that stops mid-epoch exit cleanly (``resnmt.prefetch_exit``), and
+lets a training run that stops mid-epoch exit cleanly (``resnmt.training.prefetch_exit``), and
 keeps the float32 master weights of ``--fp16``/``--bf16`` runs in their checkpoints so
-that a resumed run continues exactly (``resnmt.bf16``), and hides the deprecation notices
-fairseq's calls cause in hydra and torch (``resnmt.quiet``). What needs fairseq or torch
+that a resumed run continues exactly (``resnmt.training.bf16``), and hides the deprecation notices
+fairseq's calls cause in hydra and torch (``resnmt.training.quiet``). What needs fairseq or torch
 happens as soon as that library is loaded (``resnmt.plugin``), so that data preparation
 (``resnmt.data``) imports neither.
 
 ``resnmt.from_pretrained(checkpoint_dir, checkpoint_file=..., data_name_or_path=...)``
 loads a checkpoint for translation from Python (fairseq's hub interface; ``resnmt.hub``).
+
+The package, from the ground up: ``shared`` and ``atomic`` (what every layer uses, the
+standard library alone); ``modules`` (the connections, norms and activations as ``nn``
+modules), ``models`` (the model, its flags resolved once, the named archs) and ``tasks``
+(the task); ``training`` (what resnmt adds to fairseq's training) and ``decoding`` (to
+decoding and scoring); ``data`` (preparing a corpus) and ``analysis`` (what a trained model
+learned); ``experiment`` (the papers' pipeline, step by step); ``cli`` (the commands, over
+all of it). ``plugin`` plugs it into fairseq, ``hub`` loads it from Python.
 """
 from resnmt.version import __version__  # noqa: F401
 from resnmt.plugin import allow_fairseq_checkpoints, plug_into_fairseq, when_imported
-from resnmt.prefetch_exit import park_prefetch_threads_at_exit
-from resnmt.quiet import hide_third_party_deprecations
+from resnmt.training.prefetch_exit import park_prefetch_threads_at_exit
+from resnmt.training.quiet import hide_third_party_deprecations
 
-hide_third_party_deprecations()  # hydra's and torch's notices about fairseq's calls (resnmt.quiet)
-park_prefetch_threads_at_exit()  # (resnmt.prefetch_exit)
+hide_third_party_deprecations()  # hydra's and torch's notices about fairseq's calls (resnmt.training.quiet)
+park_prefetch_threads_at_exit()  # (resnmt.training.prefetch_exit)
 when_imported({"torch": allow_fairseq_checkpoints, "fairseq": plug_into_fairseq})
 
 

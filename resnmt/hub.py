@@ -17,7 +17,7 @@ differences:
   ``translate`` takes and returns plain text;
 * ``lenpen_form='gnmt'`` ranks the finished hypotheses by the GNMT length penalty
   ``log P / ((5 + |Y|) / 6) ** lenpen`` of the papers (``--lenpen-form`` of the
-  ``resnmt_translation`` task, see ``resnmt/sequence_generator.py``), for a checkpoint
+  ``resnmt_translation`` task, see ``resnmt/decoding/sequence_generator.py``), for a checkpoint
   trained with any translation task; ``lenpen`` sets the default ``lenpen`` of
   ``translate``/``generate`` (each call may still pass its own);
 * resnmt is imported, so the checkpoint's model and task are registered and its
@@ -37,9 +37,9 @@ from typing import Optional, Union
 from fairseq import hub_utils, tasks
 from omegaconf import open_dict
 
-from resnmt.sequence_generator import LENPEN_FORMS
+from resnmt.decoding.sequence_generator import LENPEN_FORMS
+from resnmt.decoding.subword import SubwordError, hub_overrides
 from resnmt.tasks.translation import ResNMTTranslationTask
-from resnmt.subword import SubwordError, hub_overrides
 
 PathLike = Union[str, Path]
 

@@ -3,8 +3,8 @@
 Plugging in (``plug_into_fairseq``) registers the ``resnmt_transformer`` model and its named
 architectures, the ``resnmt_translation`` task and the ``adam_fused`` optimizer, keeps the
 float32 master weights of ``--fp16``/``--bf16`` runs in their checkpoints
-(``resnmt.bf16``) and lowers the DEBUG level fairseq's import leaves on the root logger
-(``resnmt.quiet``). ``allow_fairseq_checkpoints`` (``resnmt.checkpoint_compat``)
+(``resnmt.training.bf16``) and lowers the DEBUG level fairseq's import leaves on the root logger
+(``resnmt.training.quiet``). ``allow_fairseq_checkpoints`` (``resnmt.training.checkpoint_compat``)
 allow-lists the types fairseq checkpoints hold for torch's ``weights_only`` loading.
 
 All of that needs fairseq or torch, about two seconds to import, which data preparation
@@ -15,7 +15,7 @@ that library's own import finishes, whoever imports it (where one of resnmt's mo
 imports it, once that module's import has finished: plugging in imports resnmt's modules,
 which must not be half-initialized then). ``import resnmt`` followed by
 ``from fairseq.models import ARCH_MODEL_REGISTRY`` finds resnmt's archs either way, a
-checkpoint read with torch alone (``resnmt.averaging``) loads, and ``import
+checkpoint read with torch alone (``resnmt.decoding.averaging``) loads, and ``import
 resnmt.data.corpora`` loads neither library.
 """
 import importlib.abc
@@ -27,19 +27,19 @@ from typing import Callable, Dict, List
 def plug_into_fairseq() -> None:
     """Register resnmt's model, archs, task and optimizer with fairseq and install its
     patches of fairseq's training (idempotent: the registrations are module imports)."""
-    from resnmt.bf16 import keep_fp32_master_weights
-    from resnmt.quiet import lower_fairseqs_debug_logging
+    from resnmt.training.bf16 import keep_fp32_master_weights
+    from resnmt.training.quiet import lower_fairseqs_debug_logging
 
     keep_fp32_master_weights()
     from resnmt import models  # noqa: F401  (registers the model and archs)
     from resnmt import tasks  # noqa: F401  (registers resnmt_translation)
-    from resnmt import optim  # noqa: F401  (registers --optimizer adam_fused)
+    from resnmt.training import optim  # noqa: F401  (registers --optimizer adam_fused)
 
-    lower_fairseqs_debug_logging()  # fairseq's import leaves the root logger at DEBUG (resnmt.quiet)
+    lower_fairseqs_debug_logging()  # fairseq's import leaves the root logger at DEBUG (resnmt.training.quiet)
 
 
 def allow_fairseq_checkpoints() -> None:
-    from resnmt.checkpoint_compat import allow_fairseq_checkpoints as allow
+    from resnmt.training.checkpoint_compat import allow_fairseq_checkpoints as allow
 
     allow()
 

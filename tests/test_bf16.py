@@ -1,4 +1,4 @@
-"""bf16 training from the user's command (resnmt/bf16.py).
+"""bf16 training from the user's command (resnmt/training/bf16.py).
 
 fairseq 0.12 sets ``--tpu`` for ``--bf16``; ``resnmt-train`` keeps bf16 on this machine's
 device. On the CPU (``--bf16 --cpu``), through resnmt-train's real entry point with the
@@ -15,7 +15,7 @@ import torch
 
 from conftest import run_cli
 from model_utils import TINY
-from resnmt.bf16 import (MASTER_WEIGHTS_KEY, bf16_needs_resnmt_train_message, torch_xla_installed,
+from resnmt.training.bf16 import (MASTER_WEIGHTS_KEY, bf16_needs_resnmt_train_message, torch_xla_installed,
                          untie_bf16_from_tpu)
 from test_distributed import ARCHS, PROBE, USER_DIR, probe_train_args, read_losses
 

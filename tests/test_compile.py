@@ -1,4 +1,4 @@
-"""``--compile-layers`` (resnmt/compile.py): the layers compiled for training compute the
+"""``--compile-layers`` (resnmt/training/compile.py): the layers compiled for training compute the
 eager layers' function, compile once for all batch shapes, and leave evaluation eager.
 
 The default suite traces post-LN with torch.compile's ``aot_eager`` backend (Dynamo and AOT
@@ -13,7 +13,7 @@ import torch._dynamo
 
 from conftest import REPO_ROOT, run_cli
 from model_utils import TINY, assert_incremental_equals_full, build, move_connections_off_init, randomize_norms
-from resnmt.compile import compile_layers_for_training, compiled_calls
+from resnmt.training.compile import compile_layers_for_training, compiled_calls
 from test_bf16 import write_resnmt_train_probe
 from test_distributed import ARCHS, probe_train_args, read_losses
 

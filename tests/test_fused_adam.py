@@ -1,4 +1,4 @@
-"""``--optimizer adam_fused`` (resnmt/optim.py) against fairseq's ``adam``.
+"""``--optimizer adam_fused`` (resnmt/training/optim.py) against fairseq's ``adam``.
 
 Both optimizers are built by fairseq from parsed command-line flags, with the same lr
 schedule (inverse_sqrt with warm-up), betas and weight decay, and stepped on the same
@@ -17,7 +17,7 @@ from fairseq.optim import lr_scheduler
 
 import resnmt  # noqa: F401  (registers adam_fused)
 from conftest import run_cli
-from resnmt.optim import MultiTensorAdam, fused_adamw_supported
+from resnmt.training.optim import MultiTensorAdam, fused_adamw_supported
 from test_bf16 import write_resnmt_train_probe
 from test_distributed import ARCHS, probe_train_args, read_losses
 

@@ -9,7 +9,7 @@ from conftest import REPO_ROOT, run_cli
 from subword_data import prepare
 
 import resnmt
-from resnmt.sequence_generator import GNMTLengthPenaltyMixin
+from resnmt.decoding.sequence_generator import GNMTLengthPenaltyMixin
 
 USER_DIR = str(REPO_ROOT / "resnmt")
 SIZE = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",

@@ -9,7 +9,7 @@ from conftest import REPO_ROOT, run_cli
 from fairseq import checkpoint_utils, tasks
 from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
-from resnmt.sequence_generator import (
+from resnmt.decoding.sequence_generator import (
     GNMTSequenceGenerator,
     GNMTSequenceGeneratorWithAlignment,
     gnmt_length_penalty,

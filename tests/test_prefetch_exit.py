@@ -1,5 +1,5 @@
 """A process that stops reading fairseq's prefetched batches mid-epoch exits cleanly once
-resnmt is imported (resnmt.prefetch_exit); without it, the prefetch thread is caught in
+resnmt is imported (resnmt.training.prefetch_exit); without it, the prefetch thread is caught in
 torch's C++ code at shutdown and the process aborts (the CI failure that led to it)."""
 import subprocess
 import sys
@@ -12,7 +12,7 @@ from conftest import run_cli
 STOP_MID_EPOCH = """
 import atexit, sys, torch
 import resnmt
-from resnmt.prefetch_exit import park_prefetch_threads
+from resnmt.training.prefetch_exit import park_prefetch_threads
 if sys.argv[1] == "unguarded":
     atexit.unregister(park_prefetch_threads)
 from fairseq.data.iterators import BufferedIterator

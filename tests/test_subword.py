@@ -9,7 +9,7 @@ from conftest import run_cli, shared_data_dir
 from subword_data import prepare, segment_with_sentencepiece, segment_with_subword_nmt
 
 from resnmt.cli.evaluate import main as evaluate_main
-from resnmt.subword import SubwordError, data_subword, decode_post_process, hub_overrides, post_process_flag
+from resnmt.decoding.subword import SubwordError, data_subword, decode_post_process, hub_overrides, post_process_flag
 
 
 @pytest.fixture(scope="module")

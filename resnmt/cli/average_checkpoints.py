@@ -19,8 +19,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from resnmt.averaging import AverageError, average_checkpoints, save_atomic, select_checkpoints
 from resnmt.cli.common import OneLineErrorParser
+from resnmt.decoding.averaging import AverageError, average_checkpoints, save_atomic, select_checkpoints
 
 PROG = "resnmt-average"
 

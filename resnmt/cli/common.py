@@ -1,8 +1,15 @@
-"""Pieces shared by resnmt's command-line tools."""
+"""Pieces shared by resnmt's command-line tools: fairseq's logging set-up, and the parsers
+and messages of the pipeline's commands (``resnmt-experiment``, ``scripts/train.sh``,
+``scripts/demo.sh``): ``[NAME] ...`` lines on stderr, a bad option one ``[NAME] error:``
+line (the last) and exit status 2, a failed step one error line and exit status 1."""
+import argparse
 import logging
 import os
 import sys
+from pathlib import Path
+from typing import Callable, List, Sequence, Tuple
 
+from resnmt.experiment.errors import ExperimentError, UsageError
 from resnmt.shared import OneLineErrorParser, one_line_errors  # noqa: F401  (the commands' parsers)
 
 # fairseq_cli.train's root logger set-up
@@ -19,3 +26,75 @@ def fairseq_logging(stream=sys.stdout) -> None:
     another format."""
     logging.basicConfig(format=FAIRSEQ_LOG_FORMAT, datefmt=FAIRSEQ_LOG_DATEFMT,
                         level=os.environ.get("LOGLEVEL", "INFO").upper(), stream=stream, force=True)
+
+# ------------------------------------------------- the pipeline commands' parsers and messages
+
+
+def logger(name: str) -> Callable[[str], None]:
+    return lambda message: print(f"[{name}] {message}", file=sys.stderr, flush=True)
+
+
+class PipelineParser(argparse.ArgumentParser):
+    """The pipeline commands' parser: a usage error is one ``[NAME] error:`` line naming the
+    option (exit status 2), beside their ``[NAME]`` progress lines; help is ``text``, the
+    command's own. (The single-step tools' is ``OneLineErrorParser``: ``PROG: error:``.)"""
+
+    def __init__(self, prog: str, usage: str, text: str):
+        super().__init__(prog=prog, usage=usage, add_help=False, allow_abbrev=False)
+        self.text = text
+        self.add_argument("-h", "--help", action="store_true")
+
+    def format_help(self) -> str:
+        return f"Usage: {self.usage}\n\n{self.text}"
+
+    def error(self, message):
+        usage_error(self.prog, message)
+
+
+def command_name(prog: str) -> str:
+    """The [NAME] of a command's messages: resnmt-experiment, train (scripts/train.sh, or
+    python -m resnmt.cli.experiment train), demo (scripts/demo.sh, python -m resnmt.cli.demo)."""
+    return prog.split()[-1].split(".")[-1] if " " in prog else Path(prog).stem
+
+
+def usage_error(prog: str, message: str):
+    name = command_name(prog)
+    print(f"[{name}] error: {message} (see {prog} --help)", file=sys.stderr)
+    sys.exit(2)
+
+
+def split_extra(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """Options before the first ``--``, and the fairseq-train flags after it."""
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def parse(parser: PipelineParser, argv: Sequence[str]):
+    own, extra = split_extra(argv)
+    args = parser.parse_args(own)
+    if args.help:
+        print(parser.format_help(), end="")
+        sys.exit(0)
+    args.extra = extra
+    return args
+
+
+def report_warnings(records: Sequence[dict], log) -> None:
+    """The warnings of finished experiments, after everything else: the last lines printed."""
+    for r in records:
+        for warning in r.get("warnings") or ():
+            log(f"warning: {r['arch']}: {warning}" if len(records) > 1 else f"warning: {warning}")
+
+
+def run_guarded(prog: str, body: Callable[[], int]) -> int:
+    """``body()``, with a UsageError as a usage error and an ExperimentError as one error line."""
+    try:
+        return body()
+    except UsageError as e:
+        usage_error(prog, str(e))
+    except ExperimentError as e:
+        print(f"[{command_name(prog)}] error: {e}", file=sys.stderr)
+        return 1

@@ -18,7 +18,7 @@ Post-processing, in order, applied to the hypotheses (and step 3 to the referenc
 A score that means nothing is flagged after it, one warning line each on stderr (the
 last lines), and in the JSON result's ``warnings``: hypotheses that still hold
 sentencepiece pieces (``▁``) or BPE markers (``@@ ``) after step 1 (decoded without the
-post-processing their data needs; the line names the fix, see ``resnmt/subword.py``), a
+post-processing their data needs; the line names the fix, see ``resnmt/decoding/subword.py``), a
 length ratio outside 0.5-2 (``length_ratio``, sacreBLEU's), most hypotheses the same
 sentence. ``--strict`` makes them exit status 1.
 
@@ -41,9 +41,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from resnmt.cli.common import OneLineErrorParser
+from resnmt.decoding.scoring import (PROG, EvaluateError, is_generate_output,  # noqa: F401
+                                     parse_generate_output, read_lines, score_files, split_compounds, summary,
+                                     unescape_moses)
 from resnmt.experiment.results import append_jsonl
-from resnmt.scoring import (PROG, EvaluateError, is_generate_output, parse_generate_output, read_lines,  # noqa: F401
-                            score_files, split_compounds, summary, unescape_moses)
 
 # ---------------------------------------------------------------- CLI
 
@@ -111,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def evaluate(args) -> dict:
-    """resnmt.scoring.score_files with the command line's options."""
+    """resnmt.decoding.scoring.score_files with the command line's options."""
     return score_files(args.hyp, args.ref, input_format=args.input_format, generate_field=args.generate_field,
                        remove_bpe=args.remove_bpe, detok=args.detok, lang=args.lang, unescape=args.unescape,
                        lowercase=args.lowercase, sacrebleu_tokenize=args.sacrebleu_tokenize,

@@ -4,8 +4,8 @@ DATASET is a built-in corpus (downloaded, or read from ``--mirror DIR``) or ``cu
 a corpus of one's own (``--train/--valid/--test PREFIX --source-lang S --target-lang T``).
 In a checkout, ``data-prep/prepare-DATASET.sh`` runs the same. This module parses the
 options and checks the input and the environment, so that a bad value, a missing file
-or tool is one clear line before any work; the steps are in resnmt.data.pipeline, the
-corpora in resnmt.data.corpora.
+or tool is one clear line before any work; the runner is resnmt.data.pipeline (the steps:
+resnmt.data.fetch, resnmt.data.process), the corpora resnmt.data.corpora.
 """
 import argparse
 import importlib.util
@@ -231,7 +231,7 @@ def own_corpus(args) -> Dataset:
 
 def missing_requirements(ds: Dataset, args) -> str:
     """'' when the tools and python modules this run needs are there, else what is missing."""
-    path = f"{os.environ.get('PATH', '')}{os.pathsep}{Path(sys.executable).parent}"  # as pipeline.binarize
+    path = f"{os.environ.get('PATH', '')}{os.pathsep}{Path(sys.executable).parent}"  # as process.binarize
     for cmd in ("fairseq-preprocess",):
         if shutil.which(cmd, path=path) is None:
             return f"'{cmd}' not found on PATH nor beside {sys.executable} (install fairseq: pip install resnmt)"

@@ -8,11 +8,11 @@ Transformer flags plus resnmt's ``--residual``, ``--skip-lambda``, ``--sas-*``,
 Otherwise it is exactly ``fairseq-train``, with ``--user-dir`` set to the installed
 resnmt package (absolute, so checkpoints load from any directory) unless given, and
 one difference: ``--bf16`` trains in bf16 on this machine's device (CUDA, or the CPU
-with ``--cpu``) where fairseq 0.12 would send it to a TPU (see resnmt/bf16.py).
+with ``--cpu``) where fairseq 0.12 would send it to a TPU (see resnmt/training/bf16.py).
 A bad flag is reported on one line (the last), naming the value and what is allowed,
 instead of under fairseq's ~185 lines of usage (a wrong ``--arch``: the closest names);
 hydra's and torch's deprecation notices are not printed, nor, unless ``--verbose``,
-fairseq's dumps of the whole configuration and model (resnmt/quiet.py).
+fairseq's dumps of the whole configuration and model (resnmt/training/quiet.py).
 """
 import logging
 import os
@@ -22,8 +22,8 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 
 import resnmt
 from resnmt.cli.common import fairseq_logging, one_line_errors
-from resnmt.quiet import hide_fairseq_dumps
 from resnmt.experiment.schedule import flag_value
+from resnmt.training.quiet import hide_fairseq_dumps
 
 HELP_FLAGS = ("-h", "--help")
 DEFAULT_ARCH = "resnmt_transformer"
@@ -93,7 +93,7 @@ def main():
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq_cli import train
 
-    from resnmt.bf16 import untie_bf16_from_tpu
+    from resnmt.training.bf16 import untie_bf16_from_tpu
 
     verbose = "--verbose" in sys.argv[1:]  # resnmt-train's own flag: fairseq's configuration and model dumps too
     argv = with_user_dir([a for a in sys.argv[1:] if a != "--verbose"])

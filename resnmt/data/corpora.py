@@ -4,8 +4,8 @@ and `custom` for a corpus of one's own.
 A dataset names its published files (URL, sha256 when a verified hash is known), where
 each split's parallel text lies in them, its languages, its subword and cleaning
 defaults, the papers' training budget for it and how its test set is scored. The steps
-that turn it into fairseq data are in resnmt.data.pipeline, written once for all
-datasets; ``resnmt-prepare NAME`` runs them.
+that turn it into fairseq data are in resnmt.data.fetch and resnmt.data.process, written
+once for all datasets (run by resnmt.data.pipeline); ``resnmt-prepare NAME`` runs them.
 """
 import re
 from dataclasses import dataclass, field
@@ -83,7 +83,7 @@ class Dataset:
 
     @property
     def score_options(self) -> dict:
-        """The scoring keywords (resnmt.scoring) of this dataset's test set."""
+        """The scoring keywords (resnmt.decoding.scoring) of this dataset's test set."""
         if self.detok == "none":
             return {}
         return {"detok": self.detok, "lang": self.tgt, "compound_split": self.compound_split}

@@ -1,4 +1,4 @@
-"""Text processing for resnmt.data.pipeline: reading corpora, WMT SGML, Moses
+"""Text processing for resnmt.data.process: reading corpora, WMT SGML, Moses
 tokenization (sacremoses), subword models (subword-nmt, sentencepiece) and cleaning.
 
 Every output goes through resnmt.atomic, so an interrupted step never

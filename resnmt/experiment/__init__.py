@@ -10,6 +10,6 @@
 * ``results``: the records of finished experiments (JSON lines, names of decoding settings);
 * ``pipeline``: ``Experiment``, the steps chained for one model (``resnmt-experiment``, the demo).
 
-The command lines are in ``resnmt.cli.experiment``; the benchmarks' own helpers in
+The command lines are in ``resnmt.cli.experiment`` and ``resnmt.cli.demo``; the benchmarks' own helpers in
 ``benchmarks/common.py``.
 """

@@ -1,6 +1,6 @@
 """``Experiment``: prepare -> train -> average -> decode -> score for one model, each step
 skipped when its output exists (re-running resumes an interrupted experiment or does
-nothing). ``resnmt-experiment`` and the demo (``resnmt.cli.experiment``) run it."""
+nothing). ``resnmt-experiment`` (``resnmt.cli.experiment``) and the demo (``resnmt.cli.demo``) run it."""
 import json
 import os
 import shlex
@@ -12,6 +12,7 @@ from typing import List, Optional, Tuple
 from resnmt.atomic import atomic_write_text
 from resnmt.data.corpora import DATASETS
 from resnmt.data.manifest import ManifestError, read_manifest
+from resnmt.decoding.subword import SubwordError, checked_post_process
 from resnmt.experiment import steps
 from resnmt.experiment.errors import ExperimentError, Log, UsageError
 from resnmt.experiment.options import convert_options, option
@@ -19,7 +20,6 @@ from resnmt.experiment.presets import (TrainPlan, TrainRequest, dataset_of, defa
                                       plan_training)
 from resnmt.experiment.results import append_jsonl, decoding_key, describe
 from resnmt.experiment.runtime import format_seconds, require_commands, tool_env
-from resnmt.subword import SubwordError, checked_post_process
 
 # resnmt-experiment's own options, beside the training options it shares (presets.SHARED_TRAIN_OPTIONS)
 EXPERIMENT_OPTIONS = ("data_root", "mirror", "prep_args", "average", "exclude_last", "beam", "lenpen",
@@ -156,7 +156,7 @@ class Experiment:
         the newest ``--average`` update checkpoints or, without any, epoch checkpoints, and
         checkpoint_last.pt after them where training stopped later (unless ``--exclude-last``);
         fewer if fewer exist; checkpoint_last.pt alone if training saved no numbered one."""
-        from resnmt.averaging import LAST, AverageError, checkpoint_updates, numbered_checkpoints, \
+        from resnmt.decoding.averaging import LAST, AverageError, checkpoint_updates, numbered_checkpoints, \
             with_last_checkpoint
 
         kind, found = "update", numbered_checkpoints(self.save_dir, "update")
@@ -229,7 +229,7 @@ class Experiment:
         else:
             ref = self.data_root / "raw" / f"test.{self.dataset.tgt}"
             self.step(5, f"score against {ref}")
-            from resnmt.scoring import summary
+            from resnmt.decoding.scoring import summary
 
             result = steps.score(gen, ref, **self.dataset.score_options)
             print(summary(result), flush=True)

@@ -218,7 +218,7 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
     the GPUs asked for against those visible and, unless ``dry_run``, the data."""
     dataset = dataset_of(req.dataset)
     nodes, gpus = req.nodes, req.gpus
-    # bf16: resnmt-train (fairseq-train whose --bf16 stays off TPUs; resnmt/bf16.py)
+    # bf16: resnmt-train (fairseq-train whose --bf16 stays off TPUs; resnmt/training/bf16.py)
     default_trainer = "resnmt-train" if bf16_requested(req) else "fairseq-train"
     trainer = shlex.split(os.environ.get("RESNMT_FAIRSEQ_TRAIN", default_trainer))
     if not trainer:

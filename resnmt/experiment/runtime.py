@@ -58,7 +58,7 @@ def run_logged(cmd: Sequence, log_path: Optional[Path], env: Optional[Dict[str, 
                stdout_path: Optional[Path] = None, quiet: bool = False) -> None:
     """Run ``cmd``; its stderr (and stdout unless ``stdout_path``) is appended to ``log_path``
     (or passed through when None; ``quiet``: without fairseq's configuration and model
-    dumps, resnmt.quiet.FairseqNoise). ``stdout_path`` is written atomically: it exists
+    dumps, resnmt.training.quiet.FairseqNoise). ``stdout_path`` is written atomically: it exists
     only if the command succeeded."""
     cmd = [str(c) for c in cmd]
     log = None
@@ -84,7 +84,7 @@ def run_logged(cmd: Sequence, log_path: Optional[Path], env: Optional[Dict[str, 
         if log is not None:
             log.close()
     if err is subprocess.PIPE:
-        from resnmt.quiet import FairseqNoise
+        from resnmt.training.quiet import FairseqNoise
 
         noise = FairseqNoise()
         sys.stderr.write("".join(filter(noise.keep, proc.stderr.decode(errors="replace").splitlines(True))))

@@ -5,7 +5,7 @@
 
 Each step writes its output atomically. External programs run as subprocesses
 (``resnmt.experiment.runtime``); averaging and scoring run in-process
-(``resnmt.averaging``, ``resnmt.scoring``).
+(``resnmt.decoding.averaging``, ``resnmt.decoding.scoring``).
 """
 import json
 import re
@@ -75,7 +75,7 @@ def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str =
     after ``label``, which tells concurrent runs apart; without ``verbose``, not fairseq's
     configuration and model dumps) and appended to SAVE_DIR/train.log in full, the command
     to SAVE_DIR/train.cmd; ``threads``: its torch threads (None: torch's default)."""
-    from resnmt.quiet import FairseqNoise
+    from resnmt.training.quiet import FairseqNoise
 
     save_dir = plan.save_dir
     save_dir.mkdir(parents=True, exist_ok=True)
@@ -114,7 +114,7 @@ def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str =
 
 def average(paths: Sequence[Path], output: Path) -> None:
     """The average of the checkpoints ``paths`` into ``output`` (written atomically)."""
-    from resnmt.averaging import average_checkpoints, save_atomic
+    from resnmt.decoding.averaging import average_checkpoints, save_atomic
 
     save_atomic(average_checkpoints([Path(p) for p in paths]), Path(output))
 
@@ -137,8 +137,9 @@ def decode(bin_dir: Path, checkpoint: Path, output: Path, log_path: Optional[Pat
 
 def score(hyp: Path, ref: Path, *, remove_bpe: str = "none", detok: str = "none", lang: Optional[str] = None,
           compound_split: bool = False) -> dict:
-    """resnmt-evaluate's result (``resnmt.scoring.score_files``) for a fairseq-generate output against ``ref``."""
-    from resnmt.scoring import score_files
+    """resnmt-evaluate's result (``resnmt.decoding.scoring.score_files``) for a fairseq-generate
+    output against ``ref``."""
+    from resnmt.decoding.scoring import score_files
 
     return score_files(hyp, ref, remove_bpe=remove_bpe, detok=detok, lang=lang, compound_split=compound_split)
 

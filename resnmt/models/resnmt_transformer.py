@@ -6,10 +6,10 @@ from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig, TransformerModel
 
 from resnmt.analysis.training_log import add_log_connection_stats_args
-from resnmt.bf16 import check_bf16_device
 from resnmt.models.encoder_decoder import ResidualTransformerDecoder, ResidualTransformerEncoder
 from resnmt.models.model_spec import resolve_model
 from resnmt.models.options import add_model_args
+from resnmt.training.bf16 import check_bf16_device
 
 
 @register_model("resnmt_transformer")

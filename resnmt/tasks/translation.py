@@ -9,7 +9,7 @@ keeps fairseq's ``log P / |Y| ** lenpen``. Everything else is fairseq's
 ``translation`` task. The choice applies wherever the task builds a generator:
 ``fairseq-generate``, ``fairseq-interactive`` and ``fairseq-train --eval-bleu``
 (with ``--eval-bleu-args '{"beam": 4, "lenpen": 0.6}'``).
-See ``resnmt/sequence_generator.py`` and docs/decoding-and-evaluation.md.
+See ``resnmt/decoding/sequence_generator.py`` and docs/decoding-and-evaluation.md.
 
 One more difference from ``translation``: batches of any split other than the
 training one are built with ``required_batch_size_multiple=1``. fairseq 0.12's
@@ -34,9 +34,9 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from resnmt.analysis.training_log import attach_training_logger, training_level
-from resnmt.bf16 import check_bf16_device
-from resnmt.compile import COMPILE_BACKENDS, compile_layers_for_training
-from resnmt.sequence_generator import LENPEN_FORMS, with_gnmt_penalty
+from resnmt.decoding.sequence_generator import LENPEN_FORMS, with_gnmt_penalty
+from resnmt.training.bf16 import check_bf16_device
+from resnmt.training.compile import COMPILE_BACKENDS, compile_layers_for_training
 
 
 @dataclass
@@ -57,7 +57,7 @@ class ResNMTTranslationConfig(TranslationConfig):
         metadata={
             "help": "train with every encoder and decoder layer compiled by torch.compile(dynamic=True) "
             "(fewer, fused kernels per update on a GPU; the first updates compile); validation and "
-            "decoding stay eager (resnmt/compile.py)"
+            "decoding stay eager (resnmt/training/compile.py)"
         },
     )
     compile_backend: ChoiceEnum(list(COMPILE_BACKENDS)) = field(
@@ -76,8 +76,8 @@ class ResNMTTranslationTask(TranslationTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         """fairseq's; first, stock fairseq-train's --bf16 without torch_xla stops with one
-        line naming resnmt-train (resnmt/bf16.py), whatever the --arch; with
-        --compile-layers the layers are compiled for training (resnmt/compile.py)."""
+        line naming resnmt-train (resnmt/training/bf16.py), whatever the --arch; with
+        --compile-layers the layers are compiled for training (resnmt/training/compile.py)."""
         check_bf16_device(cfg)
         if self.cfg.compile_layers and not from_checkpoint and getattr(cfg, "log_connection_stats", None):
             raise ValueError("--compile-layers with --log-connection-stats: the statistics hooks are not "

@@ -161,7 +161,7 @@ class FairseqFusedAdamConfig(FairseqDataclass):
 @register_optimizer("adam_fused", dataclass=FairseqFusedAdamConfig)
 class FairseqFusedAdam(FairseqOptimizer):
     """fairseq's ``adam`` (its AdamW form and flags: --adam-betas, --adam-eps,
-    --weight-decay) computed with torch's fused or multi-tensor kernels (resnmt.optim)."""
+    --weight-decay) computed with torch's fused or multi-tensor kernels (resnmt.training.optim)."""
 
     def __init__(self, cfg: FairseqFusedAdamConfig, params):
         super().__init__(cfg)

@@ -43,7 +43,7 @@ def numbered_checkpoints(directory: Path, by: str, upper_bound: Optional[int] = 
 def checkpoint_updates(path: Path) -> int:
     """The number of updates a fairseq checkpoint was saved at (its optimizer history),
     read without loading its tensors (memory-mapped)."""
-    from resnmt.checkpoint_compat import allow_fairseq_checkpoints
+    from resnmt.training.checkpoint_compat import allow_fairseq_checkpoints
 
     allow_fairseq_checkpoints()
     try:
@@ -93,7 +93,7 @@ def select_checkpoints(directory: Path, n: int, by: str, upper_bound: Optional[i
 
 def load_checkpoint(path: Path) -> dict:
     """``torch.load`` with ``weights_only=True`` (fairseq's types allow-listed by resnmt)."""
-    from resnmt.checkpoint_compat import allow_fairseq_checkpoints
+    from resnmt.training.checkpoint_compat import allow_fairseq_checkpoints
 
     allow_fairseq_checkpoints()
     try:

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from sacremoses import MosesDetokenizer
 
-from resnmt.subword import leftover_warning
+from resnmt.decoding.subword import leftover_warning
 
 PROG = "resnmt-evaluate"
 

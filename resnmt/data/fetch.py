@@ -1,0 +1,148 @@
+"""The fetch step of data preparation: a dataset's published files in OUTDIR/orig, each
+verified against its pinned sha256.
+
+A file comes from the user (``resnmt-prepare custom``: linked where it is), from a local
+mirror (``--mirror DIR``: linked), from an earlier run's download (verified again), or is
+downloaded (from its published URL or ``--mirror-url``), resuming a partial download, and
+renamed into place only once verified. The hashes are those pinned in the dataset's table
+(``resnmt.data.corpora``), overridden by ``--checksums FILE``; orig/SHA256SUMS records the
+hashes of the files used. The runner (``resnmt.data.pipeline``) calls ``Fetch.run`` as
+step 1.
+"""
+import hashlib
+import re
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable, Dict, Tuple
+
+from tqdm import tqdm
+
+from resnmt.atomic import atomic_write_text
+from resnmt.data.textproc import DataPrepError
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as e:
+        raise DataPrepError(f"cannot read {path}: {e.strerror}") from None
+    return digest.hexdigest()
+
+
+class Fetch:
+    """orig/NAME for every file of ``ds``, from the sources ``args`` names (``mirror``,
+    ``mirror_url``, ``checksums``), checked against the known hashes."""
+
+    def __init__(self, ds, args, orig: Path, log: Callable[[str], None]):
+        self.ds, self.args, self.orig, self.log = ds, args, orig, log
+        # NAME -> (sha256, where that hash comes from)
+        self.sha256: Dict[str, Tuple[str, str]] = {
+            f.name: (f.sha256, f"pinned in resnmt's table of {ds.name}, resnmt.data.corpora")
+            for f in ds.files if f.sha256}
+
+    def read_checksums(self) -> None:
+        """``--checksums FILE`` over the pinned hashes (checked before any step runs)."""
+        if not self.args.checksums:
+            return
+        n = 0
+        for line in Path(self.args.checksums).read_text().splitlines():
+            if not line.strip() or line.startswith("#"):
+                continue
+            digest, _, name = line.strip().partition(" ")
+            if not re.fullmatch(r"[0-9a-fA-F]{64}", digest):
+                raise DataPrepError(f"--checksums {self.args.checksums}: '{digest}' is not a sha256 "
+                                    "(expected lines 'HASH  NAME')")
+            self.sha256[name.strip().lstrip("*")] = (digest.lower(), f"--checksums {self.args.checksums}")
+            n += 1
+        if n == 0:
+            raise DataPrepError(f"--checksums {self.args.checksums}: no 'HASH  NAME' line")
+
+    def description(self) -> str:
+        files = self.ds.files
+        return (f"link the {len(files)} files of your corpus" if all(f.local for f in files)
+                else f"fetch and verify the {len(files)} published files")
+
+    def verify(self, path: Path, name: str) -> str:
+        """The sha256 of path; an error when it differs from the known hash of NAME."""
+        actual = sha256_of(path)
+        if name in self.sha256:
+            expected, source = self.sha256[name]
+            if actual != expected:
+                raise DataPrepError(f"checksum mismatch for {name} ({path}): sha256 is {actual}, "
+                                    f"expected {expected} ({source})")
+            self.log(f"  {name}: sha256 OK")
+        else:
+            self.log(f"  {name}: sha256 {actual} (not pinned: no published hash is known; pass --checksums to pin it)")
+        return actual
+
+    def run(self) -> None:
+        """orig/NAME for every published file: a symlink into --mirror, or a download that
+        is renamed into place only once verified; orig/SHA256SUMS records what was used."""
+        sums = []
+        for f in self.ds.files:
+            dest = self.orig / f.name
+            if f.local:  # resnmt-prepare custom: the user's file, checked before any work
+                sums.append((sha256_of(Path(f.local)), f.name))
+                dest.unlink(missing_ok=True)
+                dest.symlink_to(f.local)
+                self.log(f"  {f.name}: {f.local}")
+            elif self.args.mirror:
+                src = Path(self.args.mirror) / f.name
+                if not src.exists():
+                    raise DataPrepError(f"{f.name} not found in mirror {self.args.mirror} (a mirror holds the "
+                                        f"published files under their published names; expected {src})")
+                sums.append((self.verify(src, f.name), f.name))
+                dest.unlink(missing_ok=True)
+                dest.symlink_to(src)
+            elif dest.is_file() and not dest.is_symlink():
+                self.log(f"  {f.name}: already downloaded")
+                try:
+                    sums.append((self.verify(dest, f.name), f.name))
+                except DataPrepError as e:
+                    raise DataPrepError(f"{e} (delete it to download it again)") from None
+            else:
+                dest.unlink(missing_ok=True)
+                url = f"{self.args.mirror_url.rstrip('/')}/{f.name}" if self.args.mirror_url else f.url
+                part = dest.with_name(dest.name + ".part")
+                self.download(url, part)
+                try:
+                    sums.append((self.verify(part, f.name), f.name))
+                except DataPrepError as e:
+                    part.replace(part.with_name(part.name + ".bad"))
+                    raise DataPrepError(f"{e}; the download is kept as {part}.bad") from None
+                part.replace(dest)
+        atomic_write_text(self.orig / "SHA256SUMS", "".join(f"{h}  {n}\n" for h, n in sums))
+
+    def download(self, url: str, part: Path, tries: int = 3) -> None:
+        """Download url to part, resuming a partial download when the server allows it."""
+        self.log(f"  {part.name[:-5]}: downloading {url}")
+        for attempt in range(1, tries + 1):
+            have = part.stat().st_size if part.exists() else 0
+            request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as r:
+                    resumed = have and r.status == 206
+                    total = int(r.headers.get("Content-Length", 0)) + (have if resumed else 0)
+                    with open(part, "ab" if resumed else "wb") as f, \
+                            tqdm(total=total or None, initial=have if resumed else 0, unit="B", unit_scale=True,
+                                 desc=part.name[:-5], mininterval=10) as bar:
+                        for block in iter(lambda: r.read(1 << 20), b""):
+                            f.write(block)
+                            bar.update(len(block))
+                return
+            except urllib.error.HTTPError as e:
+                if e.code == 416 and have:  # nothing left to fetch: the partial file is complete
+                    return
+                raise DataPrepError(f"download of {url} failed ({e}); "
+                                    "re-run to retry, or fetch the files yourself and pass --mirror DIR") from None
+            except (urllib.error.URLError, OSError) as e:
+                if attempt == tries:
+                    raise DataPrepError(f"download of {url} failed ({e}); partial data kept in {part}, "
+                                        "re-run to resume") from None
+                self.log(f"  download of {url} failed ({e}), retrying in 5 s")
+                time.sleep(5)

@@ -1,0 +1,14 @@
+"""What resnmt adds to fairseq's training, each a patch or a registration of its own:
+
+* ``bf16``: ``--bf16`` off TPUs, and the float32 master weights of ``--fp16``/``--bf16``
+  runs kept in their checkpoints (exact resumption);
+* ``optim``: ``--optimizer adam_fused``, fairseq's ``adam`` in multi-tensor kernels;
+* ``compile``: ``--compile-layers``, each layer compiled for training;
+* ``checkpoint_compat``: the types fairseq checkpoints hold allow-listed for torch's
+  ``weights_only`` loading (training's resume, decoding and averaging alike);
+* ``quiet``: the third-party deprecation notices and dumps hidden at start-up;
+* ``prefetch_exit``: a clean exit when training stops while batches are prefetched.
+
+``import resnmt`` installs them (``resnmt.plugin``); this package imports nothing itself,
+so that ``quiet`` and ``prefetch_exit`` load without torch or fairseq.
+"""
