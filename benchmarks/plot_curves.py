@@ -9,7 +9,10 @@ broken where the set of seeds changes, and each seed's own line) and its differe
 post-LN's in the same setting, paired by seed, validation loss against updates (the run's newest line holds every validation
 so far), and the diagnostics over training from resnmt-analyze at each milestone
 (rSkip effective skip:residual ratio per layer, block-output gradient norm per layer for
-post_ln and rskip_ln; for every row, how much of the gradient reaches the encoder).
+post_ln and rskip_ln; for every row, how much of the gradient reaches the encoder), and
+what the models that learn a mixing learned by their newest milestone (DLCL's combination
+weights, HC/mHC's mixings, DenseFormer's weights, DyT's alpha: ``curves-learned-*.png``,
+drawn by resnmt-analyze's own plotting from the milestone's analysis).
 Each row keeps one color throughout; a control (a row with one shared setting changed,
 ``common.CONTROLS``) is dashed with open markers, in the color of the row it changes.
 """
@@ -25,7 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from common import CONTROLS, DEFAULT_MILESTONES, NEW_KINDS  # noqa: E402
+from common import CONTROLS, DEFAULT_MILESTONES, NEW_KINDS, slug  # noqa: E402
 from study_tables import SIZE_TITLES, load, ordered_keys, paired_differences, reference_of  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -298,6 +301,37 @@ def plot_cross_layer(runs, out: Path) -> None:
     save(fig, "Methods that cross layers, Peri-LN and the normalizations beside post-LN and pre-LN (seed 1)", out)
 
 
+def newest_learned(runs):
+    """{(device, size, row): (record, what)}: per row, the newest seed-1 milestone whose
+    analysis holds learned stream weights or norm scalars (``what``: "streams"/"norms")."""
+    found = {}
+    for (device, size), rows in runs.items():
+        for row, seeds in rows.items():
+            for updates in sorted(seeds.get(1, {}), reverse=True):
+                analysis = seeds[1][updates].get("analysis", {})
+                kinds = [w for w in ("streams", "norms") if analysis.get(w)]
+                if kinds:
+                    found[(device, size, row)] = (seeds[1][updates], kinds)
+                    break
+    return found
+
+
+def plot_learned(runs, figures: Path) -> list:
+    """One PNG per row, size and learned quantity (``curves-learned-<row>-<size>-<name>.png``)."""
+    from resnmt.analysis.plotting import plot_learned_norms, plot_stream_weights
+
+    written = []
+    for (device, size, row), (record, kinds) in sorted(newest_learned(runs).items()):
+        title = (f"{row}, {SIZE_TITLES.get(size, size)}{' (GPU)' if device == 'cuda' else ''}, seed 1, "
+                 f"{record['updates']} updates")
+        stem = f"curves-learned-{slug(row)}-{size}{'-cuda' if device == 'cuda' else ''}"
+        for name, sides in record["analysis"].get("streams", {}).items():
+            written.append(plot_stream_weights(name, sides, title, figures / f"{stem}-{name}.png"))
+        for name, sides in record["analysis"].get("norms", {}).items():
+            written.append(plot_learned_norms(name, sides, title, figures / f"{stem}-{name}.png"))
+    return written
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default=str(REPO_ROOT / "benchmarks" / "results" / "curves.jsonl"))
@@ -318,6 +352,7 @@ def main(argv=None):
     plot_valid(curves, figures / "curves-valid-loss.png")
     plot_diagnostics(curves, figures / "curves-diagnostics.png")
     plot_gradient_share(curves, figures / "curves-gradient-share.png")
+    plot_learned(runs, figures)
     print(f"figures in {figures}")
     return 0
 
