@@ -28,7 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from common import CONTROLS, DEFAULT_MILESTONES, NEW_KINDS, slug  # noqa: E402
+from common import CONTROLS, DEFAULT_MILESTONES, GEN2025_KINDS, NEW_KINDS, slug  # noqa: E402
 from study_tables import SIZE_TITLES, load, ordered_keys, paired_differences, reference_of  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -267,30 +267,36 @@ def plot_gradient_share(runs, out: Path) -> None:
          out)
 
 
-# The methods that cross layers, Peri-LN and the normalizations: drawn in a figure of their
-# own beside post-LN and pre-LN (the study's figures keep the papers' kinds), and judged
-# by :func:`study_tables.cross_layer_table`.
-CROSS_LAYER_ROWS = frozenset(NEW_KINDS) | {name for name, c in CONTROLS.items() if c.row in NEW_KINDS}
-CROSS_LAYER_REFERENCES = ("post_ln", "pre_ln", "post_ln (warm-up 1000)")
+# Families drawn each in a figure of their own beside post-LN and pre-LN (the study's
+# figures keep the papers' kinds), and judged by :func:`study_tables.cross_layer_table`:
+# the methods that cross layers, Peri-LN and the normalizations; the 2025 generation.
+FAMILIES = {
+    "cross-layer": frozenset(NEW_KINDS) | {name for name, c in CONTROLS.items() if c.row in NEW_KINDS},
+    "gen2025": frozenset(GEN2025_KINDS),
+}
+FAMILY_REFERENCES = ("post_ln", "pre_ln", "post_ln (warm-up 1000)")
 
 
-def split_rows(runs):
-    """(the study's rows, the cross-layer rows with their references), each as ``runs``."""
-    study = {key: {row: seeds for row, seeds in rows.items() if row not in CROSS_LAYER_ROWS}
-             for key, rows in runs.items()}
-    cross = {}
-    for key, rows in runs.items():
-        reached = [u for row, seeds in rows.items() if row in CROSS_LAYER_ROWS for recs in seeds.values() for u in recs]
-        if not reached:
-            continue
-        last = max(max(reached), DEFAULT_MILESTONES["deep"][-1])  # the references drawn as far as the new rows
-        cross[key] = {row: {seed: {u: r for u, r in recs.items() if u <= last} for seed, recs in seeds.items()}
-                      for row, seeds in rows.items() if row in CROSS_LAYER_ROWS or row in CROSS_LAYER_REFERENCES}
-    return study, cross
+def split_rows(runs, families=FAMILIES):
+    """(the study's rows, {family: its rows with their references}), each as ``runs``; a
+    family appears once one of its rows has a milestone."""
+    own = frozenset().union(*families.values())
+    study = {key: {row: seeds for row, seeds in rows.items() if row not in own} for key, rows in runs.items()}
+    grouped = {}
+    for family, members in families.items():
+        for key, rows in runs.items():
+            reached = [u for row, seeds in rows.items() if row in members for recs in seeds.values() for u in recs]
+            if not reached:
+                continue
+            last = max(max(reached), DEFAULT_MILESTONES["deep"][-1])  # the references drawn as far as the new rows
+            grouped.setdefault(family, {})[key] = {
+                row: {seed: {u: r for u, r in recs.items() if u <= last} for seed, recs in seeds.items()}
+                for row, seeds in rows.items() if row in members or row in FAMILY_REFERENCES}
+    return study, grouped
 
 
 def plot_cross_layer(runs, out: Path) -> None:
-    """sacreBLEU against updates of the cross-layer rows beside post-LN and pre-LN."""
+    """sacreBLEU against updates of one family's rows beside post-LN and pre-LN."""
     fig, cells = panels(runs)
     styles = row_styles(runs)
     for (device, size), ax in cells:
@@ -343,10 +349,10 @@ def main(argv=None):
         p.error(f"no curves results in {a.results}; run python benchmarks/curves.py first")
     figures = Path(a.figures)
     figures.mkdir(parents=True, exist_ok=True)
-    study_runs, cross_runs = split_rows(with_curves(runs))
+    study_runs, families = split_rows(with_curves(runs))
     curves = {key: rows for key, rows in study_runs.items() if rows}
-    if cross_runs:
-        plot_cross_layer(cross_runs, figures / "curves-cross-layer.png")
+    for family, family_runs in families.items():
+        plot_cross_layer(family_runs, figures / f"curves-{family}.png")
     plot_bleu(curves, figures / "curves-bleu.png")
     plot_bleu_difference(curves, figures / "curves-bleu-difference.png")
     plot_valid(curves, figures / "curves-valid-loss.png")

@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-from common import CONTROLS, NEW_KINDS
+from common import CONTROLS, GEN2025_KINDS, NEW_KINDS
 
 from resnmt.shared import read_jsonl
 
@@ -18,6 +18,7 @@ MARKERS = {
     "curves-table": ("<!-- curves-table:begin -->", "<!-- curves-table:end -->"),
     "glance-table": ("<!-- glance-table:begin -->", "<!-- glance-table:end -->"),
     "cross-layer-table": ("<!-- cross-layer-table:begin -->", "<!-- cross-layer-table:end -->"),
+    "gen2025-table": ("<!-- gen2025-table:begin -->", "<!-- gen2025-table:end -->"),
 }
 
 
@@ -212,8 +213,8 @@ def _gap(rows: dict, row: str, other: str):
 VERDICT_BUDGETS = {"small": 2400, "deep": 1200}
 
 
-def cross_layer_table(runs, tolerance: float = 0.5) -> str:
-    """Per method (seed 1, the newest budget both rows reached): does it get post-LN's
+def cross_layer_table(runs, tolerance: float = 0.5, rows=NEW_KINDS) -> str:
+    """Per method of ``rows`` (seed 1, the newest budget both rows reached): does it get post-LN's
     quality at 2+2 layers (sacreBLEU minus post-LN's) and pre-LN's stability at 6+6
     (minus pre-LN's, and minus post-LN's)? A gap within ``tolerance`` BLEU counts as
     level: one seed cannot resolve less (the 2+2 seeds of one row differ by 0.3-0.6).
@@ -229,7 +230,7 @@ def cross_layer_table(runs, tolerance: float = 0.5) -> str:
             return "not yet"
         return "yes" if d >= -tolerance else "no"
 
-    for row in NEW_KINDS:
+    for row in rows:
         if row not in small and row not in deep:
             continue
         d_small, u_small, small_cell = _gap(small, row, "post_ln")
@@ -243,4 +244,5 @@ def cross_layer_table(runs, tolerance: float = 0.5) -> str:
 def tables(runs) -> dict:
     """The study's tables as the documents hold them, by marker name (:data:`MARKERS`)."""
     return {"curves-table": (table(runs) + "\n" + difference_table(runs)).strip() + "\n",
-            "glance-table": glance_table(runs), "cross-layer-table": cross_layer_table(runs) + "\n"}
+            "glance-table": glance_table(runs), "cross-layer-table": cross_layer_table(runs) + "\n",
+            "gen2025-table": cross_layer_table(runs, rows=GEN2025_KINDS) + "\n"}

@@ -516,7 +516,14 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
     assert "| b2t | -0.30 @ 2400 | -1.80 @ 1200 | +9.60 @ 600 | yes | no |" in table
     assert "| dlcl | -2.00 @ 600 |  |  | not yet | — |" in table
     assert "resi_dual" not in table and "sas" not in table
-    study, cross = plot_curves.split_rows(runs)
+    study, families = plot_curves.split_rows(runs)
+    cross = families["cross-layer"]
+    assert set(families) == {"cross-layer"}  # no 2025 row has a milestone here
     assert set(study[("cpu", "deep")]) == {"post_ln", "pre_ln", "sas"}
     assert set(cross[("cpu", "deep")]) == {"post_ln", "pre_ln", "b2t"}
     assert set(cross[("cpu", "small")]["post_ln"][1]) == {600, 1200, 2400}
+    runs[("cpu", "deep")]["hyper"][1][600] = dict(lines[-1], row="hyper")
+    study, families = plot_curves.split_rows(runs)
+    assert set(families) == {"cross-layer", "gen2025"} and "hyper" not in study[("cpu", "deep")]
+    assert set(families["gen2025"][("cpu", "deep")]) == {"post_ln", "pre_ln", "hyper"}
+    assert "| hyper | " in study_tables.cross_layer_table(runs, rows=("hyper",))
