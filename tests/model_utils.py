@@ -69,3 +69,26 @@ def assert_incremental_equals_full(model, task, n=3, atol=1e-5):
             steps.append(model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0])
     real = prev.ne(task.target_dictionary.pad())  # padding positions are never read
     torch.testing.assert_close(torch.cat(steps, dim=1)[real], full[real], rtol=0, atol=atol)
+
+
+def block_output_gradients(model, sample, pad, label_smoothing=0.1):
+    """Autograd's reference for resnmt-analyze's gradient norms: ``({(side, layer): output
+    with .grad}, {side: non-padding mask (T, B)})`` after one backward of the summed
+    label-smoothed NLL of ``sample`` (each layer's first output, whatever its shape)."""
+    from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+
+    outputs = {}
+    handles = [layer.register_forward_hook(
+        lambda m, i, o, key=(side, k): outputs.__setitem__(key, o[0] if isinstance(o, tuple) else o))
+        for side in ("encoder", "decoder") for k, layer in enumerate(getattr(model, side).layers)]
+    net_output = model(**sample["net_input"])
+    for h in handles:
+        h.remove()
+    for out in outputs.values():
+        out.retain_grad()
+    lprobs = model.get_normalized_probs(net_output, log_probs=True)
+    loss, _ = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), sample["target"].view(-1), label_smoothing,
+                                      ignore_index=pad)
+    loss.backward()
+    keep = {"encoder": sample["net_input"]["src_tokens"].ne(pad).t(), "decoder": sample["target"].ne(pad).t()}
+    return outputs, keep

@@ -9,10 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fairseq import checkpoint_utils
-from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
 from conftest import BIN_DIR, REPO_ROOT, cli_env, run_cli
-from model_utils import TINY, build, move_connections_off_init, randomize_norms, sample_batch
+from model_utils import TINY, block_output_gradients, build, move_connections_off_init, randomize_norms, sample_batch
 from resnmt.analysis.gradients import block_gradient_norms
 from resnmt.analysis.hooks import Accumulator, StatsCollector
 from resnmt.analysis.training_log import attach_training_logger
@@ -143,19 +142,7 @@ def test_gradient_norms_equal_autograd_and_do_not_depend_on_batching(tiny_bin):
     pad = task.target_dictionary.pad()
     sample = sample_batch(task, 6)
     tool, _, _ = block_gradient_norms(model, sample, 0.1, pad)
-
-    outputs = {}
-    handles = [layer.register_forward_hook(lambda m, i, o, key=(side, k): outputs.__setitem__(key, o[0] if isinstance(o, tuple) else o))
-               for side in ("encoder", "decoder") for k, layer in enumerate(getattr(model, side).layers)]
-    net_output = model(**sample["net_input"])
-    for h in handles:
-        h.remove()
-    for out in outputs.values():
-        out.retain_grad()
-    lprobs = model.get_normalized_probs(net_output, log_probs=True)
-    loss, _ = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), sample["target"].view(-1), 0.1, ignore_index=pad)
-    loss.backward()
-    keep = {"encoder": sample["net_input"]["src_tokens"].ne(pad).t(), "decoder": sample["target"].ne(pad).t()}
+    outputs, keep = block_output_gradients(model, sample, pad)
     for (side, k), out in outputs.items():
         total, count = tool[(side, k, "output")]
         expected = masked_mean(out.grad.norm(dim=-1), keep[side])

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model_utils import build, move_connections_off_init, parse_train_args, randomize_norms, sample_batch
+from model_utils import (block_output_gradients, build, move_connections_off_init, parse_train_args, randomize_norms,
+                         sample_batch)
 from test_cross_layer import attention_by_hand, embedded_source, ffn_by_hand, layer_norm, perturbed, tensors
 from resnmt.modules.connections import ConnectionConfigError, ConnectionSpec, build_connection
 from resnmt.modules.norms import DynamicTanh
@@ -470,8 +471,6 @@ def test_stream_kinds_train_the_same_with_activation_checkpointing(tiny_bin, kin
 def test_gradient_norms_of_the_streams_cover_the_whole_state(tiny_bin):
     """resnmt-analyze's ||dL/dh_t|| per block output: for hyper a layer outputs the n
     streams (T, B, n, C), and the norm is over the position's whole state (n·C values)."""
-    from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
-
     from resnmt.analysis.gradients import block_gradient_norms
 
     model, task, _ = build(tiny_bin, "transformer_hyper_base", ["--hc-dynamic"])
@@ -479,18 +478,7 @@ def test_gradient_norms_of_the_streams_cover_the_whole_state(tiny_bin):
     pad = task.target_dictionary.pad()
     sample = sample_batch(task, 6)
     tool, _, _ = block_gradient_norms(model, sample, 0.1, pad)
-    outputs = {}
-    handles = [layer.register_forward_hook(lambda m, i, o, key=(side, k): outputs.__setitem__(key, o[0]))
-               for side in ("encoder", "decoder") for k, layer in enumerate(getattr(model, side).layers)]
-    net_output = model(**sample["net_input"])
-    for h in handles:
-        h.remove()
-    for out in outputs.values():
-        out.retain_grad()
-    lprobs = model.get_normalized_probs(net_output, log_probs=True)
-    loss, _ = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), sample["target"].view(-1), 0.1, ignore_index=pad)
-    loss.backward()
-    keep = {"encoder": sample["net_input"]["src_tokens"].ne(pad).t(), "decoder": sample["target"].ne(pad).t()}
+    outputs, keep = block_output_gradients(model, sample, pad)
     for (side, k), out in outputs.items():
         assert out.dim() == 4 and out.size(2) == 4
         norms = out.grad.double().pow(2).sum(dim=(-2, -1)).sqrt()
