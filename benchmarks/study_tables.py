@@ -155,6 +155,8 @@ CLAIMS = (
           "but 4 BLEU behind pre-LN"),
     Claim("DLCL ≥ post-LN", "— (WMT EN-DE 30 layers: 29.3 vs base 27.3)", "cpu", "small", "dlcl", 2400),
     Claim("DLCL > post-LN", "— (WMT EN-DE 30 layers: 29.3 vs base 27.3)", "cpu", "deep", "dlcl", 1200),
+    Claim("Peri-LN ≥ post-LN", "— (language models only)", "cpu", "small", "peri_ln", 2400, "below pre-LN too"),
+    Claim("Peri-LN > post-LN", "— (language models only)", "cpu", "deep", "peri_ln", 1200),
 )
 
 
