@@ -8,8 +8,9 @@ the parent's fixed LayerNorms are replaced by one connection module per sublayer
     decoder layer: ``self_attn_connection``, ``encoder_attn_connection``, ``ffn_connection``
 
 and the fc1 activation by ``ffn_activation`` (``activation(h, padding_mask)``). Each
-sublayer runs as ``connection(x, dropout(sublayer(connection.prenorm(x))))``, written out
-in ``forward``; every choice is made at construction (``torch.jit.Final`` attributes), so
+sublayer runs as ``connection(x, dropout(sublayer(connection.prenorm(x))))``
+(``self_attention_sublayer`` and ``ffn_sublayer``, shared by both layers; the decoder's
+cross-attention in its ``forward``); every choice is made at construction (``torch.jit.Final`` attributes), so
 the layers script with ``torch.jit.script`` as fairseq's do.
 
 Kinds with n residual streams (``multi_stream``: hyper, mhc) get ``x`` as the streams
@@ -119,6 +120,36 @@ class ConnectedSublayers:
         h = self.ffn_activation(self.fc1(x), padding_mask)
         return self.fc2(self.activation_dropout_module(h))
 
+    def self_attention_sublayer(self, x: Tensor, padding_mask: Optional[Tensor], attn_mask: Optional[Tensor],
+                                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]]
+                                ) -> Tuple[Tensor, Tensor]:
+        """The self-attention sublayer behind its connection: ``(x after it, its dropout(F))``."""
+        h, mixed, write = x, x, x
+        if self.multi_stream:
+            h, mixed, write = self.self_attn_connection.width(x)
+        h = self.self_attn_connection.prenorm(h)
+        h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=padding_mask,
+                              incremental_state=incremental_state, need_weights=False, attn_mask=attn_mask)
+        f = self.dropout_module(h)
+        if self.multi_stream:
+            return self.self_attn_connection.depth(f, mixed, write), f
+        return self.self_attn_connection(x, f), f
+
+    def ffn_sublayer(self, x: Tensor, layer_input: Tensor, padding_mask: Optional[Tensor]
+                     ) -> Tuple[Tensor, Tensor, Tensor]:
+        """The FFN sublayer behind its connection: ``(x after it, fc2's output, its dropout(F))``;
+        ``layer_input`` is read by connections that reach back to the layer's input (B2T)."""
+        h, mixed, write = x, x, x
+        if self.multi_stream:
+            h, mixed, write = self.ffn_connection.width(x)
+        fc_result = self.feed_forward(self.ffn_connection.prenorm(h), padding_mask)
+        f = self.dropout_module(fc_result)
+        if self.multi_stream:
+            return self.ffn_connection.depth(f, mixed, write), fc_result, f
+        if self.last_reads_layer_input:
+            return self.ffn_connection(x, f, layer_input), fc_result, f
+        return self.ffn_connection(x, f), fc_result, f
+
     def _upgrade_norm_names(self, state_dict: Dict[str, Tensor], name: str) -> None:
         """Rename fairseq's LayerNorm keys to ours, for connections that own one ``norm``."""
         for fairseq_name, ours in FAIRSEQ_NORM_NAMES.items():
@@ -174,29 +205,8 @@ class ResidualEncoderLayer(ConnectedSublayers, TransformerEncoderLayerBase):
         if attn_mask is not None:  # same masking values as fairseq
             attn_mask = attn_mask.masked_fill(attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4)
 
-        h, mixed, write = x, x, x
-        if self.multi_stream:
-            h, mixed, write = self.self_attn_connection.width(x)
-        h = self.self_attn_connection.prenorm(h)
-        h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=encoder_padding_mask, need_weights=False,
-                              attn_mask=attn_mask)
-        f_attn = self.dropout_module(h)
-        if self.multi_stream:
-            x = self.self_attn_connection.depth(f_attn, mixed, write)
-        else:
-            x = self.self_attn_connection(x, f_attn)
-
-        h = x
-        if self.multi_stream:
-            h, mixed, write = self.ffn_connection.width(x)
-        fc_result = self.feed_forward(self.ffn_connection.prenorm(h), encoder_padding_mask)
-        f_ffn = self.dropout_module(fc_result)
-        if self.multi_stream:
-            x = self.ffn_connection.depth(f_ffn, mixed, write)
-        elif self.last_reads_layer_input:
-            x = self.ffn_connection(x, f_ffn, layer_input)
-        else:
-            x = self.ffn_connection(x, f_ffn)
+        x, f_attn = self.self_attention_sublayer(x, encoder_padding_mask, attn_mask, None)
+        x, fc_result, f_ffn = self.ffn_sublayer(x, layer_input, encoder_padding_mask)
 
         residual_sum: Optional[Tensor] = None
         if self.collects_residual_sum:
@@ -277,17 +287,7 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
             need_attn = True
         layer_input = x
 
-        h, mixed, write = x, x, x
-        if self.multi_stream:
-            h, mixed, write = self.self_attn_connection.width(x)
-        h = self.self_attn_connection.prenorm(h)
-        h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=self_attn_padding_mask,
-                              incremental_state=incremental_state, need_weights=False, attn_mask=self_attn_mask)
-        f_self = self.dropout_module(h)
-        if self.multi_stream:
-            x = self.self_attn_connection.depth(f_self, mixed, write)
-        else:
-            x = self.self_attn_connection(x, f_self)
+        x, f_self = self.self_attention_sublayer(x, self_attn_padding_mask, self_attn_mask, incremental_state)
         residual_sum: Optional[Tensor] = None
         if self.collects_residual_sum:
             residual_sum = f_self
@@ -316,16 +316,7 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
             if residual_sum is not None:
                 residual_sum = residual_sum + f_cross
 
-        h = x
-        if self.multi_stream:
-            h, mixed, write = self.ffn_connection.width(x)
-        f_ffn = self.dropout_module(self.feed_forward(self.ffn_connection.prenorm(h), self_attn_padding_mask))
-        if self.multi_stream:
-            x = self.ffn_connection.depth(f_ffn, mixed, write)
-        elif self.last_reads_layer_input:
-            x = self.ffn_connection(x, f_ffn, layer_input)
-        else:
-            x = self.ffn_connection(x, f_ffn)
+        x, _, f_ffn = self.ffn_sublayer(x, layer_input, self_attn_padding_mask)
         if residual_sum is not None:
             residual_sum = residual_sum + f_ffn
         return x, attn, residual_sum
