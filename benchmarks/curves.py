@@ -45,7 +45,7 @@ import sys
 from pathlib import Path
 
 import common
-from common import CONTROL_ROWS, DEFAULT_MILESTONES, GEN2025_KINDS, NEW_KINDS, slug
+from common import CONTROL_ROWS, DEFAULT_MILESTONES, GEN2025_KINDS, NEW_KINDS, SAME_RUN, slug
 from common import CURVES_ROWS as ROWS
 
 from resnmt.decoding.averaging import numbered_checkpoints
@@ -74,7 +74,7 @@ STUDY_ORDER = (
     + [("deep", r, 1) for r in ("b2t (warm-up 1000)", "resi_dual (warm-up 1000)")]
     + [("base", r, 1) for r in ("post_ln", "rskip_ln (λ=2)", "pre_ln", "sas")]
     + [("base", r, 1) for r in CONTROL_ROWS]
-    + [(size, r, 1) for r in GEN2025_KINDS for size in ("deep", "small")]
+    + [(size, r, 1) for r in GEN2025_KINDS for size in ("deep", "small") if (size, r) not in SAME_RUN]
 )
 
 

@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-from common import CONTROLS, GEN2025_KINDS, NEW_KINDS
+from common import CONTROLS, GEN2025_KINDS, NEW_KINDS, SAME_RUN
 
 from resnmt.shared import read_jsonl
 
@@ -220,7 +220,8 @@ def cross_layer_table(runs, tolerance: float = 0.5, rows=NEW_KINDS) -> str:
     quality at 2+2 layers (sacreBLEU minus post-LN's) and pre-LN's stability at 6+6
     (minus pre-LN's, and minus post-LN's)? A gap within ``tolerance`` BLEU counts as
     level: one seed cannot resolve less (the 2+2 seeds of one row differ by 0.3-0.6).
-    Before ``VERDICT_BUDGETS`` the verdict is "not yet"."""
+    Before ``VERDICT_BUDGETS`` the verdict is "not yet". A row whose run is another row's, bit for bit
+    (``common.SAME_RUN``), is read from that run and says so."""
     small, deep = runs.get(("cpu", "small"), {}), runs.get(("cpu", "deep"), {})
     lines = ["| method | 2+2: − post-LN | 6+6: − pre-LN | 6+6: − post-LN | post-LN's 2+2 quality? | "
              "pre-LN's 6+6 stability? |", "|---|---:|---:|---:|---|---|"]
@@ -233,9 +234,12 @@ def cross_layer_table(runs, tolerance: float = 0.5, rows=NEW_KINDS) -> str:
         return "yes" if d >= -tolerance else "no"
 
     for row in rows:
-        if row not in small and row not in deep:
+        same = SAME_RUN.get(("small", row)) if row not in small else None
+        if row not in small and row not in deep and same is None:
             continue
-        d_small, u_small, small_cell = _gap(small, row, "post_ln")
+        d_small, u_small, small_cell = _gap(small, same or row, "post_ln")
+        if same is not None and small_cell:
+            small_cell += f" (= {same}: the same run)"
         d_deep, u_deep, deep_cell = _gap(deep, row, "pre_ln")
         deep_post_cell = _gap(deep, row, "post_ln")[2]
         lines.append(f"| {row} | {small_cell} | {deep_cell} | {deep_post_cell} | {judged(d_small, u_small, 'small')} | "

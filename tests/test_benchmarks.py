@@ -528,3 +528,18 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
     assert set(families) == {"cross-layer", "gen2025"} and "hyper" not in study[("cpu", "deep")]
     assert set(families["gen2025"][("cpu", "deep")]) == {"post_ln", "pre_ln", "hyper"}
     assert "| hyper | " in study_tables.cross_layer_table(runs, rows=("hyper",))
+    # Mix-LN at 2+2 is pre-LN's run bit for bit (common.SAME_RUN): read from it and marked
+    runs[("cpu", "small")]["pre_ln"][1][2400] = dict(lines[2], row="pre_ln", bleu=29.5)
+    assert ("| mix_ln | -0.50 @ 2400 (= pre_ln: the same run) |  |  | yes | — |"
+            in study_tables.cross_layer_table(runs, rows=("mix_ln",)))
+
+
+def test_a_run_that_is_another_rows_run_is_not_queued(monkeypatch):
+    """The study does not train Mix-LN at 2+2 again (it is pre-LN's run), but does at 6+6."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import common
+    import curves
+
+    assert common.SAME_RUN == {("small", "mix_ln"): "pre_ln"}
+    assert ("small", "mix_ln", 1) not in curves.STUDY_ORDER and ("deep", "mix_ln", 1) in curves.STUDY_ORDER
+    assert ("small", "pre_ln", 1) in curves.STUDY_ORDER
