@@ -32,6 +32,21 @@ def sample_batch(task, n=4, split="valid"):
     return ds.collater([ds[i] for i in range(n)])
 
 
+def encoder_output_and_input(model, task, n=4):
+    """For a stack run by hand: the encoder's own output on ``n`` validation sentences (eval
+    mode, no gradients), what fairseq's encoder feeds its first layer (T x B x C), and the
+    source padding mask."""
+    model.eval()
+    net_input = sample_batch(task, n=n)["net_input"]
+    encoder = model.encoder
+    with torch.no_grad():
+        got = encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])["encoder_out"][0]
+        x, _ = encoder.forward_embedding(net_input["src_tokens"])
+        mask = net_input["src_tokens"].eq(encoder.padding_idx)
+        x = (x * (1 - mask.unsqueeze(-1).type_as(x))).transpose(0, 1)
+    return got, x, mask
+
+
 def randomize_norms(model, seed=0):
     """Give LayerNorm gains/biases non-trivial values so equations are really tested."""
     g = torch.Generator().manual_seed(seed)

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model_utils import build, parse_train_args, randomize_norms, sample_batch
+from model_utils import build, encoder_output_and_input, parse_train_args, randomize_norms, sample_batch
 from resnmt.modules.connections import ConnectionConfigError, ConnectionSpec, build_connection, build_stream
 from resnmt.modules.norms import DynamicTanh
 from resnmt.modules.streams import DLCLStream, dlcl_initial_weights
@@ -194,26 +194,14 @@ def test_dlcl_stream_equation(pre_norm):
     torch.testing.assert_close(stream.end(state, y2), output, rtol=0, atol=1e-12)
 
 
-def embedded_source(model, net_input):
-    """What fairseq's encoder feeds its first layer (T x B x C), and the padding mask."""
-    encoder = model.encoder
-    x, _ = encoder.forward_embedding(net_input["src_tokens"])
-    mask = net_input["src_tokens"].eq(encoder.padding_idx)
-    x = (x * (1 - mask.unsqueeze(-1).type_as(x))).transpose(0, 1)
-    return x, mask
-
-
 def test_resi_dual_stack_against_a_hand_run_of_post_ln_layers(tiny_bin):
     """Encoder: post-LN layers x_{k+1} = LN(x_k + F_k) run by hand, d = x_0 + sum of every
     sublayer's F, output x_N + LN(d)."""
     model, task, _ = build(tiny_bin, "resnmt_transformer", ["--residual", "resi_dual"])
     randomize_norms(model)
-    model.eval()
-    net_input = sample_batch(task, n=4)["net_input"]
     encoder = model.encoder
+    got, x, mask = encoder_output_and_input(model, task)
     with torch.no_grad():
-        got = encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])["encoder_out"][0]
-        x, mask = embedded_source(model, net_input)
         d = x
         for layer in encoder.layers:
             f1 = attention_by_hand(layer.self_attn, x, x, mask)
@@ -235,13 +223,10 @@ def test_dlcl_stack_against_a_hand_run(tiny_bin, kind):
     encoder = model.encoder
     with torch.no_grad():
         encoder.residual_stream.weights.add_(0.2 * torch.randn(4, 4))
-    model.eval()
-    net_input = sample_batch(task, n=4)["net_input"]
     stream = encoder.residual_stream
     W = stream.weights.detach()
+    got, x, mask = encoder_output_and_input(model, task)
     with torch.no_grad():
-        got = encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])["encoder_out"][0]
-        x, mask = embedded_source(model, net_input)
         history = [x]  # pre-norm: LN_k(y_k) for k >= 1; post-norm: y_k
         for i, layer in enumerate(encoder.layers):
             combined = sum(W[i, k] * history[k] for k in range(i + 1))

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model_utils import (block_output_gradients, build, move_connections_off_init, parse_train_args, randomize_norms,
-                         sample_batch)
-from test_cross_layer import attention_by_hand, embedded_source, ffn_by_hand, layer_norm, perturbed, tensors
+from model_utils import (block_output_gradients, build, encoder_output_and_input, move_connections_off_init,
+                         parse_train_args, randomize_norms, sample_batch)
+from test_cross_layer import attention_by_hand, ffn_by_hand, layer_norm, perturbed, tensors
 from resnmt.modules.connections import ConnectionConfigError, ConnectionSpec, build_connection
 from resnmt.modules.norms import DynamicTanh
 from resnmt.modules.qkv_norm_attention import has_qkv_norm
@@ -85,12 +85,9 @@ def test_mix_ln_stack_against_a_hand_run(tiny_bin):
     model, task, _ = build(tiny_bin, "resnmt_transformer",
                            ["--residual", "mix_ln", "--mix-ln-fraction", "0.5", "--encoder-layers", "4"])
     randomize_norms(model)
-    model.eval()
-    net_input = sample_batch(task, n=4)["net_input"]
     encoder = model.encoder
+    got, x, mask = encoder_output_and_input(model, task)
     with torch.no_grad():
-        got = encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])["encoder_out"][0]
-        x, mask = embedded_source(model, net_input)
         for i, layer in enumerate(encoder.layers):
             n1, n2 = layer.self_attn_connection.norm, layer.ffn_connection.norm
             if i < 2:
@@ -188,15 +185,12 @@ def test_hybrid_norm_encoder_stack_against_a_hand_run(tiny_bin, star):
     extra = ["--hybrid-norm-star"] if star else []
     model, task, _ = build(tiny_bin, "transformer_hybrid_norm_base", ["--encoder-layers", "3", *extra])
     randomize_norms(model)
-    model.eval()
     for layer in (*model.encoder.layers, *model.decoder.layers):
         attentions = [layer.self_attn] + ([layer.encoder_attn] if hasattr(layer, "encoder_attn") else [])
         assert all(has_qkv_norm(a) for a in attentions)
-    net_input = sample_batch(task, n=4)["net_input"]
     encoder = model.encoder
+    got, x, mask = encoder_output_and_input(model, task)
     with torch.no_grad():
-        got = encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])["encoder_out"][0]
-        x, mask = embedded_source(model, net_input)
         for i, layer in enumerate(encoder.layers):
             g = layer.ffn_connection.norm
             if star and i == 0:
@@ -221,12 +215,9 @@ def test_denseformer_stack_against_a_hand_run(tiny_bin):
     encoder = model.encoder
     with torch.no_grad():
         encoder.residual_stream.average.weights.add_(0.3 * torch.randn(3, 4))
-    model.eval()
     W = encoder.residual_stream.average.weights.detach()
-    net_input = sample_batch(task, n=4)["net_input"]
+    got, x, mask = encoder_output_and_input(model, task)
     with torch.no_grad():
-        got = encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])["encoder_out"][0]
-        x, mask = embedded_source(model, net_input)
         outputs = [x]
         for i, layer in enumerate(encoder.layers):
             inp = x if i == 0 else sum(W[i - 1, j] * outputs[j] for j in range(i + 1))
@@ -340,12 +331,9 @@ def test_hyper_encoder_stack_against_a_hand_run(tiny_bin):
         for name, p in model.named_parameters():
             if ".streams." in name:
                 p.add_(0.2 * torch.randn(p.shape))
-    model.eval()
-    net_input = sample_batch(task, n=4)["net_input"]
     encoder = model.encoder
+    got, x, mask = encoder_output_and_input(model, task)
     with torch.no_grad():
-        got = encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])["encoder_out"][0]
-        x, mask = embedded_source(model, net_input)
         H = x.unsqueeze(-2).repeat(1, 1, 4, 1)
         for layer in encoder.layers:
             H = with_streams(H, layer.self_attn_connection, lambda q: attention_by_hand(layer.self_attn, q, q, mask))
