@@ -454,7 +454,8 @@ def test_readme_glance_tables_are_generated(monkeypatch):
 
 
 def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
-    """Paired by seed at the claim's budget; the verdict follows the seeds' signs; --write
+    """Paired by seed at the claim's budget; the verdict follows the seeds' signs (a claim of
+    matching: within 0.5 BLEU behind); a claim may name its reference; --write
     fills the glance markers and refuses a file with no marker of make_tables.py."""
     monkeypatch.syspath_prepend(str(BENCH))
     import study_tables
@@ -465,17 +466,25 @@ def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
 
     lines = [line("post_ln", s, u, b) for s, u, b in ((1, 100, 10.0), (2, 100, 11.0), (1, 200, 20.0), (2, 200, 21.0))]
     lines += [line("sas", 1, 200, 21.0), line("sas", 2, 200, 20.5), line("sas", 3, 200, 30.0),
-              line("pre_ln", 1, 200, 21.0), line("pre_ln", 2, 200, 22.0)]
+              line("pre_ln", 1, 200, 21.0), line("pre_ln", 2, 200, 22.0),
+              line("pre_ln + rms_norm", 1, 200, 20.7), line("pre_ln + rms_norm", 2, 200, 21.6)]
     results = tmp_path / "curves.jsonl"
     results.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
     claims = (study_tables.Claim("SAS > post-LN", "32.0 vs 30.9", "cpu", "small", "sas", 200),
               study_tables.Claim("pre-LN > post-LN", "—", "cpu", "small", "pre_ln", 200, "a note"),
-              study_tables.Claim("not run", "—", "cpu", "small", "rezero", 200))
+              study_tables.Claim("not run", "—", "cpu", "small", "rezero", 200),
+              study_tables.Claim("RMSNorm ≥ LayerNorm", "—", "cpu", "small", "pre_ln + rms_norm", 200,
+                                 reference="pre_ln", at_least=True),
+              study_tables.Claim("RMSNorm > LayerNorm", "—", "cpu", "small", "pre_ln + rms_norm", 200,
+                                 reference="pre_ln"))
     table = study_tables.glance_table(study_tables.load(results), claims)
     # seed 3 of sas has no post_ln partner: left out
     assert "| SAS > post-LN | 2+2, d=128, 200 updates | 32.0 vs 30.9 | 20.75 ± 0.35 vs 20.50 ± 0.71, +0.25 ± 1.06 (2) | mixed |" in table
     assert "| pre-LN > post-LN | 2+2, d=128, 200 updates | — | 21.50 ± 0.71 vs 20.50 ± 0.71, +1.00 ± 0.00 (2) | yes; a note |" in table
     assert "not run" not in table
+    # against its own reference; a claim of matching holds within 0.5 BLEU behind (-0.3, -0.4)
+    assert "| RMSNorm ≥ LayerNorm | 2+2, d=128, 200 updates | — | 21.15 ± 0.64 vs 21.50 ± 0.71, -0.35 ± 0.07 (2) | yes |" in table
+    assert "| RMSNorm > LayerNorm | 2+2, d=128, 200 updates | — | 21.15 ± 0.64 vs 21.50 ± 0.71, -0.35 ± 0.07 (2) | no |" in table
     # --write, from the committed results: a file gets the tables whose markers it holds
     doc = tmp_path / "doc.md"
     doc.write_text("a\n<!-- glance-table:begin -->\nstale\n<!-- glance-table:end -->\nb\n", encoding="utf-8")
