@@ -109,8 +109,49 @@ def matmul_rate(cpu: bool, size: int, reps: int = 10) -> dict:
     return {"matmul_size": size, "bf16_tflops": 2 * size ** 3 / seconds / 1e12}
 
 
+# the Tensor methods that read a tensor's value on the host: on a CUDA tensor each waits for
+# the GPU to finish what was queued (a host-device synchronisation)
+HOST_READS = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy", "cpu", "nonzero")
+
+
+def host_reads(trainer, batches, start: int, n: int = 2) -> list:
+    """Where ``n`` updates read tensor values on the host, per update: the Python line
+    (the innermost fairseq or resnmt frame), the method and the tensor's device, most
+    frequent first. On the CPU nothing waits; on a GPU each read of a CUDA tensor is a
+    synchronisation, so this names the sites a profile's sync count comes from."""
+    import traceback
+    from collections import Counter
+
+    import torch
+
+    counts = Counter()
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counted(name):
+        original = originals[name]
+
+        def read(tensor, *args, **kwargs):
+            frames = traceback.extract_stack()[:-1]
+            site = next((f for f in reversed(frames) if re.search(r"(fairseq|resnmt)/", f.filename)), frames[-1])
+            where = re.sub(r".*/(?=(fairseq|resnmt)/)", "", site.filename)
+            counts[(f"{where}:{site.lineno}", name, tensor.device.type, (site.line or "").strip())] += 1
+            return original(tensor, *args, **kwargs)
+        return read
+
+    try:
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, counted(name))
+        run_updates(trainer, batches, start, n)
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+    return [{"site": site, "read": name, "device": device, "per_update": c / n, "line": line[:160]}
+            for (site, name, device, line), c in counts.most_common()]
+
+
 def profile_update(trainer, batches, cpu: bool) -> dict:
-    """torch.profiler over one update (after warm-up): top kernels, launches, syncs."""
+    """torch.profiler over one update (after warm-up): top kernels, launches, syncs; then
+    where two more updates read tensor values on the host (:func:`host_reads`)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([] if cpu else [ProfilerActivity.CUDA])
@@ -143,4 +184,5 @@ def profile_update(trainer, batches, cpu: bool) -> dict:
                         for e in kernels[:15]],
         "top_cpu_ops": [{"name": e.key[:160], "count": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3}
                         for e in ops[:15]],
+        "host_reads": host_reads(trainer, batches, 1),
     }

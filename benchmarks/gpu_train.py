@@ -23,7 +23,9 @@ Method (docs/benchmarks.md, "GPU training through fairseq's trainer"):
   do) and reported as a fraction of the card's bf16 matrix rate measured by this script
   (``--matmul-size`` cubed products), and as the ratio each row's FLOPs predict;
 * ``--profile FILE``: a torch.profiler trace summary of one update (top kernels, kernel
-  launches, host-device synchronisations) of the stock fp16 row and of the recipes;
+  launches, host-device synchronisations) of the stock fp16 row and of the recipes, and
+  the Python lines where an update reads tensor values on the host (``host_reads``: on
+  a GPU, where its synchronisations come from);
 * ``--whole-process``: complete ``fairseq-train`` runs, stock (``--arch transformer
   --fp16``) against ``--user-dir resnmt --arch transformer_postln_base --fp16`` and the
   recipe through resnmt-train, fairseq's own ``wps`` parsed from its json log and the

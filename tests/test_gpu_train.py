@@ -44,6 +44,14 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     prof = json.loads(profile.read_text())["profiles"]
     assert set(prof) == {"stock_fp16/fp32", "recipe/fp32", "recipe_compiled/fp32"}
     assert prof["stock_fp16/fp32"]["item_calls"] > 0 and prof["recipe/fp32"]["top_cpu_ops"]
+    # where an update reads values on the host (on a GPU: its syncs), by line: fairseq's
+    # finiteness check of the gradient norm, once per update, in every configuration
+    for p in prof.values():
+        reads = {(r["site"], r["read"]): r for r in p["host_reads"]}
+        grad_norm_check = [r for (site, read), r in reads.items()
+                           if site.startswith("fairseq/trainer.py:") and "isfinite(grad_norm)" in r["line"]]
+        assert len(grad_norm_check) == 1 and grad_norm_check[0]["per_update"] == 1.0, p["host_reads"]
+        assert all(r["device"] == "cpu" and r["per_update"] > 0 for r in p["host_reads"])
 
     whole = [r for r in records if r["kind"] == "whole_process"]
     assert len(whole) == 1 and "error" not in whole[0], whole
