@@ -130,6 +130,7 @@ class Claim(NamedTuple):
     note: str = ""
     reference: str = ""
     at_least: bool = False
+    method: str = ""  # the glance table's row: claims of one method share it (default: the claim's own)
 
 
 SIZE_SHORT = {"small": "2+2, d=128", "deep": "6+6, d=128", "base": "6+6, d=512"}
@@ -138,42 +139,42 @@ SIZE_SHORT = {"small": "2+2, d=128", "deep": "6+6, d=128", "base": "6+6, d=512"}
 # measured at the final budget; the 6+6 rows at the last budget most of their seeds reach.
 CLAIMS = (
     Claim("SAS > post-LN", "32.0 vs 30.9", "cpu", "small", "sas", 14400,
-          "half the paper's gain, at the final budget only"),
+          "half the paper's gain, at the final budget only", method="SAS"),
     Claim("rSkip+LN λ=2 > post-LN", "30.49 vs 30.04 (2 layers)", "cpu", "small", "rskip_ln (λ=2)", 14400,
-          "higher training loss: fits less"),
-    Claim("xSkip+LN λ=2 > post-LN", "30.99 vs 30.31", "cpu", "small", "xskip_ln (λ=2)", 14400),
+          "higher training loss: fits less", method="rSkip+LN"),
+    Claim("xSkip+LN λ=2 > post-LN", "30.99 vs 30.31", "cpu", "small", "xskip_ln (λ=2)", 14400, method="xSkip+LN"),
     Claim("rSkip+LN λ=2 > post-LN", "31.45 vs 30.31", "cuda", "deep", "rskip_ln (λ=2)", 2400,
-          "but pre-LN repairs post-LN as much"),
-    Claim("SAS > post-LN", "32.0 vs 30.9", "cpu", "deep", "sas", 2400, "as much as pre-LN"),
-    Claim("(control) pre-LN > post-LN", "—", "cpu", "deep", "pre_ln", 2400),
-    Claim("DeepNorm > post-LN", "— (stable deep training)", "cpu", "deep", "deepnorm", 2400),
-    Claim("Admin > post-LN", "— (stable deep training)", "cpu", "deep", "admin", 2400),
+          "but pre-LN repairs post-LN as much", method="rSkip+LN"),
+    Claim("SAS > post-LN", "32.0 vs 30.9", "cpu", "deep", "sas", 2400, "as much as pre-LN", method="SAS"),
+    Claim("(control) pre-LN > post-LN", "—", "cpu", "deep", "pre_ln", 2400, method="pre-LN"),
+    Claim("DeepNorm > post-LN", "— (stable deep training)", "cpu", "deep", "deepnorm", 2400, method="DeepNorm"),
+    Claim("Admin > post-LN", "— (stable deep training)", "cpu", "deep", "admin", 2400, method="Admin"),
     Claim("ReZero > post-LN", "— (faster convergence, in LM)", "cpu", "deep", "rezero", 2400,
-          "but the slowest of the repairs"),
+          "but the slowest of the repairs", method="ReZero"),
     Claim("rSkip+LN λ=2 > post-LN, both warm-up 1000", "31.45 vs 30.31", "cuda", "base",
-          "rskip_ln (λ=2, warm-up 1000)", 3600, "post-LN diverges with 300 warm-up updates"),
+          "rskip_ln (λ=2, warm-up 1000)", 3600, "post-LN diverges with 300 warm-up updates", method="rSkip+LN"),
     # The methods that cross layers: their papers report WMT EN-DE at 18+ layers, no
     # shallow or EN-VI number; each claims post-LN's quality with pre-LN's stability.
     Claim("B2T ≥ post-LN (post-LN's quality)", "— (WMT EN-DE 18+18: 28.48)", "cpu", "small", "b2t", 2400,
-          "level with pre-LN", at_least=True),
+          "level with pre-LN", at_least=True, method="B2T"),
     Claim("B2T > post-LN (pre-LN's stability)", "— (WMT EN-DE 18+18: 28.48)", "cpu", "deep", "b2t", 1200,
-          "ahead of pre-LN too"),
+          "ahead of pre-LN too", method="B2T"),
     Claim("ResiDual ≥ post-LN (post-LN's quality)", "— (WMT EN-DE, deep)", "cpu", "small", "resi_dual", 2400,
-          at_least=True),
+          at_least=True, method="ResiDual"),
     Claim("ResiDual > post-LN (pre-LN's stability)", "— (WMT EN-DE, deep)", "cpu", "deep", "resi_dual", 1200,
-          "but 4 BLEU behind pre-LN"),
+          "but 4 BLEU behind pre-LN", method="ResiDual"),
     Claim("DLCL ≥ post-LN", "— (WMT EN-DE 30 layers: 29.3 vs base 27.3)", "cpu", "small", "dlcl", 2400,
-          at_least=True),
-    Claim("DLCL > post-LN", "— (WMT EN-DE 30 layers: 29.3 vs base 27.3)", "cpu", "deep", "dlcl", 1200),
+          at_least=True, method="DLCL"),
+    Claim("DLCL > post-LN", "— (WMT EN-DE 30 layers: 29.3 vs base 27.3)", "cpu", "deep", "dlcl", 1200, method="DLCL"),
     Claim("DLCL-post ≥ post-LN", "— (WMT EN-DE 25 layers: 29.2 vs base 27.3)", "cpu", "small", "dlcl_post", 2400,
-          "level with pre-LN", at_least=True),
-    Claim("DLCL-post > post-LN", "— (WMT EN-DE 25 layers: 29.2 vs base 27.3)", "cpu", "deep", "dlcl_post", 1200),
+          "level with pre-LN", at_least=True, method="DLCL-post"),
+    Claim("DLCL-post > post-LN", "— (WMT EN-DE 25 layers: 29.2 vs base 27.3)", "cpu", "deep", "dlcl_post", 1200, method="DLCL-post"),
     Claim("Peri-LN ≥ post-LN", "— (language models only)", "cpu", "small", "peri_ln", 2400, "below pre-LN too",
-          at_least=True),
-    Claim("Peri-LN > post-LN", "— (language models only)", "cpu", "deep", "peri_ln", 1200),
+          at_least=True, method="Peri-LN"),
+    Claim("Peri-LN > post-LN", "— (language models only)", "cpu", "deep", "peri_ln", 1200, method="Peri-LN"),
     # The normalizations, each against LayerNorm in the same place.
     *(Claim(f"{name} ≥ LayerNorm ({place})", papers, "cpu", size, f"{row} + {norm}", budget, reference=row,
-            at_least=True)
+            at_least=True, method=name)
       for name, norm, papers in (("RMSNorm", "rms_norm", "— (on par with LayerNorm, faster)"),
                                  ("DyT", "dyt", "— (matches LayerNorm; no MT result)"))
       for place, row in (("pre-LN", "pre_ln"), ("post-LN", "post_ln"))
@@ -192,11 +193,13 @@ def verdict(diffs: list, at_least: bool = False) -> str:
 
 
 def glance_table(runs, claims=CLAIMS, baseline: str = "post_ln") -> str:
-    """Results at a glance: per claim, the paper's number, the row's and its reference's
-    sacreBLEU over the seeds both have at the claim's budget (mean ± std), their paired
-    difference with n, and a verdict from the seeds' signs (:func:`verdict`)."""
-    lines = ["| claim | setting | papers | measured (Multi30k EN-DE): row vs reference, difference (n seeds) "
-             "| holds? |", "|---|---|---|---|---|"]
+    """Results at a glance, one row per method: per claim (a line of the row), the setting,
+    the paper's number, the row's and its reference's sacreBLEU over the seeds both have at
+    the claim's budget (mean ± std), their paired difference with n, and a verdict from
+    the seeds' signs (:func:`verdict`). Claims not measured yet are left out."""
+    lines = ["| method | claim | setting | papers | measured (Multi30k EN-DE): row vs reference, difference "
+             "(n seeds) | holds? |", "|---|---|---|---|---|---|"]
+    methods = {}
     for c in claims:
         rows = runs.get((c.device, c.size), {})
         ref = c.reference or reference_of(c.row, baseline)
@@ -216,7 +219,13 @@ def glance_table(runs, claims=CLAIMS, baseline: str = "post_ln") -> str:
                     f"{_mean_std([diffs[s] for s in seeds]).replace(f' ({len(seeds)})', '')} ({len(seeds)})")
         setting = f"{SIZE_SHORT.get(c.size, c.size)}, {c.updates} updates{', GPU' if c.device == 'cuda' else ''}"
         answer = verdict([diffs[s] for s in seeds], c.at_least) + (f"; {c.note}" if c.note else "")
-        lines.append(f"| {c.claim} | {setting} | {c.papers} | {measured} | {answer} |")
+        methods.setdefault(c.method or c.claim, []).append((c.claim, setting, c.papers, measured, answer))
+    for method, cells in methods.items():
+        columns = [list(column) for column in zip(*cells)]
+        for k in (0, 2):  # the same claim, the same paper's number for every line: once
+            if len(set(columns[k])) == 1:
+                columns[k] = columns[k][:1]
+        lines.append(f"| {method} | " + " | ".join("<br>".join(column) for column in columns) + " |")
     return "\n".join(lines)
 
 

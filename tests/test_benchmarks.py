@@ -474,17 +474,25 @@ def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
               study_tables.Claim("pre-LN > post-LN", "—", "cpu", "small", "pre_ln", 200, "a note"),
               study_tables.Claim("not run", "—", "cpu", "small", "rezero", 200),
               study_tables.Claim("RMSNorm ≥ LayerNorm", "—", "cpu", "small", "pre_ln + rms_norm", 200,
-                                 reference="pre_ln", at_least=True),
+                                 reference="pre_ln", at_least=True, method="RMSNorm"),
               study_tables.Claim("RMSNorm > LayerNorm", "—", "cpu", "small", "pre_ln + rms_norm", 200,
-                                 reference="pre_ln"))
+                                 reference="pre_ln", method="RMSNorm"),
+              study_tables.Claim("RMSNorm > post-LN", "(a paper)", "cpu", "small", "pre_ln + rms_norm", 100,
+                                 method="RMSNorm"))
     table = study_tables.glance_table(study_tables.load(results), claims)
     # seed 3 of sas has no post_ln partner: left out
-    assert "| SAS > post-LN | 2+2, d=128, 200 updates | 32.0 vs 30.9 | 20.75 ± 0.35 vs 20.50 ± 0.71, +0.25 ± 1.06 (2) | mixed |" in table
-    assert "| pre-LN > post-LN | 2+2, d=128, 200 updates | — | 21.50 ± 0.71 vs 20.50 ± 0.71, +1.00 ± 0.00 (2) | yes; a note |" in table
+    lines = table.splitlines()
+    assert lines[0].startswith("| method | claim | setting | papers | measured") and len(lines) == 2 + 3
+    assert lines[2] == ("| SAS > post-LN | SAS > post-LN | 2+2, d=128, 200 updates | 32.0 vs 30.9 | "
+                        "20.75 ± 0.35 vs 20.50 ± 0.71, +0.25 ± 1.06 (2) | mixed |")
+    assert lines[3] == ("| pre-LN > post-LN | pre-LN > post-LN | 2+2, d=128, 200 updates | — | "
+                        "21.50 ± 0.71 vs 20.50 ± 0.71, +1.00 ± 0.00 (2) | yes; a note |")
     assert "not run" not in table
-    # against its own reference; a claim of matching holds within 0.5 BLEU behind (-0.3, -0.4)
-    assert "| RMSNorm ≥ LayerNorm | 2+2, d=128, 200 updates | — | 21.15 ± 0.64 vs 21.50 ± 0.71, -0.35 ± 0.07 (2) | yes |" in table
-    assert "| RMSNorm > LayerNorm | 2+2, d=128, 200 updates | — | 21.15 ± 0.64 vs 21.50 ± 0.71, -0.35 ± 0.07 (2) | no |" in table
+    # one row per method, a line per claim; against its own reference; a claim of matching
+    # holds within 0.5 BLEU behind (-0.3, -0.4); pre_ln + rms_norm has no 100-update line
+    assert lines[4] == ("| RMSNorm | RMSNorm ≥ LayerNorm<br>RMSNorm > LayerNorm | 2+2, d=128, 200 updates<br>"
+                        "2+2, d=128, 200 updates | — | 21.15 ± 0.64 vs 21.50 ± 0.71, -0.35 ± 0.07 (2)<br>"
+                        "21.15 ± 0.64 vs 21.50 ± 0.71, -0.35 ± 0.07 (2) | yes<br>no |")
     # --write, from the committed results: a file gets the tables whose markers it holds
     doc = tmp_path / "doc.md"
     doc.write_text("a\n<!-- glance-table:begin -->\nstale\n<!-- glance-table:end -->\nb\n", encoding="utf-8")
@@ -493,7 +501,7 @@ def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
     argv = [sys.executable, BENCH / "make_tables.py", "--results", tmp_path, "--write", doc]
     run_cli(argv)
     text = doc.read_text(encoding="utf-8")
-    assert text.startswith("a\n<!-- glance-table:begin -->\n| claim |") and "stale" not in text and text.endswith("b\n")
+    assert text.startswith("a\n<!-- glance-table:begin -->\n| method | claim |") and "stale" not in text and text.endswith("b\n")
     assert "curves-table" not in text and "sacreBLEU mean ± std over seeds" not in text
     bad = run_cli([*argv[:-1], bare], check=False)
     assert bad.returncode == 2 and "none of the tables' markers" in bad.stderr
