@@ -179,6 +179,16 @@ CLAIMS = (
                                  ("DyT", "dyt", "— (matches LayerNorm; no MT result)"))
       for place, row in (("pre-LN", "pre_ln"), ("post-LN", "post_ln"))
       for size, budget in (("small", 2400), ("deep", 1200))),
+    # The 2025 generation: each paper reports a gain over pre-LN in language models (or
+    # vision), none in translation. Mix-LN at 2+2 is pre-LN's run (common.SAME_RUN).
+    *(Claim(f"{name} > pre-LN", papers, "cpu", size, row, budget, reference="pre_ln", method=name)
+      for name, row, papers in (("Hyper-Connections", "hyper", "— (OLMo-1B loss 2.811 → 2.791, static ×4)"),
+                                ("mHC", "mhc", "— (27B MoE loss −0.021)"),
+                                ("Mix-LN", "mix_ln", "— (LLaMA-1B C4 ppl 18.65 → 18.18)"),
+                                ("LayerNorm Scaling", "ln_scaling", "— (LLaMA-1B C4 ppl 17.02 → 15.71)"),
+                                ("HybridNorm", "hybrid_norm", "— (550M C4 ppl 20.30 → 20.00)"),
+                                ("DenseFormer", "denseformer", "— (language models only)"))
+      for size, budget in (("small", 2400), ("deep", 1200)) if (size, row) not in SAME_RUN),
 )
 
 
