@@ -139,7 +139,7 @@ def plot_learned_norms(name: str, per_side: Dict[str, dict], title: str, path: P
         for where, value in stack.items():
             ax.plot([num_layers], [value], "s", label=f"{where} (stack)")
         ax.set_title(side)
-        ax.set_xlabel(f"layer ({num_layers} = the stack's own norms)")
+        ax.set_xlabel(f"layer ({num_layers} = the stack's own norms)" if stack else "layer")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
