@@ -501,7 +501,8 @@ def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
     argv = [sys.executable, BENCH / "make_tables.py", "--results", tmp_path, "--write", doc]
     run_cli(argv)
     text = doc.read_text(encoding="utf-8")
-    assert text.startswith("a\n<!-- glance-table:begin -->\n| method | claim |") and "stale" not in text and text.endswith("b\n")
+    assert text.startswith("a\n<!-- glance-table:begin -->\n| method | claim |")
+    assert "stale" not in text and text.endswith("b\n")
     assert "curves-table" not in text and "sacreBLEU mean ± std over seeds" not in text
     bad = run_cli([*argv[:-1], bare], check=False)
     assert bad.returncode == 2 and "none of the tables' markers" in bad.stderr
