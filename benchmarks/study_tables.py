@@ -217,9 +217,9 @@ def glance_table(runs, claims=CLAIMS, baseline: str = "post_ln") -> str:
     methods = {}
     for c in claims:
         rows = runs.get((c.device, c.size), {})
-        ref = c.reference or reference_of(c.row, baseline)
-        diffs = {seed: d[c.updates] for seed, d in paired_differences(rows, c.row, c.reference or baseline).items()
-                 if c.updates in d}
+        base = c.reference or baseline
+        ref = reference_of(c.row, base)  # the row paired_differences subtracts
+        diffs = {seed: d[c.updates] for seed, d in paired_differences(rows, c.row, base).items() if c.updates in d}
         if not diffs:
             continue
         seeds = sorted(diffs)
