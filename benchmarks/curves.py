@@ -72,6 +72,8 @@ STUDY_ORDER = (
     + [("deep", r, 3) for r in ("post_ln", "rskip_ln (λ=2)")]
     + [(size, r, 1) for r in NEW_KINDS for size in ("deep", "small")]
     + [("deep", r, 1) for r in ("b2t (warm-up 1000)", "resi_dual (warm-up 1000)")]
+    # second seeds where a verdict rests on one (beside post-LN's and pre-LN's seed 2 above)
+    + [(size, r, 2) for r in ("b2t", "pre_ln + dyt", "post_ln + dyt") for size in ("small", "deep")]
     + [("base", r, 1) for r in ("post_ln", "rskip_ln (λ=2)", "pre_ln", "sas")]
     + [("base", r, 1) for r in CONTROL_ROWS]
     + [(size, r, 1) for r in GEN2025_KINDS for size in ("deep", "small") if (size, r) not in SAME_RUN]
