@@ -239,10 +239,11 @@ def test_dlcl_stack_against_a_hand_run(tiny_bin, kind):
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["resi_dual", "dlcl"])
+@pytest.mark.parametrize("kind", ["resi_dual", "dlcl", "hyper", "mhc", "denseformer"])
 def test_stream_kinds_train_the_same_with_activation_checkpointing(tiny_bin, kind):
     """--checkpoint-activations recomputes each layer in the backward pass: the stream's
-    state goes through the layers as arguments, so the gradients are the same."""
+    state (ResiDual's second stream, DLCL's and DenseFormer's history, the hyper-connection
+    streams) goes through the layers as arguments, so the gradients are the same."""
     grads = []
     for extra in ([], ["--checkpoint-activations"]):
         model, task, _ = build(tiny_bin, "resnmt_transformer", ["--residual", kind, "--dropout", "0", *extra])
