@@ -251,12 +251,16 @@ def last_shared(rows: dict, row: str, other: str, seed: int = 1):
 
 
 def _gap(rows: dict, row: str, other: str):
-    """(the difference, the budget, its cell) at the newest budget both rows reached."""
+    """(the differences, the budget, its cell) at the newest budget both rows reached with
+    seed 1: ``row`` minus ``other`` for every seed both have there, paired by seed; the cell
+    is the difference (one seed) or the mean ± std (n) over the seeds."""
     u = last_shared(rows, row, other)
     if u is None:
-        return None, None, ""
-    d = rows[row][1][u]["bleu"] - rows[other][1][u]["bleu"]
-    return d, u, f"{d:+.2f} @ {u}"
+        return [], None, ""
+    diffs = [recs[u]["bleu"] - rows[other][seed][u]["bleu"] for seed, recs in sorted(rows[row].items())
+             if u in recs and u in rows[other].get(seed, {})]
+    cell = f"{diffs[0]:+.2f}" if len(diffs) == 1 else _mean_std(diffs).replace(f" ({len(diffs)})", "")
+    return diffs, u, f"{cell} @ {u}" + (f" ({len(diffs)} seeds)" if len(diffs) > 1 else "")
 
 
 # The budgets a verdict waits for: 2+2 post-LN and pre-LN differ from 2400 updates on;
@@ -264,23 +268,25 @@ def _gap(rows: dict, row: str, other: str):
 VERDICT_BUDGETS = {"small": 2400, "deep": 1200}
 
 
-def cross_layer_table(runs, tolerance: float = 0.5, rows=NEW_KINDS) -> str:
-    """Per method of ``rows`` (seed 1, the newest budget both rows reached): does it get post-LN's
-    quality at 2+2 layers (sacreBLEU minus post-LN's) and pre-LN's stability at 6+6
-    (minus pre-LN's, and minus post-LN's)? A gap within ``tolerance`` BLEU counts as
-    level: one seed cannot resolve less (the 2+2 seeds of one row differ by 0.3-0.6).
-    Before ``VERDICT_BUDGETS`` the verdict is "not yet". A row whose run is another row's, bit for bit
+def cross_layer_table(runs, rows=NEW_KINDS) -> str:
+    """Per method of ``rows`` (at the newest budget seed 1 of both rows reached, paired by
+    seed over every seed both have there): does it get post-LN's quality at 2+2 layers
+    (sacreBLEU minus post-LN's) and pre-LN's stability at 6+6 (minus pre-LN's, and minus
+    post-LN's)? A gap within :data:`LEVEL` BLEU counts as level: one seed cannot resolve
+    less (the 2+2 seeds of one row differ by 0.3-0.6); with several seeds the verdict is
+    :func:`verdict`'s (``mixed`` where the seeds disagree). Before ``VERDICT_BUDGETS`` the
+    verdict is "not yet". A row whose run is another row's, bit for bit
     (``common.SAME_RUN``), is read from that run and says so."""
     small, deep = runs.get(("cpu", "small"), {}), runs.get(("cpu", "deep"), {})
     lines = ["| method | 2+2: − post-LN | 6+6: − pre-LN | 6+6: − post-LN | post-LN's 2+2 quality? | "
              "pre-LN's 6+6 stability? |", "|---|---:|---:|---:|---|---|"]
 
-    def judged(d, u, size):
-        if d is None:
+    def judged(diffs, u, size):
+        if not diffs:
             return "—"
         if u < VERDICT_BUDGETS[size]:
             return "not yet"
-        return "yes" if d >= -tolerance else "no"
+        return verdict(diffs, at_least=True).replace(" (1 seed)", "")
 
     for row in rows:
         same = SAME_RUN.get(("small", row)) if row not in small else None

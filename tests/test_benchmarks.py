@@ -509,9 +509,9 @@ def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
 
 
 def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
-    """Seed 1 at the newest budget each pair shares: 2+2 minus post-LN, 6+6 minus pre-LN and
-    minus post-LN; a gap within 0.5 BLEU counts as level, and no verdict before 2400 (2+2)
-    or 1200 (6+6) updates; rows not trained are left out;
+    """The newest budget seed 1 of each pair shares, paired by seed: 2+2 minus post-LN, 6+6
+    minus pre-LN and minus post-LN; a gap within 0.5 BLEU counts as level (with two seeds
+    "mixed" where they disagree), and no verdict before 2400 (2+2) or 1200 (6+6) updates; rows not trained are left out;
     the study's figures keep the papers' rows and the cross-layer figure gets the new ones
     with their references."""
     monkeypatch.syspath_prepend(str(BENCH))
@@ -535,6 +535,13 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
     assert "| b2t | -0.30 @ 2400 | -1.80 @ 1200 | +9.60 @ 600 | yes | no |" in table
     assert "| dlcl | -2.00 @ 600 |  |  | not yet | — |" in table
     assert "resi_dual" not in table and "sas" not in table
+    # a second seed: paired by seed at seed 1's budget, mean ± std, and the seeds disagree
+    runs[("cpu", "small")]["b2t"][2][2400] = dict(lines[3], row="b2t", bleu=29.9)
+    assert ("| b2t | -0.70 ± 0.57 @ 2400 (2 seeds) | -1.80 @ 1200 | +9.60 @ 600 | mixed | no |"
+            in study_tables.cross_layer_table(runs))
+    runs[("cpu", "small")]["b2t"][2][2400]["bleu"] = 30.8
+    assert "| b2t | -0.25 ± 0.07 @ 2400 (2 seeds) | -1.80 @ 1200 | +9.60 @ 600 | yes | no |" in (
+        study_tables.cross_layer_table(runs))
     study, families = plot_curves.split_rows(runs)
     cross = families["cross-layer"]
     assert set(families) == {"cross-layer"}  # no 2025 row has a milestone here
