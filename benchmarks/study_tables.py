@@ -170,7 +170,7 @@ CLAIMS = (
     Claim("DLCL-post ≥ post-LN", "— (WMT EN-DE 25 layers: 29.2 vs base 27.3)", "cpu", "small", "dlcl_post", 2400,
           "level with pre-LN", at_least=True, method="DLCL-post"),
     Claim("DLCL-post > post-LN", "— (WMT EN-DE 25 layers: 29.2 vs base 27.3)", "cpu", "deep", "dlcl_post", 1200,
-          method="DLCL-post"),
+          "ahead of pre-LN too", method="DLCL-post"),
     Claim("Peri-LN ≥ post-LN", "— (language models only)", "cpu", "small", "peri_ln", 2400, "below pre-LN too",
           at_least=True, method="Peri-LN"),
     Claim("Peri-LN > post-LN", "— (language models only)", "cpu", "deep", "peri_ln", 1200,
