@@ -20,6 +20,7 @@ import argparse
 import logging
 import statistics
 import sys
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -92,7 +93,7 @@ def label_panel(ax, device: str, size: str, ylabel: str) -> None:
 
 
 def save(fig, title: str, out: Path) -> None:
-    fig.suptitle(title)
+    fig.suptitle(textwrap.fill(title, width=int(fig.get_figwidth() * 10)))  # one panel's figure too
     fig.savefig(out, dpi=100)
     plt.close(fig)
 
@@ -295,7 +296,11 @@ def split_rows(runs, families=FAMILIES):
     return study, grouped
 
 
-def plot_cross_layer(runs, out: Path) -> None:
+FAMILY_TITLES = {"cross-layer": "Methods that cross layers, Peri-LN, RMSNorm and DyT",
+                 "gen2025": "The 2025 generation"}
+
+
+def plot_cross_layer(runs, out: Path, family: str = "cross-layer") -> None:
     """sacreBLEU against updates of one family's rows beside post-LN and pre-LN."""
     fig, cells = panels(runs)
     styles = row_styles(runs)
@@ -304,7 +309,7 @@ def plot_cross_layer(runs, out: Path) -> None:
             own = {1: bleu_of(seeds)[1]} if 1 in seeds else bleu_of(seeds)  # seed 1: what the new rows have
             _mean_and_seed_lines(ax, own, styles[row], row)
         label_panel(ax, device, size, "sacreBLEU, test2016 (avg of 5 ckpts, beam 4)")
-    save(fig, "Methods that cross layers, Peri-LN and the normalizations beside post-LN and pre-LN (seed 1)", out)
+    save(fig, f"{FAMILY_TITLES[family]} beside post-LN and pre-LN (seed 1)", out)
 
 
 def newest_learned(runs):
@@ -352,7 +357,7 @@ def main(argv=None):
     study_runs, families = split_rows(with_curves(runs))
     curves = {key: rows for key, rows in study_runs.items() if rows}
     for family, family_runs in families.items():
-        plot_cross_layer(family_runs, figures / f"curves-{family}.png")
+        plot_cross_layer(family_runs, figures / f"curves-{family}.png", family)
     plot_bleu(curves, figures / "curves-bleu.png")
     plot_bleu_difference(curves, figures / "curves-bleu-difference.png")
     plot_valid(curves, figures / "curves-valid-loss.png")

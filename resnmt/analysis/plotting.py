@@ -86,6 +86,10 @@ STREAM_LABELS = {  # learned stream weights -> (title, colour bar label)
     "mhc_post": ("mHC H_post at φ = 0 (row: sublayer k, column: stream)", "weight"),
     "mhc_res": ("mHC H_res at φ = 0, row-major (row: sublayer k)", "weight"),
 }
+# The axes of the streams' matrices whose rows are sublayers (in the stack's order: each
+# layer's self-attention, [cross-attention,] FFN), not layer inputs; the others are DLCL's.
+SUBLAYER_ROWS = {"hc_read": "stream", "hc_write": "stream", "mhc_pre": "stream", "mhc_post": "stream",
+                 "hc_mix": "i·n + j: entry [i, j] of the n×n matrix", "mhc_res": "i·n + j: entry [i, j] of the n×n matrix"}
 
 
 def plot_stream_weights(name: str, per_side: Dict[str, List[List[float]]], title: str, path: Path) -> Path:
@@ -107,8 +111,16 @@ def plot_stream_weights(name: str, per_side: Dict[str, List[List[float]]], title
                 if matrix[row, col] != 0 and n <= 13 and matrix.shape[1] <= 16:
                     ax.text(col, row, f"{matrix[row, col]:.2f}", ha="center", va="center", fontsize=7, color="w")
         ax.set_title(side)
-        ax.set_xlabel("output of layer k (0 = embedding)")
-        ax.set_ylabel(f"input of layer l ({n - 1} = stack output)")
+        if name in SUBLAYER_ROWS:
+            ax.set_xlabel(SUBLAYER_ROWS[name])
+            ax.set_ylabel("sublayer k (in the stack's order)")
+            streams = round(matrix.shape[1] ** 0.5)
+            if matrix.shape[1] > streams and streams * streams == matrix.shape[1]:  # an n×n matrix per row
+                for col in range(streams, matrix.shape[1], streams):
+                    ax.axvline(col - 0.5, color="w", linewidth=1.5)
+        else:
+            ax.set_xlabel("output of layer k (0 = embedding)")
+            ax.set_ylabel(f"input of layer l ({n - 1} = stack output)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         fig.colorbar(image, ax=ax, label=bar, shrink=0.8)
