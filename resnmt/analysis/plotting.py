@@ -115,7 +115,7 @@ def plot_stream_weights(name: str, per_side: Dict[str, List[List[float]]], title
             ax.set_xlabel(SUBLAYER_ROWS[name])
             ax.set_ylabel("sublayer k (in the stack's order)")
             streams = round(matrix.shape[1] ** 0.5)
-            if matrix.shape[1] > streams and streams * streams == matrix.shape[1]:  # an n×n matrix per row
+            if "n×n" in SUBLAYER_ROWS[name]:  # a row-major n×n matrix per row: a line between its rows
                 for col in range(streams, matrix.shape[1], streams):
                     ax.axvline(col - 0.5, color="w", linewidth=1.5)
         else:
