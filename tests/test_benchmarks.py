@@ -511,7 +511,8 @@ def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
 def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
     """The newest budget seed 1 of each pair shares, paired by seed: 2+2 minus post-LN, 6+6
     minus pre-LN and minus post-LN; a gap within 0.5 BLEU counts as level (with two seeds
-    "mixed" where they disagree), and no verdict before 2400 (2+2) or 1200 (6+6) updates; rows not trained are left out;
+    "mixed" where they disagree), and no verdict before 2400 (2+2) or 1200 (6+6) updates;
+    rows not trained are left out;
     the study's figures keep the papers' rows and the cross-layer figure gets the new ones
     with their references."""
     monkeypatch.syspath_prepend(str(BENCH))

@@ -88,8 +88,10 @@ STREAM_LABELS = {  # learned stream weights -> (title, colour bar label)
 }
 # The axes of the streams' matrices whose rows are sublayers (in the stack's order: each
 # layer's self-attention, [cross-attention,] FFN), not layer inputs; the others are DLCL's.
-SUBLAYER_ROWS = {"hc_read": "stream", "hc_write": "stream", "mhc_pre": "stream", "mhc_post": "stream",
-                 "hc_mix": "i·n + j: entry [i, j] of the n×n matrix", "mhc_res": "i·n + j: entry [i, j] of the n×n matrix"}
+# Those whose row is a row-major n×n matrix get a line between the matrix's rows.
+ROW_MAJOR = frozenset({"hc_mix", "mhc_res"})
+SUBLAYER_ROWS = {**{name: "stream" for name in ("hc_read", "hc_write", "mhc_pre", "mhc_post")},
+                 **{name: "i·n + j: entry [i, j] of the n×n matrix" for name in ROW_MAJOR}}
 
 
 def plot_stream_weights(name: str, per_side: Dict[str, List[List[float]]], title: str, path: Path) -> Path:
@@ -114,8 +116,8 @@ def plot_stream_weights(name: str, per_side: Dict[str, List[List[float]]], title
         if name in SUBLAYER_ROWS:
             ax.set_xlabel(SUBLAYER_ROWS[name])
             ax.set_ylabel("sublayer k (in the stack's order)")
-            streams = round(matrix.shape[1] ** 0.5)
-            if "n×n" in SUBLAYER_ROWS[name]:  # a row-major n×n matrix per row: a line between its rows
+            if name in ROW_MAJOR:
+                streams = round(matrix.shape[1] ** 0.5)
                 for col in range(streams, matrix.shape[1], streams):
                     ax.axvline(col - 0.5, color="w", linewidth=1.5)
         else:
