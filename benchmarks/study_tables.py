@@ -64,10 +64,11 @@ def table(runs) -> str:
     return "\n".join(lines)
 
 
-def _mean_std(values) -> str:
-    if len(values) == 1:
-        return f"{values[0]:+.2f} (1)"
-    return f"{statistics.mean(values):+.2f} ± {statistics.stdev(values):.2f} ({len(values)})"
+def _mean_std(values, count: bool = True) -> str:
+    """Signed mean ± std of ``values`` (the value alone for one), then ``(n)`` if ``count``."""
+    text = (f"{values[0]:+.2f}" if len(values) == 1
+            else f"{statistics.mean(values):+.2f} ± {statistics.stdev(values):.2f}")
+    return f"{text} ({len(values)})" if count else text
 
 
 def reference_of(row: str, baseline: str = "post_ln") -> str:
@@ -230,8 +231,7 @@ def glance_table(runs, claims=CLAIMS, baseline: str = "post_ln") -> str:
             return (f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}" if len(values) > 1
                     else f"{values[0]:.2f}")
 
-        measured = (f"{mean_std(own)} vs {mean_std(other)}, "
-                    f"{_mean_std([diffs[s] for s in seeds]).replace(f' ({len(seeds)})', '')} ({len(seeds)})")
+        measured = f"{mean_std(own)} vs {mean_std(other)}, {_mean_std([diffs[s] for s in seeds])}"
         setting = f"{SIZE_SHORT.get(c.size, c.size)}, {c.updates} updates{', GPU' if c.device == 'cuda' else ''}"
         answer = verdict([diffs[s] for s in seeds], c.at_least) + (f"; {c.note}" if c.note else "")
         methods.setdefault(c.method or c.claim, []).append((c.claim, setting, c.papers, measured, answer))
@@ -259,8 +259,7 @@ def _gap(rows: dict, row: str, other: str):
         return [], None, ""
     diffs = [recs[u]["bleu"] - rows[other][seed][u]["bleu"] for seed, recs in sorted(rows[row].items())
              if u in recs and u in rows[other].get(seed, {})]
-    cell = f"{diffs[0]:+.2f}" if len(diffs) == 1 else _mean_std(diffs).replace(f" ({len(diffs)})", "")
-    return diffs, u, f"{cell} @ {u}" + (f" ({len(diffs)} seeds)" if len(diffs) > 1 else "")
+    return diffs, u, f"{_mean_std(diffs, count=False)} @ {u}" + (f" ({len(diffs)} seeds)" if len(diffs) > 1 else "")
 
 
 # The budgets a verdict waits for: 2+2 post-LN and pre-LN differ from 2400 updates on;
