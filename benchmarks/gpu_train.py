@@ -66,6 +66,8 @@ from resnmt.experiment.runtime import USER_DIR  # noqa: E402
 from resnmt.experiment.steps import FairseqLog  # noqa: E402
 from resnmt.shared import append_jsonl  # noqa: E402
 
+BENCHMARK = "gpu_train"  # every line's "benchmark" (benchmarks/results/gpu_train.jsonl, make_tables.py)
+
 
 # The rows: a config of common.CONFIGS against its reference row, and the ratio to reach
 # (a same-math pair: a band; SAS: a fraction of the ratio its FLOPs predict)
@@ -202,7 +204,7 @@ def reference_of(c: Config, configs: List[Config]) -> Optional[str]:
     return f"{ref}/{c.dtype}" if ref else None
 
 
-def whole_process(a, out: Path, deadline: float):
+def whole_process(a, out: Path, deadline: float, env: dict):
     """fairseq-train processes, stock against resnmt: fairseq's own wps from its json log."""
     runs = {
         "stock_fairseq_train_fp16": [sys.executable, "-m", "fairseq_cli.train", "--arch", "transformer"],
@@ -239,26 +241,32 @@ def whole_process(a, out: Path, deadline: float):
                                   env=dict(os.environ, PYTHONPATH=os.pathsep.join(
                                       [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])))
         except subprocess.TimeoutExpired:
-            append_jsonl(out, {"kind": "whole_process", "run": name, "error": f"timed out after {a.whole_timeout} s"})
+            record(out, {"kind": "whole_process", "run": name, "error": f"timed out after {a.whole_timeout} s"})
             continue
         wall = time.perf_counter() - t0
         inner = [r for r in FairseqLog.parse(proc.stdout + proc.stderr).inner if "num_updates" in r]
         if proc.returncode != 0 or not inner:
-            append_jsonl(out, {"kind": "whole_process", "run": name, "error": (proc.stderr or proc.stdout)[-2000:]})
+            record(out, {"kind": "whole_process", "run": name, "error": (proc.stderr or proc.stdout)[-2000:]})
             continue
         wps = [float(r["wps"]) for r in inner if int(r["num_updates"]) > a.whole_skip]
         losses[name] = {int(r["num_updates"]): float(r["loss"]) for r in inner}
-        rec = {"kind": "whole_process", "run": name, "precision": "fp32" if a.cpu else dtype[name][2:],
+        rec = {"kind": "whole_process", "run": name, "device": env["device"], "job": env["time"],
+               "precision": "fp32" if a.cpu else dtype[name][2:],
                "argv": argv[1:], "wall_s": wall,
                "updates": max(losses[name]), "wps_median": statistics.median(wps) if wps else None,
                "wps_min": min(wps) if wps else None, "wps_max": max(wps) if wps else None,
-               "wps_intervals": len(wps)}
+               "wps_intervals": len(wps),
+               # fairseq's own per-interval figures: train_wall (time inside train_step) against
+               # wall says whether the time goes to the update or around it
+               "intervals": [{"num_updates": int(r["num_updates"]),
+                              **{k: float(r[k]) for k in ("wps", "ups", "wpb", "train_wall", "wall") if k in r}}
+                             for r in inner if int(r["num_updates"]) > a.whole_skip]}
         if "stock_fairseq_train_fp16" in losses and name != "stock_fairseq_train_fp16":
             ref = losses["stock_fairseq_train_fp16"]
             common = sorted(set(ref) & set(losses[name]))
             rec["max_abs_loss_diff_vs_stock"] = max(abs(ref[u] - losses[name][u]) for u in common)
             rec["loss_diff_updates"] = len(common)
-        append_jsonl(out, rec)
+        record(out, rec)
         print(json.dumps(rec), flush=True)
 
 
@@ -357,23 +365,51 @@ def configs_at(a, max_tokens: int, rows, dtypes, limits) -> List[Config]:
     return configs
 
 
-def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadline: float, device: str,
-                    peak_tflops: float, profiles: Optional[dict]) -> List[dict]:
+def record(out: Path, rec: dict):
+    """Append one line to ``--out``, tagged as this benchmark's."""
+    append_jsonl(out, {"benchmark": BENCHMARK, **rec})
+
+
+def fit_updates(a, configs: List[Config], deadline: float) -> int:
+    """Timed updates per configuration per round so that ``--rounds`` rounds of every
+    configuration end before ``deadline``, at most ``--updates`` and at least 10 (the
+    first round always runs): each update is priced at the median warm-up update (a warm-up
+    update is slower than a timed one, so this errs on the short side)."""
+    if deadline == float("inf") or not configs:
+        return a.updates
+    per_update = statistics.median(c.warmup_s / max(a.warmup, 1) for c in configs)
+    left = deadline - time.monotonic()
+    fits = int(left / (a.rounds * len(configs) * per_update)) if per_update > 0 else a.updates
+    updates = max(min(a.updates, fits), min(10, a.updates))
+    if updates < a.updates:
+        print(f"[gpu_train] {1e3 * per_update:.0f} ms per warm-up update, {left:.0f} s left: {updates} timed updates "
+              f"per configuration per round (of --updates {a.updates})", file=sys.stderr, flush=True)
+    return updates
+
+
+def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadline: float, env: dict,
+                    profile_path: Optional[Path]) -> List[dict]:
     """Build and warm up ``configs`` at ``max_tokens``, profile one update of stock fp16
-    and the recipes into ``profiles`` (when given), time the interleaved rounds; the rows
-    (MFU against ``peak_tflops``), each also appended to ``out``.
-    A configuration that fails (a compiler error, say) is recorded and leaves the others."""
+    and the recipes into ``profile_path`` (when given; written at once), time the
+    interleaved rounds; after each round the rows so far (MFU against the card's measured
+    rate) are appended to ``out``, a later line of the same run and configuration holding
+    more rounds, so that a job stopped from outside keeps its finished rounds.
+    A configuration that fails (a compiler error, say) is recorded and leaves the others;
+    one not started by the deadline is recorded as such."""
     batches = None
 
     def failed(c, stage, error):
         c.trainer = None
         rec = {"kind": "error", "config": c.key, "max_tokens": max_tokens, "stage": stage,
                "error": f"{type(error).__name__}: {error}"[-2000:]}
-        append_jsonl(out, rec)
+        record(out, rec)
         print(json.dumps(rec), file=sys.stderr, flush=True)
 
     ready = []
     for c in configs:
+        if time.monotonic() > deadline:
+            failed(c, "build", TimeoutError("the deadline passed before it was built"))
+            continue
         try:
             argv_c = train_argv(a.data, ROWS[c.row], c.dtype, max_tokens, c.recipe, a.smoke, a.cpu, a.compile_backend)
             c.trainer, task, cfg = build_trainer(argv_c)
@@ -392,35 +428,47 @@ def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadli
             failed(c, "build and warm-up", e)
     configs = ready
     graphs_after_warmup = compiled_graphs()
-    for c in configs if profiles is not None else ():
-        if c.name == STOCK or c.name in RECIPES:
-            try:
-                profiles[c.key] = profile_update(c.trainer, batches, a.cpu)
-            except Exception as e:  # noqa: BLE001
-                profiles[c.key] = {"error": f"{type(e).__name__}: {e}"[-2000:]}
+    if profile_path is not None:
+        profiles = {}
+        for c in configs:
+            if c.name == STOCK or c.name in RECIPES:
+                try:
+                    profiles[c.key] = profile_update(c.trainer, batches, a.cpu)
+                except Exception as e:  # noqa: BLE001
+                    profiles[c.key] = {"error": f"{type(e).__name__}: {e}"[-2000:]}
+        profile_path.write_text(json.dumps({"device": env["device"], "max_tokens": max_tokens,
+                                            "profiles": profiles}, indent=1))
+    updates = fit_updates(a, configs, deadline)
+    rows = []
     for rnd in range(a.rounds):
-        if time.monotonic() > deadline and rnd > 0:
-            print(f"[gpu_train] deadline: stopped after {rnd} rounds at --max-tokens {max_tokens}", file=sys.stderr)
-            break
         order = configs if rnd % 2 == 0 else list(reversed(configs))
+        timed = {}
         for c in order:
+            if rnd > 0 and time.monotonic() > deadline:
+                break
             if c.trainer is None:
                 continue
             try:
                 synchronize(a.cpu)
                 t0 = time.perf_counter()
-                tok = run_updates(c.trainer, batches, a.warmup + rnd * a.updates, a.updates)
+                tok = run_updates(c.trainer, batches, a.warmup + rnd * updates, updates)
                 synchronize(a.cpu)
-                c.samples.append((time.perf_counter() - t0, tok))
+                timed[c.key] = (time.perf_counter() - t0, tok)
             except Exception as e:  # noqa: BLE001
                 failed(c, f"round {rnd + 1}", e)
-    rows = summarize(configs, max_tokens, peak_tflops)
-    graphs_at_end = compiled_graphs()
-    for rec in rows:
-        rec["device"] = device
-        # torch.compile graphs made by then (all configurations): equal = none compiled while timed
-        rec["compiled_graphs_after_warmup"], rec["compiled_graphs_at_end"] = graphs_after_warmup, graphs_at_end
-        append_jsonl(out, rec)
+        if len(timed) < sum(c.trainer is not None for c in configs):  # the deadline cut this round short
+            print(f"[gpu_train] deadline: stopped after {rnd} rounds at --max-tokens {max_tokens}", file=sys.stderr)
+            break
+        for c in configs:
+            if c.key in timed:
+                c.samples.append(timed[c.key])
+        rows = summarize(configs, max_tokens, env["bf16_tflops"])
+        graphs_now = compiled_graphs()
+        for rec in rows:
+            # torch.compile graphs made by then (all configurations): equal = none compiled while timed
+            rec.update(job=env["time"], device=env["device"], updates_per_round=updates,
+                       compiled_graphs_after_warmup=graphs_after_warmup, compiled_graphs_at_end=graphs_now)
+            record(out, rec)
     for c in configs:  # free this token setting's models before the next
         c.trainer = None
     return rows
@@ -443,24 +491,21 @@ def main(argv=None):
            "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "settings": dict(vars(a)), "fairseq": fairseq.__version__}
     env.update(matmul_rate(a.cpu, 512 if a.smoke else a.matmul_size))
-    append_jsonl(out, env)
+    record(out, env)
     print(json.dumps(env), flush=True)
 
     all_rows = []
-    profiles = {}
     for max_tokens in tokens:
         if time.monotonic() > deadline:
             print(f"[gpu_train] deadline: --max-tokens {max_tokens} not started", file=sys.stderr)
             break
         configs = configs_at(a, max_tokens, rows, dtypes, limits)
-        all_rows += measure_setting(a, max_tokens, configs, out, deadline, device, env["bf16_tflops"],
-                                    profiles if a.profile and max_tokens == tokens[0] else None)
+        all_rows += measure_setting(a, max_tokens, configs, out, deadline, env,
+                                    Path(a.profile) if a.profile and max_tokens == tokens[0] else None)
         if not a.cpu:
             torch.cuda.empty_cache()
-    if a.profile:
-        Path(a.profile).write_text(json.dumps({"device": device, "profiles": profiles}, indent=1))
     if a.whole_process:
-        whole_process(a, out, deadline)
+        whole_process(a, out, deadline, env)
     print(gpu_training_table(all_rows))
     print(f"[gpu_train] {time.monotonic() - start:.0f} s; rows in {out}", file=sys.stderr)
 
