@@ -8,6 +8,8 @@
   and the latest ``fp16.py --headroom`` measurements (what fp16 would have to hold);
 * quality: one row per configuration (and settings) in ``quality.jsonl`` with n (runs),
   mean sacreBLEU, standard deviation and the seeds, and the planned rows still missing;
+* GPU training (``gpu_train.jsonl``): fairseq's Trainer per configuration and whole
+  fairseq-train processes, per device;
 * the curves study (``curves.jsonl``; study_tables.py): sacreBLEU per row and budget, the
   paired differences, the results at a glance and the cross-layer verdicts.
 
@@ -15,7 +17,7 @@
     python benchmarks/make_tables.py --write docs/benchmarks.md --write docs/study.md --write README.md
         # replace the text between each table's markers (<!-- speed-table:begin --> /
         # <!-- speed-table:end -->, quality-table, fp16-table, fp16-headroom-table,
-        # speed-glance, curves-table, glance-table, cross-layer-table) in the file that holds them
+        # speed-glance, gpu-train-table, curves-table, glance-table, cross-layer-table) in the file that holds them
 
 The figures of the curves study are plot_curves.py's.
 """
@@ -25,7 +27,8 @@ from pathlib import Path
 
 import result_tables
 import study_tables
-from result_tables import fp16_tables, headroom_tables, quality_table, replace_between, speed_glance, speed_tables
+from result_tables import (fp16_tables, gpu_tables, headroom_tables, quality_table, replace_between, speed_glance,
+                           speed_tables)
 
 from resnmt.shared import read_jsonl
 
@@ -49,9 +52,10 @@ def main(argv=None):
     fp16 = fp16_tables([r for r in records if r.get("benchmark") == "fp16"])
     headroom = headroom_tables([r for r in records if r.get("benchmark") == "fp16-headroom"])
     glance = speed_glance([r for r in records if r.get("benchmark") == "speed"])
+    gpu = gpu_tables([r for r in records if r.get("benchmark") == "gpu_train"])
     study = study_tables.tables(study_tables.runs_of(records))
     tables = {"speed": speed, "quality": quality, "fp16": fp16, "fp16-headroom": headroom, "speed-glance": glance,
-              **study}
+              "gpu-train": gpu, **study}
     for path in a.write:  # each file gets the tables whose markers it holds (each table lives in one file)
         text = Path(path).read_text(encoding="utf-8")
         if not any(begin in text for begin, _ in MARKERS.values()):
@@ -60,7 +64,7 @@ def main(argv=None):
             text = replace_between(text, *MARKERS[name], body, required=False)
         Path(path).write_text(text, encoding="utf-8")
     print("## Speed and memory\n\n" + speed + "\n\n## Quality\n\n" + quality + "\n\n## Half precision\n\n" + fp16
-          + "\n\n" + headroom + "\n\n## BLEU against the training budget\n\n" + "\n".join(study.values()))
+          + "\n\n" + headroom + "\n\n## GPU training\n\n" + gpu + "\n\n## BLEU against the training budget\n\n" + "\n".join(study.values()))
     return 0
 
 

@@ -81,6 +81,44 @@ def gpu_training_table(rows) -> str:
     return "\n".join(lines)
 
 
+def gpu_tables(records) -> str:
+    """gpu_train.py's results (``benchmark == "gpu_train"``), per device: the trainer table
+    (each configuration's line with the most rounds of the newest job that measured it) and
+    the whole fairseq-train processes (fairseq's own wps; the resnmt runs against stock)."""
+    rows, whole = OrderedDict(), OrderedDict()
+    for r in records:
+        if r.get("kind") == "row":
+            key = (r["device"], r["dtype"], r["max_tokens"], r["config"])
+            old = rows.get(key)
+            if old is None or (r["job"], r["rounds"]) >= (old["job"], old["rounds"]):
+                rows[key] = r
+        elif r.get("kind") == "whole_process" and "error" not in r:
+            whole[(r["device"], r["run"])] = r  # the newest run of each
+    parts = []
+    for device in OrderedDict.fromkeys([k[0] for k in rows] + [k[0] for k in whole]):
+        mine = [r for k, r in rows.items() if k[0] == device]
+        if mine:
+            parts.append(f"**{device}, fairseq's Trainer** (jobs {', '.join(sorted({r['job'] for r in mine}))})\n\n"
+                         + gpu_training_table(mine))
+        runs = [r for k, r in whole.items() if k[0] == device]
+        if runs:
+            stock = next((r for r in runs if r["run"] == "stock_fairseq_train_fp16"), None)
+            lines = [f"**{device}, whole fairseq-train processes** (base size, 4096 tokens per update, "
+                     f"{runs[0]['updates']} updates each; fairseq's own wps per logged interval, median (min-max) "
+                     f"of the {runs[0]['wps_intervals']} intervals after the warm-up; one process each, one after "
+                     "the other; jobs " + ", ".join(sorted({r["job"] for r in runs})) + ")",
+                     "", "| run | precision | wps median (min-max) | median / stock's | losses against stock's "
+                     "| process s |", "|---|---|---|---:|---|---:|"]
+            for r in runs:
+                ratio = f"{r['wps_median'] / stock['wps_median']:.2f}" if stock and r is not stock else ""
+                diff = (f"max abs difference {r['max_abs_loss_diff_vs_stock']:.3g} over {r['loss_diff_updates']} "
+                        "logged updates" if "max_abs_loss_diff_vs_stock" in r else "")
+                lines.append(f"| {r['run']} | {r['precision']} | {r['wps_median']:,.0f} ({r['wps_min']:,.0f}-"
+                             f"{r['wps_max']:,.0f}) | {ratio} | {diff} | {r['wall_s']:.0f} |")
+            parts.append("\n".join(lines))
+    return "\n\n".join(parts) if parts else "_no GPU training results yet_"
+
+
 def replace_between(text, begin, end, body, required=True):
     """``text`` with ``body`` between the marker lines ``begin`` and ``end`` (a generated table)."""
     if begin not in text or end not in text:
@@ -116,6 +154,7 @@ MARKERS = {
     "fp16": ("<!-- fp16-table:begin -->", "<!-- fp16-table:end -->"),
     "fp16-headroom": ("<!-- fp16-headroom-table:begin -->", "<!-- fp16-headroom-table:end -->"),
     "speed-glance": ("<!-- speed-glance:begin -->", "<!-- speed-glance:end -->"),
+    "gpu-train": ("<!-- gpu-train-table:begin -->", "<!-- gpu-train-table:end -->"),
 }
 
 

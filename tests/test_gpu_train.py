@@ -22,7 +22,10 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     env = records[0]
     assert env["kind"] == "environment" and env["device"] == "cpu" and env["bf16_tflops"] > 0
-    rows = {(r["config"], r["dtype"]): r for r in records if r["kind"] == "row"}
+    assert all(r["benchmark"] == "gpu_train" for r in records)
+    # each round's rows are written as it finishes (a job stopped from outside keeps them)
+    assert [r["rounds"] for r in records if r["kind"] == "row" and r["config"] == "post_ln"] == [1, 2]
+    rows = {(r["config"], r["dtype"]): r for r in records if r["kind"] == "row"}  # the last line of each
     assert set(rows) == {("transformer", "fp32"), ("post_ln", "fp32"), ("stock_fp16", "fp32"), ("recipe", "fp32"),
                          ("recipe_compiled", "fp32")}
     post_ln, recipe = rows[("post_ln", "fp32")], rows[("recipe", "fp32")]
@@ -57,6 +60,51 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     assert len(whole) == 1 and "error" not in whole[0], whole
     assert whole[0]["run"] == "stock_fairseq_train_fp16" and whole[0]["updates"] == 4 and whole[0]["wps_median"] > 0
     assert whole[0]["argv"][:4] == ["-m", "fairseq_cli.train", "--arch", "transformer"]
+    assert whole[0]["device"] == "cpu" and whole[0]["job"] == env["time"]
+    assert [i["num_updates"] for i in whole[0]["intervals"]] == [2, 3, 4]  # fairseq's own, after --whole-skip 1
+    assert all(i["train_wall"] is not None and i["ups"] is not None for i in whole[0]["intervals"])
+
+
+def test_timed_updates_fit_the_time_left(monkeypatch):
+    """--updates is cut so that every round of every configuration ends by the deadline,
+    priced at the median warm-up update; never under 10, never over --updates."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import gpu_train
+
+    a = gpu_train.parser().parse_args(["--data", "x", "--out", "y", "--warmup", "10", "--updates", "100",
+                                       "--rounds", "3"])
+    configs = [gpu_train.Config(n, "post_ln", "bf16", warmup_s=w) for n, w in
+               (("a", 2.5), ("b", 2.5), ("compiled", 150.0))]  # 0.25 s per update; one compiled in its warm-up
+    monkeypatch.setattr(gpu_train.time, "monotonic", lambda: 1000.0)
+    assert gpu_train.fit_updates(a, configs, float("inf")) == 100
+    assert gpu_train.fit_updates(a, configs, 1000.0 + 90) == 40  # 3 rounds x 3 configurations x 0.25 s x 40 = 90 s
+    assert gpu_train.fit_updates(a, configs, 1000.0 + 1000) == 100
+    assert gpu_train.fit_updates(a, configs, 1000.0 + 5) == 10
+
+
+def test_gpu_tables_take_each_configurations_fullest_line():
+    """make_tables' GPU section: per device the trainer rows (the line with the most rounds
+    of the newest job) and the whole processes against stock's, written from the lines."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    from result_tables import gpu_tables
+
+    def row(config, rounds, tps, job="2026-01-01T00:00:00Z", **extra):
+        return {"benchmark": "gpu_train", "kind": "row", "config": config, "dtype": "bf16", "max_tokens": 4096,
+                "job": job, "device": "GPU X", "rounds": rounds, "tokens_per_s": tps, "tokens_per_s_min": tps,
+                "tokens_per_s_max": tps, "target_tokens_per_update": 3000.0, **extra}
+
+    def whole(run, wps, **extra):
+        return {"benchmark": "gpu_train", "kind": "whole_process", "run": run, "device": "GPU X", "job": "j",
+                "precision": "fp16", "updates": 200, "wps_median": wps, "wps_min": wps / 2, "wps_max": wps * 2,
+                "wps_intervals": 18, "wall_s": 60.0, **extra}
+
+    text = gpu_tables([row("transformer", 1, 1000.0), row("transformer", 2, 2000.0),
+                       whole("stock_fairseq_train_fp16", 15000.0),
+                       whole("resnmt_postln_fp16", 13500.0, max_abs_loss_diff_vs_stock=0.0, loss_diff_updates=20)])
+    assert "| transformer | bf16 | 4096 | 3000 | 2,000 (2,000-2,000) |" in text and "1,000 (" not in text
+    assert "| resnmt_postln_fp16 | fp16 | 13,500 (6,750-27,000) | 0.90 | max abs difference 0 over 20 " in text
+    assert text.startswith("**GPU X, fairseq's Trainer**") and "**GPU X, whole fairseq-train processes**" in text
+    assert gpu_tables([]) == "_no GPU training results yet_"
 
 
 @pytest.mark.parametrize("args, message", [
