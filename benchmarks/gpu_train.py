@@ -31,9 +31,10 @@ Method (docs/benchmarks.md, "GPU training through fairseq's trainer"):
   recipe through resnmt-train, fairseq's own ``wps`` parsed from its json log and the
   per-update losses compared.
 
-Rows are written to ``--out`` as JSON lines as each finishes; the markdown table goes to
-stdout. ``--deadline S`` stops starting new work after S seconds (each phase writes what
-it finished). ``--smoke`` is the CPU check the test suite runs: 2+2 layers, d=64, a few
+Rows are written to ``--out`` as JSON lines after every round (the line with the most
+rounds of a job counts; make_tables.py), the profile as soon as it is taken; the markdown
+table goes to stdout. ``--deadline S`` stops starting new work after S seconds and fits the
+timed updates per round to the time left (each phase writes what it finished). ``--smoke`` is the CPU check the test suite runs: 2+2 layers, d=64, a few
 updates, fp32 timing.
 
     python benchmarks/gpu_train.py --data .gpu/multi30k/bin --out $OUT/gpu_train.jsonl \\
@@ -392,8 +393,8 @@ def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadli
     """Build and warm up ``configs`` at ``max_tokens``, profile one update of stock fp16
     and the recipes into ``profile_path`` (when given; written at once), time the
     interleaved rounds; after each round the rows so far (MFU against the card's measured
-    rate) are appended to ``out``, a later line of the same run and configuration holding
-    more rounds, so that a job stopped from outside keeps its finished rounds.
+    rate) are appended to ``out`` (a later line of the same job and configuration holds
+    more rounds), so that a job stopped from outside keeps its finished rounds.
     A configuration that fails (a compiler error, say) is recorded and leaves the others;
     one not started by the deadline is recorded as such."""
     batches = None
