@@ -244,17 +244,18 @@ def glance_table(runs, claims=CLAIMS, baseline: str = "post_ln") -> str:
     return "\n".join(lines)
 
 
-def last_shared(rows: dict, row: str, other: str, seed: int = 1):
-    """The newest budget that ``row`` and ``other`` have both reached with ``seed`` (None if none)."""
-    shared = set(rows.get(row, {}).get(seed, {})) & set(rows.get(other, {}).get(seed, {}))
+def last_shared(rows: dict, row: str, other: str, seed: int = 1, upto: float = float("inf")):
+    """The newest budget up to ``upto`` that ``row`` and ``other`` have both reached with
+    ``seed`` (None if none)."""
+    shared = {u for u in set(rows.get(row, {}).get(seed, {})) & set(rows.get(other, {}).get(seed, {})) if u <= upto}
     return max(shared) if shared else None
 
 
-def _gap(rows: dict, row: str, other: str):
-    """(the differences, the budget, its cell) at the newest budget both rows reached with
-    seed 1: ``row`` minus ``other`` for every seed both have there, paired by seed; the cell
-    is the difference (one seed) or the mean ± std (n) over the seeds."""
-    u = last_shared(rows, row, other)
+def _gap(rows: dict, row: str, other: str, upto: float = float("inf")):
+    """(the differences, the budget, its cell) at the newest budget up to ``upto`` both rows
+    reached with seed 1: ``row`` minus ``other`` for every seed both have there, paired by
+    seed; the cell is the difference (one seed) or the mean ± std (n) over the seeds."""
+    u = last_shared(rows, row, other, upto=upto)
     if u is None:
         return [], None, ""
     diffs = [recs[u]["bleu"] - rows[other][seed][u]["bleu"] for seed, recs in sorted(rows[row].items())
@@ -268,8 +269,9 @@ VERDICT_BUDGETS = {"small": 2400, "deep": 1200}
 
 
 def cross_layer_table(runs, rows=NEW_KINDS) -> str:
-    """Per method of ``rows`` (at the newest budget seed 1 of both rows reached, paired by
-    seed over every seed both have there): does it get post-LN's quality at 2+2 layers
+    """Per method of ``rows`` (at the newest budget seed 1 of both rows reached, up to the
+    verdict budget, so that every method is judged at the same one; paired by seed over
+    every seed both have there): does it get post-LN's quality at 2+2 layers
     (sacreBLEU minus post-LN's) and pre-LN's stability at 6+6 (minus pre-LN's, and minus
     post-LN's)? A gap within :data:`LEVEL` BLEU counts as level: one seed cannot resolve
     less (the 2+2 seeds of one row differ by 0.3-0.6); with several seeds the verdict is
@@ -291,11 +293,11 @@ def cross_layer_table(runs, rows=NEW_KINDS) -> str:
         same = SAME_RUN.get(("small", row)) if row not in small else None
         if row not in small and row not in deep and same is None:
             continue
-        d_small, u_small, small_cell = _gap(small, same or row, "post_ln")
+        d_small, u_small, small_cell = _gap(small, same or row, "post_ln", VERDICT_BUDGETS["small"])
         if same is not None and small_cell:
             small_cell += f" (= {same}: the same run)"
-        d_deep, u_deep, deep_cell = _gap(deep, row, "pre_ln")
-        deep_post_cell = _gap(deep, row, "post_ln")[2]
+        d_deep, u_deep, deep_cell = _gap(deep, row, "pre_ln", VERDICT_BUDGETS["deep"])
+        deep_post_cell = _gap(deep, row, "post_ln", VERDICT_BUDGETS["deep"])[2]
         lines.append(f"| {row} | {small_cell} | {deep_cell} | {deep_post_cell} | {judged(d_small, u_small, 'small')} | "
                      f"{judged(d_deep, u_deep, 'deep')} |")
     return "\n".join(lines)

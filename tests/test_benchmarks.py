@@ -558,6 +558,11 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
     runs[("cpu", "small")]["pre_ln"][1][2400] = dict(lines[2], row="pre_ln", bleu=29.5)
     assert ("| mix_ln | -0.50 @ 2400 (= pre_ln: the same run) |  |  | yes | — |"
             in study_tables.cross_layer_table(runs, rows=("mix_ln",)))
+    # every method is judged at the verdict budget, also where both rows trained on
+    runs[("cpu", "small")]["pre_ln"][1][4800] = dict(lines[2], row="pre_ln", updates=4800, bleu=33.0)
+    runs[("cpu", "small")]["post_ln"][1][4800] = dict(lines[2], updates=4800, bleu=35.0)
+    assert ("| mix_ln | -0.50 @ 2400 (= pre_ln: the same run) |  |  | yes | — |"
+            in study_tables.cross_layer_table(runs, rows=("mix_ln",)))
 
 
 def test_a_run_that_is_another_rows_run_is_not_queued(monkeypatch):
