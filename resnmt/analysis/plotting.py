@@ -81,25 +81,67 @@ STREAM_LABELS = {  # learned stream weights -> (title, colour bar label)
     "denseformer_weights": ("DenseFormer weights α[i, j] (row i-1: block i's input)", "weight"),
     "hc_read": ("Hyper-Connections A_m (row: sublayer k, column: stream)", "weight"),
     "hc_write": ("Hyper-Connections B (row: sublayer k, column: stream)", "weight"),
-    "hc_mix": ("Hyper-Connections A_r, row-major (row: sublayer k)", "weight"),
+    "hc_mix": ("Hyper-Connections A_r per sublayer k", "weight"),
     "mhc_pre": ("mHC H_pre at φ = 0 (row: sublayer k, column: stream)", "weight"),
     "mhc_post": ("mHC H_post at φ = 0 (row: sublayer k, column: stream)", "weight"),
-    "mhc_res": ("mHC H_res at φ = 0, row-major (row: sublayer k)", "weight"),
+    "mhc_res": ("mHC H_res at φ = 0 per sublayer k", "weight"),
 }
 # The axes of the streams' matrices whose rows are sublayers (in the stack's order: each
 # layer's self-attention, [cross-attention,] FFN), not layer inputs; the others are DLCL's.
-# Those whose row is a row-major n×n matrix get a line between the matrix's rows.
+# Those whose row is a row-major n×n matrix are drawn as one n×n heat map per sublayer.
 ROW_MAJOR = frozenset({"hc_mix", "mhc_res"})
-SUBLAYER_ROWS = {**{name: "stream" for name in ("hc_read", "hc_write", "mhc_pre", "mhc_post")},
-                 **{name: "i·n + j: entry [i, j] of the n×n matrix" for name in ROW_MAJOR}}
+SUBLAYER_ROWS = {name: "stream" for name in ("hc_read", "hc_write", "mhc_pre", "mhc_post")}
+
+
+def plot_mixing_blocks(name: str, per_side: Dict[str, List[List[float]]], title: str, path: Path) -> Path:
+    """Write ``path`` (PNG): a row-major mixing matrix per sublayer (``ROW_MAJOR``: row k
+    holds sublayer k's n×n matrix flattened) drawn as one small n×n heat map per
+    sublayer, a row of them per side, on one colour scale."""
+    import numpy as np
+
+    sides = [side for side in SIDES if side in per_side]
+    blocks = {side: np.array(per_side[side], dtype=float) for side in sides}
+    n = round(blocks[sides[0]].shape[1] ** 0.5)
+    columns = max(len(b) for b in blocks.values())
+    low, high = min(b.min() for b in blocks.values()), max(b.max() for b in blocks.values())
+    fig, axes = plt.subplots(len(sides), columns, figsize=(1.7 * columns + 1.2, 1.9 * len(sides) + 0.6),
+                             constrained_layout=True, squeeze=False)
+    heading, bar = STREAM_LABELS.get(name, (name, "value"))
+    image = None
+    for axes_row, side in zip(axes, sides):
+        for k, ax in enumerate(axes_row):
+            if k >= len(blocks[side]):
+                ax.axis("off")
+                continue
+            matrix = blocks[side][k].reshape(n, n)
+            image = ax.imshow(matrix, cmap="viridis", vmin=low, vmax=high, origin="upper")
+            for i in range(n):
+                for j in range(n):
+                    ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6, color="w")
+            ax.set_title(f"{side} {k}", fontsize=8)
+            ax.set_xticks(range(n))
+            ax.set_yticks(range(n))
+            ax.tick_params(labelsize=6)
+            if k == 0:
+                ax.set_ylabel("i", fontsize=8)
+            ax.set_xlabel("j", fontsize=8)
+    fig.colorbar(image, ax=axes, label=bar, shrink=0.8)
+    fig.suptitle(f"{title}: {heading}", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def plot_stream_weights(name: str, per_side: Dict[str, List[List[float]]], title: str, path: Path) -> Path:
     """Write ``path`` (PNG): one heat map per side of a stream's learned matrix, row l =
     the input of layer l (the last row: the stack's output), column k = the output of
-    layer k (0: the embedding); cells the stream never reads are blank."""
+    layer k (0: the embedding); cells the stream never reads are blank. The row-major
+    mixing matrices (``ROW_MAJOR``) go to :func:`plot_mixing_blocks`."""
     import numpy as np
 
+    if name in ROW_MAJOR:
+        return plot_mixing_blocks(name, per_side, title, path)
     sides = [side for side in SIDES if side in per_side]
     fig, axes = plt.subplots(1, len(sides), figsize=(4.6 * len(sides), 4.0), constrained_layout=True, squeeze=False)
     heading, bar = STREAM_LABELS.get(name, (name, "value"))
@@ -116,10 +158,6 @@ def plot_stream_weights(name: str, per_side: Dict[str, List[List[float]]], title
         if name in SUBLAYER_ROWS:
             ax.set_xlabel(SUBLAYER_ROWS[name])
             ax.set_ylabel("sublayer k (in the stack's order)")
-            if name in ROW_MAJOR:
-                streams = round(matrix.shape[1] ** 0.5)
-                for col in range(streams, matrix.shape[1], streams):
-                    ax.axvline(col - 0.5, color="w", linewidth=1.5)
         else:
             ax.set_xlabel("output of layer k (0 = embedding)")
             ax.set_ylabel(f"input of layer l ({n - 1} = stack output)")
