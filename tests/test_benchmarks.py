@@ -414,7 +414,7 @@ TABLE_HOMES = {
     "fp16-headroom-table": "docs/benchmarks.md", "quality-table": "docs/study.md",
     "curves-table": "docs/study.md", "glance-table": "README.md", "speed-glance": "README.md",
     "cross-layer-table": "docs/study.md",
-    "gen2025-table": "docs/study.md",
+    "gen2025-table": "docs/study.md", "gpu-train-table": "docs/benchmarks.md",
 }
 
 
