@@ -21,6 +21,15 @@ STYLE = {  # sublayer -> line style
     "output": dict(color="tab:purple", marker="D"),
 }
 
+
+def _save(fig, path: Path) -> Path:
+    """Write ``fig`` to ``path`` (PNG, its folder made) and close it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def _present(values: List[Optional[float]]) -> bool:
     return any(v is not None for v in values)
 
@@ -61,10 +70,7 @@ def plot_statistic(
     if STATISTICS[name].unit_interval:
         axes[0].set_ylim(-0.02, 1.02)
     fig.suptitle(f"{title}: {STATISTICS[name].description}", fontsize=11)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_all(statistics: dict, title: str, out_dir: Path, kinds: Dict[str, str]) -> List[Path]:
@@ -127,10 +133,7 @@ def plot_mixing_blocks(name: str, per_side: Dict[str, List[List[float]]], title:
             ax.set_xlabel("j", fontsize=8)
     fig.colorbar(image, ax=axes, label=bar, shrink=0.8)
     fig.suptitle(f"{title}: {heading}", fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_stream_weights(name: str, per_side: Dict[str, List[List[float]]], title: str, path: Path) -> Path:
@@ -165,10 +168,7 @@ def plot_stream_weights(name: str, per_side: Dict[str, List[List[float]]], title
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         fig.colorbar(image, ax=ax, label=bar, shrink=0.8)
     fig.suptitle(f"{title}: {heading}", fontsize=11)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 NORM_LABELS = {  # learned norm scalars -> title
@@ -197,7 +197,4 @@ def plot_learned_norms(name: str, per_side: Dict[str, dict], title: str, path: P
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("alpha")
     fig.suptitle(f"{title}: {NORM_LABELS.get(name, name)}", fontsize=11)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
