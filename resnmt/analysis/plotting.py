@@ -99,23 +99,26 @@ ROW_MAJOR = frozenset({"hc_mix", "mhc_res"})
 SUBLAYER_ROWS = {name: "stream" for name in ("hc_read", "hc_write", "mhc_pre", "mhc_post")}
 
 
-def plot_mixing_blocks(name: str, per_side: Dict[str, List[List[float]]], title: str, path: Path) -> Path:
+def plot_mixing_blocks(name: str, per_side: Dict[str, List[List[float]]], title: str, path: Path,
+                       per_row: int = 6) -> Path:
     """Write ``path`` (PNG): a row-major mixing matrix per sublayer (``ROW_MAJOR``: row k
     holds sublayer k's n×n matrix flattened) drawn as one small n×n heat map per
-    sublayer, a row of them per side, on one colour scale."""
+    sublayer, ``per_row`` to a line, each side on lines of its own, on one colour scale."""
     import numpy as np
 
     sides = [side for side in SIDES if side in per_side]
     blocks = {side: np.array(per_side[side], dtype=float) for side in sides}
     n = round(blocks[sides[0]].shape[1] ** 0.5)
-    columns = max(len(b) for b in blocks.values())
+    columns = min(per_row, max(len(b) for b in blocks.values()))
+    lines = {side: -(-len(blocks[side]) // columns) for side in sides}
     low, high = min(b.min() for b in blocks.values()), max(b.max() for b in blocks.values())
-    fig, axes = plt.subplots(len(sides), columns, figsize=(1.7 * columns + 1.2, 1.9 * len(sides) + 0.6),
+    height = sum(lines.values())
+    fig, axes = plt.subplots(height, columns, figsize=(1.7 * columns + 1.2, 1.9 * height + 0.6),
                              constrained_layout=True, squeeze=False)
     heading, bar = STREAM_LABELS.get(name, (name, "value"))
-    image = None
-    for axes_row, side in zip(axes, sides):
-        for k, ax in enumerate(axes_row):
+    image, first = None, 0
+    for side in sides:
+        for k, ax in enumerate(axes[first:first + lines[side]].flat):
             if k >= len(blocks[side]):
                 ax.axis("off")
                 continue
@@ -128,9 +131,10 @@ def plot_mixing_blocks(name: str, per_side: Dict[str, List[List[float]]], title:
             ax.set_xticks(range(n))
             ax.set_yticks(range(n))
             ax.tick_params(labelsize=6)
-            if k == 0:
+            if k % columns == 0:
                 ax.set_ylabel("i", fontsize=8)
             ax.set_xlabel("j", fontsize=8)
+        first += lines[side]
     fig.colorbar(image, ax=axes, label=bar, shrink=0.8)
     fig.suptitle(f"{title}: {heading}", fontsize=10)
     return _save(fig, path)
