@@ -111,8 +111,8 @@ def gpu_tables(records) -> str:
                      "| process s |", "|---|---|---|---:|---|---:|"]
             for r in runs:
                 ratio = f"{r['wps_median'] / stock['wps_median']:.2f}" if stock and r is not stock else ""
-                diff = (f"max abs difference {r['max_abs_loss_diff_vs_stock']:.3g} over {r['loss_diff_updates']} "
-                        "logged updates" if "max_abs_loss_diff_vs_stock" in r else "")
+                diff = (f"max abs difference {r['max_abs_loss_diff_vs_stock']:.3g} at {r['loss_diff_updates']} "
+                        "logged intervals" if "max_abs_loss_diff_vs_stock" in r else "")
                 lines.append(f"| {r['run']} | {r['precision']} | {r['wps_median']:,.0f} ({r['wps_min']:,.0f}-"
                              f"{r['wps_max']:,.0f}) | {ratio} | {diff} | {r['wall_s']:.0f} |")
             parts.append("\n".join(lines))

@@ -102,7 +102,7 @@ def test_gpu_tables_take_each_configurations_fullest_line():
                        whole("stock_fairseq_train_fp16", 15000.0),
                        whole("resnmt_postln_fp16", 13500.0, max_abs_loss_diff_vs_stock=0.0, loss_diff_updates=20)])
     assert "| transformer | bf16 | 4096 | 3000 | 2,000 (2,000-2,000) |" in text and "1,000 (" not in text
-    assert "| resnmt_postln_fp16 | fp16 | 13,500 (6,750-27,000) | 0.90 | max abs difference 0 over 20 " in text
+    assert "| resnmt_postln_fp16 | fp16 | 13,500 (6,750-27,000) | 0.90 | max abs difference 0 at 20 " in text
     assert text.startswith("**GPU X, fairseq's Trainer**") and "**GPU X, whole fairseq-train processes**" in text
     assert gpu_tables([]) == "_no GPU training results yet_"
 
