@@ -34,8 +34,9 @@ Method (docs/benchmarks.md, "GPU training through fairseq's trainer"):
 Rows are written to ``--out`` as JSON lines after every round (the line with the most
 rounds of a job counts; make_tables.py), the profile as soon as it is taken; the markdown
 table goes to stdout. ``--deadline S`` stops starting new work after S seconds and fits the
-timed updates per round to the time left (each phase writes what it finished). ``--smoke`` is the CPU check the test suite runs: 2+2 layers, d=64, a few
-updates, fp32 timing.
+timed updates per round to the time left (each phase writes what it finished).
+``--smoke`` is the CPU check the test suite runs: 2+2 layers, d=64, a few updates, fp32
+timing.
 
     python benchmarks/gpu_train.py --data .gpu/multi30k/bin --out $OUT/gpu_train.jsonl \\
         --profile $OUT/profile.json --whole-process          # on the GPU (benchmarks/gpu_job.sh)
@@ -249,19 +250,19 @@ def whole_process(a, out: Path, deadline: float, env: dict):
         if proc.returncode != 0 or not inner:
             record(out, {"kind": "whole_process", "run": name, "error": (proc.stderr or proc.stdout)[-2000:]})
             continue
-        wps = [float(r["wps"]) for r in inner if int(r["num_updates"]) > a.whole_skip]
+        # fairseq's own per-interval figures after the warm-up: train_wall (time inside
+        # train_step) against wall says whether the time goes to the update or around it
+        intervals = [{"num_updates": int(r["num_updates"]),
+                      **{k: float(r[k]) for k in ("wps", "ups", "wpb", "train_wall", "wall") if k in r}}
+                     for r in inner if int(r["num_updates"]) > a.whole_skip]
+        wps = [i["wps"] for i in intervals]
         losses[name] = {int(r["num_updates"]): float(r["loss"]) for r in inner}
         rec = {"kind": "whole_process", "run": name, "device": env["device"], "job": env["time"],
                "precision": "fp32" if a.cpu else dtype[name][2:],
                "argv": argv[1:], "wall_s": wall,
                "updates": max(losses[name]), "wps_median": statistics.median(wps) if wps else None,
                "wps_min": min(wps) if wps else None, "wps_max": max(wps) if wps else None,
-               "wps_intervals": len(wps),
-               # fairseq's own per-interval figures: train_wall (time inside train_step) against
-               # wall says whether the time goes to the update or around it
-               "intervals": [{"num_updates": int(r["num_updates"]),
-                              **{k: float(r[k]) for k in ("wps", "ups", "wpb", "train_wall", "wall") if k in r}}
-                             for r in inner if int(r["num_updates"]) > a.whole_skip]}
+               "wps_intervals": len(wps), "intervals": intervals}
         if "stock_fairseq_train_fp16" in losses and name != "stock_fairseq_train_fp16":
             ref = losses["stock_fairseq_train_fp16"]
             common = sorted(set(ref) & set(losses[name]))

@@ -64,7 +64,8 @@ def main(argv=None):
             text = replace_between(text, *MARKERS[name], body, required=False)
         Path(path).write_text(text, encoding="utf-8")
     print("## Speed and memory\n\n" + speed + "\n\n## Quality\n\n" + quality + "\n\n## Half precision\n\n" + fp16
-          + "\n\n" + headroom + "\n\n## GPU training\n\n" + gpu + "\n\n## BLEU against the training budget\n\n" + "\n".join(study.values()))
+          + "\n\n" + headroom + "\n\n## GPU training\n\n" + gpu
+          + "\n\n## BLEU against the training budget\n\n" + "\n".join(study.values()))
     return 0
 
 
