@@ -4,7 +4,7 @@
 #
 #   run(command="bash benchmarks/gpu_job.sh 1", carry=[".gpu"], timeout_s=540)   # first
 #   run(command="bash benchmarks/gpu_job.sh 2", carry=[".gpu"], timeout_s=300)   # at once after it
-#   run(command="bash benchmarks/gpu_job.sh 3", carry=[".gpu"], timeout_s=360)   # a later lease
+#   run(command="bash benchmarks/gpu_job.sh 3", carry=[".gpu"], timeout_s=480)   # a later lease
 #   run(command="bash benchmarks/gpu_job.sh 4", carry=[".gpu"], timeout_s=300)   # a later lease
 # (a 15-minute lease holds a start, part 1 and part 2.)
 #
@@ -23,10 +23,11 @@
 # Part 2 (default 240 s): whole fairseq-train processes: stock --arch transformer --fp16,
 #   --user-dir resnmt --arch transformer_postln_base --fp16, the recipe through
 #   resnmt-train (fairseq's own wps).
-# Part 3 (default 300 s): --compile-layers' inductor kernels against eager on CUDA; the
-#   same-math pair in fp16 at 4096 tokens with stock fp16 and the compiled recipe (its
-#   compilation takes minutes, so it is measured here); the pair, stock and the recipe
-#   at 16384.
+# Part 3 (default 420 s): --compile-layers' inductor kernels and its CUDA graphs
+#   (--compile-mode reduce-overhead) against eager on CUDA; the same-math pair in fp16 at
+#   4096 tokens with stock fp16, the compiled recipe and the compiled recipe with CUDA graphs
+#   (their compilation takes minutes, so they are measured here); the pair, stock and the
+#   recipe at 16384.
 # Part 4 (default 240 s): the methods that cross layers, Peri-LN and RMSNorm/DyT against
 #   their references, at 4096 tokens in bf16 (gpu_train.CROSS_LAYER_ROWS).
 # Each step stops starting new work at its deadline; whatever finished is under $OUT:
@@ -38,7 +39,7 @@ set -uo pipefail
 PART=${1:-1}
 case "$PART" in
     1) BUDGET=${GPU_JOB_SECONDS:-450} ;;
-    3) BUDGET=${GPU_JOB_SECONDS:-300} ;;
+    3) BUDGET=${GPU_JOB_SECONDS:-420} ;;
     2|4) BUDGET=${GPU_JOB_SECONDS:-240} ;;
     *) echo "gpu_job.sh: part '$PART': give 1, 2, 3 or 4"; exit 2 ;;
 esac
@@ -87,11 +88,12 @@ elif [ "$PART" = 2 ]; then
         --whole-timeout 80 --deadline $(( $(left) - 75 )) "${SMOKE[@]}"
     echo "[gpu_job] whole processes done at $((SECONDS - T0)) s"
 else
-    timeout 90 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
-        tests/test_compile.py::test_inductor_on_cuda_trains_like_eager 2>&1 | tail -n 40 > "$OUT/gpu_tests3.txt"
+    timeout 150 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
+        tests/test_compile.py::test_inductor_on_cuda_trains_like_eager \
+        tests/test_compile.py::test_cuda_graphs_train_like_eager 2>&1 | tail -n 40 > "$OUT/gpu_tests3.txt"
     tail -n 3 "$OUT/gpu_tests3.txt"
     if [ "$(left)" -gt 60 ]; then
-        bench --tokens 4096 --rows transformer,post_ln --dtypes fp16 --recipes recipe_compiled --warmup 10 --updates 100 \
+        bench --tokens 4096 --rows transformer,post_ln --dtypes fp16 --recipes recipe_compiled,recipe_graphs --warmup 10 --updates 100 \
             --rounds 3 --deadline $(( $(left) - 100 )) "${SMOKE[@]}"
     fi
     if [ "$(left)" -gt 60 ]; then

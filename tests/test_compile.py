@@ -155,3 +155,78 @@ def test_compile_flags_need_the_resnmt_task(tiny_bin, tmp_path):
                     "--task", "translation", "--arch", "transformer_postln_base", *TINY, "--compile-layers",
                     "--cpu", "--max-tokens", "500", "--save-dir", tmp_path], check=False)
     assert proc.returncode == 2 and "unrecognized arguments: --compile-layers" in proc.stderr  # a task flag
+
+
+@pytest.mark.parametrize("backend, mode, message", [
+    ("aot_eager", "reduce-overhead", "--compile-mode reduce-overhead needs --compile-backend inductor "
+                                     "(aot_eager ignores the mode)"),
+    ("inductor", "overhead", "--compile-mode overhead: choose one of default, reduce-overhead, "
+                             "max-autotune-no-cudagraphs, max-autotune"),
+])
+def test_bad_compile_mode_is_refused(tiny_bin, backend, mode, message):
+    model, _, _ = build(tiny_bin, "transformer_postln_base")
+    with pytest.raises(ValueError, match=f"^{message}$".replace("(", r"\(").replace(")", r"\)")):
+        compile_layers_for_training(model, backend=backend, mode=mode)
+
+
+def test_resnmt_train_refuses_compile_mode_without_inductor(tiny_bin, tmp_path):
+    proc = run_cli(["resnmt-train", tiny_bin, "--task", "resnmt_translation", "--arch", "transformer_postln_base",
+                    *TINY, "--compile-layers", "--compile-backend", "eager", "--compile-mode", "reduce-overhead",
+                    "--cpu", "--max-tokens", "500", "--save-dir", tmp_path], check=False)
+    assert proc.returncode == 2
+    assert ("error: --compile-mode reduce-overhead needs --compile-backend inductor (eager ignores the mode)"
+            in proc.stderr.strip().splitlines()[-1])
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/gpu_job.sh 3 runs it)")
+def test_cuda_graphs_train_like_eager(tiny_bin):
+    """--compile-mode reduce-overhead on CUDA: each layer replayed as a CUDA graph gives eager's
+    losses and gradients, over batches of three shapes seen twice (recorded, then replayed)."""
+    from fairseq import utils as fairseq_utils
+
+    eager, task, _ = build(tiny_bin, "transformer_postln_base", NO_DROPOUT)
+    compiled, _, _ = build(tiny_bin, "transformer_postln_base", NO_DROPOUT)
+    eager.cuda().train(), compiled.cuda().train()
+    compile_layers_for_training(compiled, mode="reduce-overhead")
+    batches = training_batches(task)
+    for batch in batches + batches + batches:
+        batch = fairseq_utils.move_to_cuda(batch)
+        torch.compiler.cudagraph_mark_step_begin()
+        loss_e, grads_e = loss_and_grads(eager, batch)
+        loss_c, grads_c = loss_and_grads(compiled, batch)
+        torch.testing.assert_close(loss_c, loss_e, rtol=1e-4, atol=1e-5)
+        for name in grads_e:
+            torch.testing.assert_close(grads_c[name], grads_e[name], rtol=1e-3, atol=1e-5, msg=name)
+    assert compiled_calls(compiled) == 4 * 9
+
+
+@pytest.mark.parametrize("mode, marks", [("reduce-overhead", 1), ("default", 0)])
+def test_each_update_starts_a_cuda_graph_step(tiny_bin, monkeypatch, mode, marks):
+    """With CUDA graphs each training update first marks a new step of the graphs (so a replay
+    never overwrites outputs the update still holds); without them nothing is marked."""
+    from fairseq import options, tasks
+    from fairseq.tasks.translation import TranslationTask
+
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=[
+        str(tiny_bin), "--task", "resnmt_translation", "--arch", "transformer_postln_base", *TINY,
+        "--compile-layers", "--compile-mode", mode])
+    task = tasks.setup_task(args)
+    calls = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: calls.append("mark"))
+    monkeypatch.setattr(TranslationTask, "train_step", lambda self, *a, **k: calls.append("step") or (0, 1, {}))
+    assert task.train_step("sample", "model", "criterion", "optimizer", 0) == (0, 1, {})
+    assert calls == ["mark"] * marks + ["step"]
+
+
+@pytest.mark.slow
+def test_resnmt_train_with_cuda_graph_mode_on_cpu(tiny_bin, tmp_path):
+    """--compile-mode reduce-overhead through fairseq-train: on the CPU inductor makes no CUDA
+    graphs, and the updates are eager's (the CUDA graphs themselves: the CUDA test above)."""
+    eager, _ = fairseq_train_losses(tmp_path, tiny_bin, "eager")
+    compiled, proc = fairseq_train_losses(tmp_path, tiny_bin, "compiled", "--compile-layers",
+                                          "--compile-mode", "reduce-overhead")
+    assert "backend inductor, mode reduce-overhead)" in proc.stdout + proc.stderr
+    assert sorted(compiled) == sorted(eager) == [1, 2, 3]
+    for update, loss in eager.items():
+        assert compiled[update] == pytest.approx(loss, rel=1e-4, abs=1e-5), update

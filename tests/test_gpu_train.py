@@ -171,3 +171,22 @@ def test_the_gpu_job_measures_every_named_arch():
     extra = set(gpu_train.CROSS_LAYER_ROWS)
     references = {gpu_train.ROWS[r].reference for r in extra}
     assert part4 == extra | references | {gpu_train.ROWS[r].reference for r in references if gpu_train.ROWS[r].reference}
+
+
+def test_the_cuda_graph_recipe_and_its_rehearsal():
+    """recipe_graphs adds CUDA graphs (--compile-mode reduce-overhead) and bucketed lengths to
+    the compiled recipe on a GPU; the CPU rehearsal's eager backend takes no mode, so it drops
+    it there (resnmt would refuse the pair), and the GPU job's part 3 measures it."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import gpu_train
+
+    row, recipe = gpu_train.ROWS["post_ln"], gpu_train.RECIPES["recipe_graphs"]
+    gpu = gpu_train.train_argv("bin", row, "bf16", 4096, recipe, smoke=False, cpu=False)
+    tail = gpu[gpu.index("adam_fused") - 1:]
+    assert tail == ["--optimizer", "adam_fused", "--task", "resnmt_translation", "--compile-layers", "--compile-mode",
+                    "reduce-overhead", "--required-seq-len-multiple", "8", "--compile-backend", "inductor"]
+    rehearsal = gpu_train.train_argv("bin", row, "fp32", 600, recipe, smoke=True, cpu=True, compile_backend="eager")
+    assert "--compile-mode" not in rehearsal and rehearsal[-3:] == ["--compile-backend", "eager", "--cpu"]
+    assert "--required-seq-len-multiple" in rehearsal
+    job = (REPO_ROOT / "benchmarks" / "gpu_job.sh").read_text()
+    assert "--recipes recipe_compiled,recipe_graphs" in job

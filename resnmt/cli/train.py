@@ -94,6 +94,7 @@ def main():
     from fairseq_cli import train
 
     from resnmt.training.bf16 import untie_bf16_from_tpu
+    from resnmt.training.compile import check_compile_options
 
     verbose = "--verbose" in sys.argv[1:]  # resnmt-train's own flag: fairseq's configuration and model dumps too
     argv = with_user_dir([a for a in sys.argv[1:] if a != "--verbose"])
@@ -112,6 +113,11 @@ def main():
             raise
         parser.error("the following arguments are required: --arch (e.g. --arch transformer_sas_base)")
     untie_bf16_from_tpu(args, argv)
+    if getattr(args, "compile_layers", False):  # the task checks it too; here it is one line, before any loading
+        try:
+            check_compile_options(args.compile_backend, args.compile_mode)
+        except ValueError as e:
+            parser.error(str(e))
     cfg = convert_namespace_to_omegaconf(args)
     if cfg.common.use_plasma_view:
         from fairseq.data.plasma_utils import PlasmaStore

@@ -28,6 +28,7 @@ uninterrupted one update for update (tests/test_resume.py).
 """
 from dataclasses import dataclass, field
 
+import torch
 from fairseq.dataclass import ChoiceEnum
 from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
 from fairseq.tasks import register_task
@@ -36,7 +37,8 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from resnmt.analysis.training_log import attach_training_logger, training_level
 from resnmt.decoding.sequence_generator import LENPEN_FORMS, with_gnmt_penalty
 from resnmt.training.bf16 import check_bf16_device
-from resnmt.training.compile import COMPILE_BACKENDS, compile_layers_for_training
+from resnmt.training.compile import (COMPILE_BACKENDS, COMPILE_MODES, CUDA_GRAPH_MODES, check_compile_options,
+                                     compile_layers_for_training)
 
 
 @dataclass
@@ -65,6 +67,12 @@ class ResNMTTranslationConfig(TranslationConfig):
         metadata={"help": "torch.compile backend of --compile-layers (default: inductor; aot_eager and eager "
                           "trace without generating code, for checks)"},
     )
+    compile_mode: ChoiceEnum(list(COMPILE_MODES)) = field(
+        default="default",
+        metadata={"help": "torch.compile mode of --compile-layers; reduce-overhead also replays each layer as a "
+                          "CUDA graph (fewer launches; one graph per batch shape: bucket shapes with "
+                          "--required-seq-len-multiple; needs --compile-backend inductor)"},
+    )
 
 
 @register_task("resnmt_translation", dataclass=ResNMTTranslationConfig)
@@ -79,13 +87,22 @@ class ResNMTTranslationTask(TranslationTask):
         line naming resnmt-train (resnmt/training/bf16.py), whatever the --arch; with
         --compile-layers the layers are compiled for training (resnmt/training/compile.py)."""
         check_bf16_device(cfg)
+        if self.cfg.compile_layers:
+            check_compile_options(str(self.cfg.compile_backend), str(self.cfg.compile_mode))
         if self.cfg.compile_layers and not from_checkpoint and getattr(cfg, "log_connection_stats", None):
             raise ValueError("--compile-layers with --log-connection-stats: the statistics hooks are not "
                              "compiled; train with one of them")
         model = super().build_model(cfg, from_checkpoint)
         if self.cfg.compile_layers and not from_checkpoint:  # training builds; loading for decoding does not
-            compile_layers_for_training(model, backend=str(self.cfg.compile_backend))
+            compile_layers_for_training(model, backend=str(self.cfg.compile_backend), mode=str(self.cfg.compile_mode))
         return model
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        """fairseq's; with --compile-mode's CUDA graphs each update first starts a new step of
+        the graphs, so that a replay never overwrites outputs the update still holds."""
+        if self.cfg.compile_layers and str(self.cfg.compile_mode) in CUDA_GRAPH_MODES:
+            torch.compiler.cudagraph_mark_step_begin()
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad=ignore_grad)
 
     def begin_epoch(self, epoch, model):
         """Attach the ``--log-connection-stats`` hooks once, at the first training epoch
