@@ -89,8 +89,7 @@ elif [ "$PART" = 2 ]; then
     echo "[gpu_job] whole processes done at $((SECONDS - T0)) s"
 else
     timeout 150 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
-        tests/test_compile.py::test_inductor_on_cuda_trains_like_eager \
-        tests/test_compile.py::test_cuda_graphs_train_like_eager 2>&1 | tail -n 40 > "$OUT/gpu_tests3.txt"
+        tests/test_compile.py::test_on_cuda_trains_like_eager 2>&1 | tail -n 40 > "$OUT/gpu_tests3.txt"
     tail -n 3 "$OUT/gpu_tests3.txt"
     if [ "$(left)" -gt 60 ]; then
         bench --tokens 4096 --rows transformer,post_ln --dtypes fp16 --recipes recipe_compiled,recipe_graphs --warmup 10 --updates 100 \

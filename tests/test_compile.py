@@ -84,23 +84,32 @@ def test_compiled_layers_train_like_eager_and_compile_once(tiny_bin, case):
     assert compiled_calls(compiled) == 4 * 3
 
 
+# on CUDA: inductor's kernels, and with --compile-mode reduce-overhead each layer replayed as a
+# CUDA graph (the batches seen three times: recorded, then replayed)
+CUDA_CASES = {"inductor": ("transformer_sas_base", "default", 1),
+              "cuda_graphs": ("transformer_postln_base", "reduce-overhead", 3)}
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/gpu_job.sh 3 runs it)")
-def test_inductor_on_cuda_trains_like_eager(tiny_bin):
-    """inductor's CUDA kernels: the same losses and gradients as eager, over batches of three shapes."""
+@pytest.mark.parametrize("case", list(CUDA_CASES))
+def test_on_cuda_trains_like_eager(tiny_bin, case):
+    """The same losses and gradients as eager, over batches of three shapes."""
     from fairseq import utils as fairseq_utils
 
-    eager, task, _ = build(tiny_bin, "transformer_sas_base", NO_DROPOUT)
-    compiled, _, _ = build(tiny_bin, "transformer_sas_base", NO_DROPOUT)
+    arch, mode, passes = CUDA_CASES[case]
+    eager, task, _ = build(tiny_bin, arch, NO_DROPOUT)
+    compiled, _, _ = build(tiny_bin, arch, NO_DROPOUT)
     eager.cuda().train(), compiled.cuda().train()
-    compile_layers_for_training(compiled)
-    for batch in training_batches(task):
+    compile_layers_for_training(compiled, mode=mode)
+    for batch in training_batches(task) * passes:
         batch = fairseq_utils.move_to_cuda(batch)
+        torch.compiler.cudagraph_mark_step_begin()  # as the task does before each update
         loss_e, grads_e = loss_and_grads(eager, batch)
         loss_c, grads_c = loss_and_grads(compiled, batch)
         torch.testing.assert_close(loss_c, loss_e, rtol=1e-4, atol=1e-5)
         for name in grads_e:
             torch.testing.assert_close(grads_c[name], grads_e[name], rtol=1e-3, atol=1e-5, msg=name)
-    assert compiled_calls(compiled) == 4 * 3
+    assert compiled_calls(compiled) == 4 * 3 * passes
 
 
 def test_compile_layers_with_connection_stats_is_refused(tiny_bin):
@@ -177,28 +186,6 @@ def test_resnmt_train_refuses_compile_mode_without_inductor(tiny_bin, tmp_path):
     assert ("error: --compile-mode reduce-overhead needs --compile-backend inductor (eager ignores the mode)"
             in proc.stderr.strip().splitlines()[-1])
     assert not list(tmp_path.iterdir())  # refused before anything was written
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/gpu_job.sh 3 runs it)")
-def test_cuda_graphs_train_like_eager(tiny_bin):
-    """--compile-mode reduce-overhead on CUDA: each layer replayed as a CUDA graph gives eager's
-    losses and gradients, over batches of three shapes seen twice (recorded, then replayed)."""
-    from fairseq import utils as fairseq_utils
-
-    eager, task, _ = build(tiny_bin, "transformer_postln_base", NO_DROPOUT)
-    compiled, _, _ = build(tiny_bin, "transformer_postln_base", NO_DROPOUT)
-    eager.cuda().train(), compiled.cuda().train()
-    compile_layers_for_training(compiled, mode="reduce-overhead")
-    batches = training_batches(task)
-    for batch in batches + batches + batches:
-        batch = fairseq_utils.move_to_cuda(batch)
-        torch.compiler.cudagraph_mark_step_begin()
-        loss_e, grads_e = loss_and_grads(eager, batch)
-        loss_c, grads_c = loss_and_grads(compiled, batch)
-        torch.testing.assert_close(loss_c, loss_e, rtol=1e-4, atol=1e-5)
-        for name in grads_e:
-            torch.testing.assert_close(grads_c[name], grads_e[name], rtol=1e-3, atol=1e-5, msg=name)
-    assert compiled_calls(compiled) == 4 * 9
 
 
 @pytest.mark.parametrize("mode, marks", [("reduce-overhead", 1), ("default", 0)])
