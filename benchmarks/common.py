@@ -75,12 +75,16 @@ ROWS: Dict[str, Row] = {
     "ln_scaling": Row("transformer_ln_scaling_base", seeds=1),
     "hybrid_norm": Row("transformer_hybrid_norm_base", seeds=1),
     "denseformer": Row("transformer_denseformer_base", seeds=1),
+    "hybrid_norm_star": Row("transformer_hybrid_norm_base", ("--hybrid-norm-star",), seeds=1),
 }
 # the rows above that the quality table (benchmarks/quality.py) does not train: the
 # methods that cross layers and the normalizations, then the 2025 kinds (studied after them)
 NEW_KINDS = ("b2t", "resi_dual", "dlcl", "peri_ln", "dlcl_post", "pre_ln + rms_norm", "post_ln + rms_norm",
              "pre_ln + dyt", "post_ln + dyt")
 GEN2025_KINDS = ("hyper", "mhc", "mix_ln", "ln_scaling", "hybrid_norm", "denseformer")
+# their papers' variants, asked where the kind itself fails: HybridNorm* (pre-LN in each
+# stack's first layer, the paper's best) at 6+6, where HybridNorm trains as post-LN does
+GEN2025_VARIANTS = ("hybrid_norm_star",)
 # (size, row) -> the row whose run it is, bit for bit (same weights, same computation), so
 # the study reads that run instead of training it again: Mix-LN's post-LN layers are the
 # lowest int(0.25 * 2) = 0 of 2 (tests/test_gen2025_kinds.py::test_mix_ln_at_two_layers_is_pre_ln)

@@ -45,7 +45,7 @@ import sys
 from pathlib import Path
 
 import common
-from common import CONTROL_ROWS, DEFAULT_MILESTONES, GEN2025_KINDS, NEW_KINDS, SAME_RUN, slug
+from common import CONTROL_ROWS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, SAME_RUN, slug
 from common import CURVES_ROWS as ROWS
 
 from resnmt.decoding.averaging import numbered_checkpoints
@@ -80,6 +80,7 @@ STUDY_ORDER = (
     # a second seed where one seed puts a 2025 kind ahead of post-LN at 2+2 (by less than, or
     # about, a row's seed spread)
     + [("small", "hyper", 2), ("small", "hybrid_norm", 2)]
+    + [("deep", r, 1) for r in GEN2025_VARIANTS]
 )
 
 

@@ -29,7 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from common import CONTROLS, DEFAULT_MILESTONES, GEN2025_KINDS, NEW_KINDS, slug  # noqa: E402
+from common import CONTROLS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, slug  # noqa: E402
 from study_tables import SIZE_TITLES, load, ordered_keys, paired_differences, reference_of  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -273,7 +273,7 @@ def plot_gradient_share(runs, out: Path) -> None:
 # the methods that cross layers, Peri-LN and the normalizations; the 2025 generation.
 FAMILIES = {
     "cross-layer": frozenset(NEW_KINDS) | {name for name, c in CONTROLS.items() if c.row in NEW_KINDS},
-    "gen2025": frozenset(GEN2025_KINDS),
+    "gen2025": frozenset(GEN2025_KINDS + GEN2025_VARIANTS),
 }
 FAMILY_REFERENCES = ("post_ln", "pre_ln", "post_ln (warm-up 1000)")
 

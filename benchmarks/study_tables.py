@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-from common import CONTROLS, GEN2025_KINDS, NEW_KINDS, SAME_RUN
+from common import CONTROLS, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, SAME_RUN
 
 from resnmt.shared import read_jsonl
 
@@ -307,4 +307,4 @@ def tables(runs) -> dict:
     """The study's tables as the documents hold them, by marker name (:data:`MARKERS`)."""
     return {"curves-table": (table(runs) + "\n" + difference_table(runs)).strip() + "\n",
             "glance-table": glance_table(runs), "cross-layer-table": cross_layer_table(runs) + "\n",
-            "gen2025-table": cross_layer_table(runs, rows=GEN2025_KINDS) + "\n"}
+            "gen2025-table": cross_layer_table(runs, rows=GEN2025_KINDS + GEN2025_VARIANTS) + "\n"}
