@@ -98,8 +98,9 @@ class ResNMTTranslationTask(TranslationTask):
         return model
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        """fairseq's; with --compile-mode's CUDA graphs each update first starts a new step of
-        the graphs, so that a replay never overwrites outputs the update still holds."""
+        """fairseq's; with --compile-mode's CUDA graphs each forward and backward (each
+        micro-batch of --update-freq) first starts a new step of the graphs, so that a replay
+        never overwrites outputs the step still holds (the last step's backward is done)."""
         if self.cfg.compile_layers and str(self.cfg.compile_mode) in CUDA_GRAPH_MODES:
             torch.compiler.cudagraph_mark_step_begin()
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad=ignore_grad)
