@@ -49,6 +49,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,54 +231,58 @@ def whole_process(a, out: Path, deadline: float, env: dict):
              "resnmt_train_recipe_compiled_bf16": "--bf16"}
     runs = {name: cmd for name, cmd in runs.items() if name in a.whole_runs.split(",")}
     losses = {}
-    for name, cmd in runs.items():
-        if time.monotonic() > deadline:
-            print(f"[gpu_train] deadline: whole-process run {name} not started", file=sys.stderr)
-            break
-        argv = [*cmd, str(a.data), "--share-all-embeddings", "--dropout", "0.1", "--criterion",
-                "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--optimizer", "adam",
-                "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt",
-                "--warmup-updates", "4000", "--max-tokens", str(a.whole_tokens), "--seed", "1",
-                "--max-update", str(a.whole_updates), "--log-interval", str(a.whole_interval), "--log-format", "json",
-                "--no-progress-bar", "--disable-validation", "--no-save", "--num-workers", "0"]
-        if "--optimizer" in cmd[4:]:  # the recipe's adam_fused replaces adam
-            i = argv.index("--optimizer", argv.index(str(a.data)))
-            del argv[i:i + 2]
-        argv += SMOKE_SIZE.fairseq_flags() if a.smoke else []
-        argv += ["--cpu"] if a.cpu else [dtype[name]]
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, cwd=str(REPO_ROOT), timeout=a.whole_timeout,
-                                  env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                                      [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])))
-        except subprocess.TimeoutExpired:
-            record(out, {"kind": "whole_process", "run": name, "error": f"timed out after {a.whole_timeout} s"})
-            continue
-        wall = time.perf_counter() - t0
-        inner = [r for r in FairseqLog.parse(proc.stdout + proc.stderr).inner if "num_updates" in r]
-        if proc.returncode != 0 or not inner:
-            record(out, {"kind": "whole_process", "run": name, "error": (proc.stderr or proc.stdout)[-2000:]})
-            continue
-        # fairseq's own per-interval figures after the warm-up: train_wall (time inside
-        # train_step) against wall says whether the time goes to the update or around it
-        intervals = [{"num_updates": int(r["num_updates"]),
-                      **{k: float(r[k]) for k in ("wps", "ups", "wpb", "train_wall", "wall") if k in r}}
-                     for r in inner if int(r["num_updates"]) > a.whole_skip]
-        wps = [i["wps"] for i in intervals]
-        losses[name] = {int(r["num_updates"]): float(r["loss"]) for r in inner}
-        rec = {"kind": "whole_process", "run": name, "device": env["device"], "job": env["time"],
-               "precision": "fp32" if a.cpu else dtype[name][2:],
-               "argv": argv[1:], "wall_s": wall,
-               "updates": max(losses[name]), "wps_median": statistics.median(wps) if wps else None,
-               "wps_min": min(wps) if wps else None, "wps_max": max(wps) if wps else None,
-               "wps_intervals": len(wps), "intervals": intervals}
-        if "stock_fairseq_train_fp16" in losses and name != "stock_fairseq_train_fp16":
-            ref = losses["stock_fairseq_train_fp16"]
-            common = sorted(set(ref) & set(losses[name]))
-            rec["max_abs_loss_diff_vs_stock"] = max(abs(ref[u] - losses[name][u]) for u in common)
-            rec["loss_diff_updates"] = len(common)
-        record(out, rec)
-        print(json.dumps(rec), flush=True)
+    # fairseq-train makes its --save-dir even with --no-save: a scratch one, not ./checkpoints
+    with tempfile.TemporaryDirectory(prefix="gpu_train-") as scratch:
+        for name, cmd in runs.items():
+            if time.monotonic() > deadline:
+                print(f"[gpu_train] deadline: whole-process run {name} not started", file=sys.stderr)
+                break
+            argv = [*cmd, str(a.data), "--share-all-embeddings", "--dropout", "0.1", "--criterion",
+                    "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--optimizer", "adam",
+                    "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt",
+                    "--warmup-updates", "4000", "--max-tokens", str(a.whole_tokens), "--seed", "1",
+                    "--max-update", str(a.whole_updates), "--log-interval", str(a.whole_interval),
+                    "--log-format", "json",
+                    "--no-progress-bar", "--disable-validation", "--no-save", "--num-workers", "0",
+                    "--save-dir", scratch]
+            if "--optimizer" in cmd[4:]:  # the recipe's adam_fused replaces adam
+                i = argv.index("--optimizer", argv.index(str(a.data)))
+                del argv[i:i + 2]
+            argv += SMOKE_SIZE.fairseq_flags() if a.smoke else []
+            argv += ["--cpu"] if a.cpu else [dtype[name]]
+            t0 = time.perf_counter()
+            try:
+                proc = subprocess.run(argv, capture_output=True, text=True, cwd=str(REPO_ROOT), timeout=a.whole_timeout,
+                                      env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                                          [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])))
+            except subprocess.TimeoutExpired:
+                record(out, {"kind": "whole_process", "run": name, "error": f"timed out after {a.whole_timeout} s"})
+                continue
+            wall = time.perf_counter() - t0
+            inner = [r for r in FairseqLog.parse(proc.stdout + proc.stderr).inner if "num_updates" in r]
+            if proc.returncode != 0 or not inner:
+                record(out, {"kind": "whole_process", "run": name, "error": (proc.stderr or proc.stdout)[-2000:]})
+                continue
+            # fairseq's own per-interval figures after the warm-up: train_wall (time inside
+            # train_step) against wall says whether the time goes to the update or around it
+            intervals = [{"num_updates": int(r["num_updates"]),
+                          **{k: float(r[k]) for k in ("wps", "ups", "wpb", "train_wall", "wall") if k in r}}
+                         for r in inner if int(r["num_updates"]) > a.whole_skip]
+            wps = [i["wps"] for i in intervals]
+            losses[name] = {int(r["num_updates"]): float(r["loss"]) for r in inner}
+            rec = {"kind": "whole_process", "run": name, "device": env["device"], "job": env["time"],
+                   "precision": "fp32" if a.cpu else dtype[name][2:],
+                   "argv": argv[1:], "wall_s": wall,
+                   "updates": max(losses[name]), "wps_median": statistics.median(wps) if wps else None,
+                   "wps_min": min(wps) if wps else None, "wps_max": max(wps) if wps else None,
+                   "wps_intervals": len(wps), "intervals": intervals}
+            if "stock_fairseq_train_fp16" in losses and name != "stock_fairseq_train_fp16":
+                ref = losses["stock_fairseq_train_fp16"]
+                common = sorted(set(ref) & set(losses[name]))
+                rec["max_abs_loss_diff_vs_stock"] = max(abs(ref[u] - losses[name][u]) for u in common)
+                rec["loss_diff_updates"] = len(common)
+            record(out, rec)
+            print(json.dumps(rec), flush=True)
 
 
 def parser() -> argparse.ArgumentParser:
