@@ -37,8 +37,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from resnmt.analysis.training_log import attach_training_logger, training_level
 from resnmt.decoding.sequence_generator import LENPEN_FORMS, with_gnmt_penalty
 from resnmt.training.bf16 import check_bf16_device
-from resnmt.training.compile import (COMPILE_BACKENDS, COMPILE_MODES, CUDA_GRAPH_MODES, check_compile_options,
-                                     compile_layers_for_training)
+from resnmt.training.compile import COMPILE_BACKENDS, COMPILE_MODES, CUDA_GRAPH_MODES, compile_layers_for_training
 
 
 @dataclass
@@ -87,8 +86,6 @@ class ResNMTTranslationTask(TranslationTask):
         line naming resnmt-train (resnmt/training/bf16.py), whatever the --arch; with
         --compile-layers the layers are compiled for training (resnmt/training/compile.py)."""
         check_bf16_device(cfg)
-        if self.cfg.compile_layers:
-            check_compile_options(str(self.cfg.compile_backend), str(self.cfg.compile_mode))
         if self.cfg.compile_layers and not from_checkpoint and getattr(cfg, "log_connection_stats", None):
             raise ValueError("--compile-layers with --log-connection-stats: the statistics hooks are not "
                              "compiled; train with one of them")

@@ -53,7 +53,7 @@ class CompiledForTraining:
     def __init__(self, layer: torch.nn.Module, backend: str = "inductor", mode: Optional[str] = None):
         self.layer = layer
         self.eager = layer.forward
-        kwargs = {"mode": mode} if mode not in (None, "default") else {}
+        kwargs = {"mode": mode} if mode else {}
         self.compiled = torch.compile(self.eager, dynamic=True, backend=backend, **kwargs)
         self.compiled_calls = 0
 
@@ -74,13 +74,14 @@ def compile_layers_for_training(model: torch.nn.Module, backend: str = "inductor
     """Compile every encoder and decoder layer of ``model`` for training (see the module
     docstring); returns how many layers. Calling it again changes nothing."""
     check_compile_options(backend, mode)
+    mode = None if mode == "default" else mode  # torch.compile's own default
     layers = 0
     for layer in model_layers(model):
         if not isinstance(layer.__dict__.get("forward"), CompiledForTraining):
             layer.forward = CompiledForTraining(layer, backend, mode)
         layers += 1
     logger.info(f"--compile-layers: {layers} layers compiled for training (torch.compile, dynamic shapes, "
-                f"backend {backend}{'' if mode in (None, 'default') else ', mode ' + mode}); "
+                f"backend {backend}{', mode ' + mode if mode else ''}); "
                 f"evaluation and decoding run eagerly")
     return layers
 
