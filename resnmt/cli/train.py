@@ -93,6 +93,7 @@ def main():
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq_cli import train
 
+    from resnmt.training.attention import parse_sdpa_backends
     from resnmt.training.bf16 import untie_bf16_from_tpu
     from resnmt.training.compile import check_compile_options
 
@@ -116,6 +117,11 @@ def main():
     if getattr(args, "compile_layers", False):  # the task checks it too; here it is one line, before any loading
         try:
             check_compile_options(args.compile_backend, args.compile_mode)
+        except ValueError as e:
+            parser.error(str(e))
+    if getattr(args, "sdpa_backends", ""):  # likewise
+        try:
+            parse_sdpa_backends(args.sdpa_backends)
         except ValueError as e:
             parser.error(str(e))
     cfg = convert_namespace_to_omegaconf(args)

@@ -36,6 +36,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from resnmt.analysis.training_log import attach_training_logger, training_level
 from resnmt.decoding.sequence_generator import LENPEN_FORMS, with_gnmt_penalty
+from resnmt.training.attention import use_sdpa_backends
 from resnmt.training.bf16 import check_bf16_device
 from resnmt.training.compile import COMPILE_BACKENDS, COMPILE_MODES, CUDA_GRAPH_MODES, compile_layers_for_training
 
@@ -72,6 +73,13 @@ class ResNMTTranslationConfig(TranslationConfig):
                           "CUDA graph (fewer launches; one graph per batch shape: bucket shapes with "
                           "--required-seq-len-multiple; needs --compile-backend inductor)"},
     )
+    sdpa_backends: str = field(
+        default="",
+        metadata={"help": "comma-separated attention kernels torch may use, of flash, efficient, cudnn, math "
+                          "(process-wide: training, validation, decoding); on Hopper GPUs torch prefers cudnn, "
+                          "which plans every new batch shape first: 'flash,efficient,math' avoids that "
+                          "(resnmt/training/attention.py). Default: torch's own choice"},
+    )
 
 
 @register_task("resnmt_translation", dataclass=ResNMTTranslationConfig)
@@ -80,6 +88,11 @@ class ResNMTTranslationTask(TranslationTask):
 
     cfg: ResNMTTranslationConfig
     connection_stats = None  # the --log-connection-stats hooks, attached when training begins
+
+    def __init__(self, cfg, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        if cfg.sdpa_backends:
+            use_sdpa_backends(cfg.sdpa_backends.split(","))
 
     def build_model(self, cfg, from_checkpoint=False):
         """fairseq's; first, stock fairseq-train's --bf16 without torch_xla stops with one

@@ -4,6 +4,7 @@
   runs kept in their checkpoints (exact resumption);
 * ``optim``: ``--optimizer adam_fused``, fairseq's ``adam`` in multi-tensor kernels;
 * ``compile``: ``--compile-layers``, each layer compiled for training;
+* ``attention``: ``--sdpa-backends``, the attention kernels torch may choose among;
 * ``checkpoint_compat``: the types fairseq checkpoints hold allow-listed for torch's
   ``weights_only`` loading (training's resume, decoding and averaging alike);
 * ``quiet``: the third-party deprecation notices and dumps hidden at start-up;
