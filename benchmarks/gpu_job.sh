@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The GPU session's device calls for issue 35 (docs/benchmarks.md, "GPU training through
+# The GPU session's device calls for issue 40 (docs/benchmarks.md, "GPU training through
 # fairseq's trainer"). On a bare machine with Python 3.12 and its own torch, no network:
 #
-#   run(command="bash benchmarks/gpu_job.sh 1", carry=[".gpu"], timeout_s=540)   # first
-#   run(command="bash benchmarks/gpu_job.sh 2", carry=[".gpu"], timeout_s=300)   # at once after it
-#   run(command="bash benchmarks/gpu_job.sh 3", carry=[".gpu"], timeout_s=480)   # a later lease
-#   run(command="bash benchmarks/gpu_job.sh 4", carry=[".gpu"], timeout_s=300)   # a later lease
-# (a 15-minute lease holds a start, part 1 and part 2.)
+#   run(command="bash benchmarks/gpu_job.sh 2", carry=[".gpu"], timeout_s=340)   # the next lease: first
+#   run(command="GPU_JOB_SECONDS=380 bash benchmarks/gpu_job.sh 3", carry=[".gpu"], timeout_s=420)  # at once after
+#   run(command="bash benchmarks/gpu_job.sh 1", carry=[".gpu"], timeout_s=540)   # a later lease
+#   run(command="bash benchmarks/gpu_job.sh 4", carry=[".gpu"], timeout_s=300)   # with part 1
+# (a 15-minute lease holds a start and two parts; docs/benchmarks.md says what each lease ran.)
 #
 # .gpu/ (ignored by git; `make gpu-bundle` builds it and rehearses every part on the CPU) holds
 #   whl/        ve-fairseq 0.12.3 cp312 and the dependencies the machine lacks
@@ -18,20 +18,22 @@
 #   the GPU checks: adam_fused against adam on CUDA; two ranks sharing the GPU over gloo
 #   (fp32 fairseq-train, bf16 + adam_fused resnmt-train) in lockstep;
 #   the trainer table at 4096 tokens in bf16: every row, stock fp16 and the recipe,
-#   3 interleaved rounds of up to 100 updates (as many as the budget holds), and the
+#   8 interleaved rounds of up to 30 updates (as many as the budget holds), and the
 #   profile of one update.
-# Part 2 (default 240 s): whole fairseq-train processes: stock --arch transformer --fp16,
-#   --user-dir resnmt --arch transformer_postln_base --fp16, the recipe through
-#   resnmt-train (fairseq's own wps).
+# Part 2 (default 300 s): the attention kernels on CUDA (cuDNN's against FlashAttention's);
+#   whole fairseq-train processes of 320 updates (the first epoch, about 130 updates, meets
+#   every batch shape first): stock --arch transformer --fp16, the recipe with
+#   --sdpa-backends flash,efficient,math, the recipe, --user-dir resnmt --arch
+#   transformer_postln_base --fp16 (fairseq's own wps, per epoch).
 # Part 3 (default 420 s): --compile-layers' inductor kernels and its CUDA graphs
 #   (--compile-mode reduce-overhead) against eager on CUDA; the same-math pair in fp16 at
 #   4096 tokens with stock fp16, the compiled recipe and the compiled recipe with CUDA graphs
 #   (their compilation takes minutes, so they are measured here); the pair, stock and the
 #   recipe at 16384.
-# Part 4 (default 240 s): the methods that cross layers, Peri-LN and RMSNorm/DyT against
-#   their references, at 4096 tokens in bf16 (gpu_train.CROSS_LAYER_ROWS).
+# Part 4 (default 240 s): the methods that cross layers, Peri-LN, RMSNorm/DyT and the 2025
+#   kinds against their references, at 4096 tokens in bf16 (gpu_train.CROSS_LAYER_ROWS).
 # Each step stops starting new work at its deadline; whatever finished is under $OUT:
-# job.log, gpu_tests.txt, gpu_train.jsonl, profile.json.
+# job.log, gpu_tests*.txt (the CUDA checks of parts 1-3), gpu_train.jsonl, profile.json.
 # GPU_JOB_SMOKE=1 rehearses the steps on the CPU (tiny model, few updates) where fairseq
 # is already installed; PYTHON names the interpreter (default python3).
 set -uo pipefail
@@ -40,7 +42,8 @@ PART=${1:-1}
 case "$PART" in
     1) BUDGET=${GPU_JOB_SECONDS:-450} ;;
     3) BUDGET=${GPU_JOB_SECONDS:-420} ;;
-    2|4) BUDGET=${GPU_JOB_SECONDS:-240} ;;
+    2) BUDGET=${GPU_JOB_SECONDS:-300} ;;
+    4) BUDGET=${GPU_JOB_SECONDS:-240} ;;
     *) echo "gpu_job.sh: part '$PART': give 1, 2, 3 or 4"; exit 2 ;;
 esac
 T0=$SECONDS
@@ -76,28 +79,31 @@ if [ "$PART" = 1 ]; then
     tail -n 3 "$OUT/gpu_tests.txt"
     echo "[gpu_job] checks done at $((SECONDS - T0)) s"
     bench --tokens 4096 --dtypes bf16 --recipes recipe --profile "$OUT/profile.json" --warmup 10 \
-        --updates 100 --rounds 3 --deadline $(( $(left) - 30 )) "${SMOKE[@]}"
+        --updates 30 --rounds 8 --deadline $(( $(left) - 30 )) "${SMOKE[@]}"
     echo "[gpu_job] 4096-token bf16 table done at $((SECONDS - T0)) s"
 elif [ "$PART" = 4 ]; then
-    bench --tokens 4096 --dtypes bf16 --no-recipe --warmup 10 --updates 100 --rounds 3 \
+    bench --tokens 4096 --dtypes bf16 --no-recipe --warmup 10 --updates 30 --rounds 8 \
         --rows transformer,transformer_prenorm,post_ln,pre_ln,peri_ln,b2t,resi_dual,dlcl,dlcl_post,pre_ln_rms_norm,post_ln_rms_norm,pre_ln_dyt,post_ln_dyt,hyper,mhc,mix_ln,ln_scaling,hybrid_norm,denseformer \
         --deadline $(( $(left) - 40 )) "${SMOKE[@]}"
 elif [ "$PART" = 2 ]; then
-    bench --tokens "" --no-recipe --whole-process --whole-updates 200 --whole-interval 10 --whole-skip 20 \
-        --whole-runs stock_fairseq_train_fp16,resnmt_postln_fp16,resnmt_train_recipe_bf16 \
-        --whole-timeout 80 --deadline $(( $(left) - 75 )) "${SMOKE[@]}"
+    timeout 60 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
+        tests/test_sdpa_backends.py::test_on_cuda_kernels_compute_the_same_in_bf16 2>&1 | tail -n 20 > "$OUT/gpu_tests2.txt"
+    tail -n 1 "$OUT/gpu_tests2.txt"
+    bench --tokens "" --no-recipe --whole-process --whole-updates 320 --whole-interval 10 --whole-skip 20 \
+        --whole-runs stock_fairseq_train_fp16,resnmt_train_recipe_flash_bf16,resnmt_train_recipe_bf16,resnmt_postln_fp16 \
+        --whole-timeout 80 --deadline $(( $(left) - 70 )) "${SMOKE[@]}"
     echo "[gpu_job] whole processes done at $((SECONDS - T0)) s"
 else
     timeout 150 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
         tests/test_compile.py::test_on_cuda_trains_like_eager 2>&1 | tail -n 40 > "$OUT/gpu_tests3.txt"
     tail -n 3 "$OUT/gpu_tests3.txt"
     if [ "$(left)" -gt 60 ]; then
-        bench --tokens 4096 --rows transformer,post_ln --dtypes fp16 --recipes recipe_compiled,recipe_graphs --warmup 10 --updates 100 \
-            --rounds 3 --deadline $(( $(left) - 100 )) "${SMOKE[@]}"
+        bench --tokens 4096 --rows transformer,post_ln --dtypes fp16 --recipes recipe_compiled,recipe_graphs --warmup 10 --updates 30 \
+            --rounds 8 --deadline $(( $(left) - 100 )) "${SMOKE[@]}"
     fi
     if [ "$(left)" -gt 60 ]; then
-        bench --tokens 16384 --rows transformer,post_ln --dtypes bf16 --recipes recipe --warmup 10 --updates 100 \
-            --rounds 3 --deadline $(( $(left) - 40 )) "${SMOKE[@]}"
+        bench --tokens 16384 --rows transformer,post_ln --dtypes bf16 --recipes recipe --warmup 10 --updates 30 \
+            --rounds 8 --deadline $(( $(left) - 40 )) "${SMOKE[@]}"
     fi
 fi
 echo "[gpu_job] part $PART done in $((SECONDS - T0)) s"

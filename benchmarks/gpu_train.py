@@ -13,11 +13,12 @@ Method (docs/benchmarks.md, "GPU training through fairseq's trainer"):
   given ``--max-tokens`` (fairseq's batching, seed 1), the same batches for every
   configuration, cycled; reported tokens are target tokens actually trained on;
 * each configuration is built once per token budget, warmed up (``--warmup`` updates,
-  which includes any compilation), then timed ``--updates`` updates at a time with
+  which includes any compilation; the first configuration of each precision runs every
+  batch once, so that no timed round meets a batch shape first), then timed ``--updates`` updates at a time with
   ``torch.cuda.synchronize()`` before and after, once per round; within a round the
   configurations run interleaved, the order reversed every other round; ``--rounds``
   rounds; a row reports the median tokens/s with min and max, and its ratio to its
-  reference as the median (min-max) of the per-round ratios;
+  reference as the median (min-max) of the per-round ratios (each round's values kept);
 * model FLOPs per update are counted with ``torch.utils.flop_counter`` over one forward
   and backward of the first batch (matrix products and attention; what the matrix units
   do) and reported as a fraction of the card's bf16 matrix rate measured by this script
@@ -28,8 +29,10 @@ Method (docs/benchmarks.md, "GPU training through fairseq's trainer"):
   a GPU, where its synchronisations come from);
 * ``--whole-process``: complete ``fairseq-train`` runs, stock (``--arch transformer
   --fp16``) against ``--user-dir resnmt --arch transformer_postln_base --fp16`` and the
-  recipe through resnmt-train, fairseq's own ``wps`` parsed from its json log and the
-  per-update losses compared.
+  recipe through resnmt-train (also with ``--sdpa-backends flash,efficient,math``),
+  fairseq's own ``wps`` parsed from its json log (the median over the logged intervals,
+  and separately over the first epoch, where every batch shape is new, and the later
+  ones) and the per-update losses compared.
 
 Rows are written to ``--out`` as JSON lines after every round (the line with the most
 rounds of a job counts; make_tables.py), the profile as soon as it is taken; the markdown
@@ -119,16 +122,22 @@ ROWS.update(CROSS_LAYER_ROWS)
 # the recipe: resnmt-train --bf16 --optimizer adam_fused (and --compile-layers), against
 # stock fairseq-train --fp16 with fairseq's adam
 RECIPE_FLAGS = ("--optimizer", "adam_fused")
-COMPILE_FLAGS = ("--task", "resnmt_translation", "--compile-layers")
+RESNMT_TASK = ("--task", "resnmt_translation")
+COMPILE_FLAGS = RESNMT_TASK + ("--compile-layers",)
+# the lever for an update waiting on cuDNN's attention plans for each new batch shape
+# (Hopper's default attention kernel; resnmt/training/attention.py)
+FLASH_FLAGS = RESNMT_TASK + ("--sdpa-backends", "flash,efficient,math")
 STOCK = "stock_fp16"
 # the next lever for an update bound by launching kernels: each compiled layer replayed as a
 # CUDA graph, batch lengths bucketed to multiples of 8 so that fewer shapes are recorded
 GRAPH_FLAGS = ("--compile-mode", "reduce-overhead", "--required-seq-len-multiple", "8")
 RECIPES = {"recipe": RECIPE_FLAGS, "recipe_compiled": RECIPE_FLAGS + COMPILE_FLAGS,
-           "recipe_graphs": RECIPE_FLAGS + COMPILE_FLAGS + GRAPH_FLAGS}
+           "recipe_graphs": RECIPE_FLAGS + COMPILE_FLAGS + GRAPH_FLAGS, "recipe_flash": RECIPE_FLAGS + FLASH_FLAGS}
 DEFAULT_RECIPES = "recipe,recipe_compiled"
 RECIPE_TARGET = Comparison("post_ln", STOCK, times=3.0)
-WHOLE_RUNS = "stock_fairseq_train_fp16,resnmt_postln_fp16,resnmt_train_recipe_bf16,resnmt_train_recipe_compiled_bf16"
+WHOLE_RUN_NAMES = ("stock_fairseq_train_fp16", "resnmt_postln_fp16", "resnmt_train_recipe_bf16",
+                   "resnmt_train_recipe_compiled_bf16", "resnmt_train_recipe_flash_bf16")
+WHOLE_RUNS = ",".join(WHOLE_RUN_NAMES[:4])
 SMOKE_SIZE = ModelSize(2, 64, 256, 4)
 # fairseq-train's settings of every configuration (beside common.fairseq_argv's)
 TRAINING_FLAGS = ("--task", "translation", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
@@ -148,6 +157,7 @@ class Config:
     flops_per_update: float = 0.0
     tokens_per_update: float = 0.0
     warmup_s: float = 0.0  # the warm-up updates, compilation included
+    warmup_updates: int = 0
     samples: list = field(default_factory=list)  # (seconds, target tokens) per round
 
     @property
@@ -192,15 +202,16 @@ def summarize(configs: List[Config], tokens_setting: int, peak_tflops: Optional[
         rec = {"kind": "row", "config": c.name, "dtype": c.dtype, "max_tokens": tokens_setting,
                "arch": arch, "flags": list(flags) + list(c.recipe),
                "rounds": len(rates), "tokens_per_s": med, "tokens_per_s_min": lo, "tokens_per_s_max": hi,
-               "spread": (hi - lo) / med, "target_tokens_per_update": c.tokens_per_update,
-               "flops_per_update": c.flops_per_update, "warmup_s": c.warmup_s}
+               "spread": (hi - lo) / med, "tokens_per_s_rounds": rates,
+               "target_tokens_per_update": c.tokens_per_update,
+               "flops_per_update": c.flops_per_update, "warmup_s": c.warmup_s, "warmup_updates": c.warmup_updates}
         if peak_tflops and per_update:
             rec["mfu"] = c.flops_per_update / per_update / (peak_tflops * 1e12)
         ref = by_key.get(reference_of(c, configs))
         if ref is not None and ref is not c and len(ref.samples) == len(c.samples):
             ratios = [(tok / sec) / (rt / rs) for (sec, tok), (rs, rt) in zip(c.samples, ref.samples)]
             r_med, r_lo, r_hi = median_min_max(ratios)
-            rec.update(reference=ref.key, ratio=r_med, ratio_min=r_lo, ratio_max=r_hi)
+            rec.update(reference=ref.key, ratio=r_med, ratio_min=r_lo, ratio_max=r_hi, ratio_rounds=ratios)
             if c.flops_per_update and ref.flops_per_update:
                 rec["flops_ratio"] = ref.flops_per_update / c.flops_per_update  # the speed ratio FLOPs predict
             rec.update(judge_training(RECIPE_TARGET if c.name in RECIPES else ROWS[c.row], rec))
@@ -226,10 +237,11 @@ def whole_process(a, out: Path, deadline: float, env: dict):
         "resnmt_train_recipe_compiled_bf16": [sys.executable, "-m", "resnmt.cli.train", "--user-dir", str(USER_DIR),
                                               "--arch", "transformer_postln_base", *RECIPE_FLAGS, *COMPILE_FLAGS,
                                               "--compile-backend", a.compile_backend],
+        "resnmt_train_recipe_flash_bf16": [sys.executable, "-m", "resnmt.cli.train", "--user-dir", str(USER_DIR),
+                                           "--arch", "transformer_postln_base", *RECIPE_FLAGS, *FLASH_FLAGS],
     }
-    dtype = {"stock_fairseq_train_fp16": "--fp16", "resnmt_postln_fp16": "--fp16", "resnmt_train_recipe_bf16": "--bf16",
-             "resnmt_train_recipe_compiled_bf16": "--bf16"}
-    runs = {name: cmd for name, cmd in runs.items() if name in a.whole_runs.split(",")}
+    dtype = {name: "--fp16" if name.endswith("fp16") else "--bf16" for name in runs}
+    runs = {name: runs[name] for name in a.whole_runs.split(",")}  # in the order given
     losses = {}
     # fairseq-train makes its --save-dir even with --no-save: a scratch one, not ./checkpoints
     with tempfile.TemporaryDirectory(prefix="gpu_train-") as scratch:
@@ -264,18 +276,23 @@ def whole_process(a, out: Path, deadline: float, env: dict):
                 record(out, {"kind": "whole_process", "run": name, "error": (proc.stderr or proc.stdout)[-2000:]})
                 continue
             # fairseq's own per-interval figures after the warm-up: train_wall (time inside
-            # train_step) against wall says whether the time goes to the update or around it
+            # train_step) against wall says whether the time goes to the update or around it;
+            # the epoch, because the first meets every batch shape for the first time
             intervals = [{"num_updates": int(r["num_updates"]),
-                          **{k: float(r[k]) for k in ("wps", "ups", "wpb", "train_wall", "wall") if k in r}}
+                          **{k: float(r[k]) for k in ("epoch", "loss", "wps", "ups", "wpb", "train_wall", "wall") if k in r}}
                          for r in inner if int(r["num_updates"]) > a.whole_skip]
             wps = [i["wps"] for i in intervals]
+            by_epoch = {"first_epoch": [i["wps"] for i in intervals if i.get("epoch") == 1],
+                        "later_epochs": [i["wps"] for i in intervals if i.get("epoch", 1) > 1]}
             losses[name] = {int(r["num_updates"]): float(r["loss"]) for r in inner}
             rec = {"kind": "whole_process", "run": name, "device": env["device"], "job": env["time"],
                    "precision": "fp32" if a.cpu else dtype[name][2:],
                    "argv": argv[1:], "wall_s": wall,
                    "updates": max(losses[name]), "wps_median": statistics.median(wps) if wps else None,
                    "wps_min": min(wps) if wps else None, "wps_max": max(wps) if wps else None,
-                   "wps_intervals": len(wps), "intervals": intervals}
+                   "wps_intervals": len(wps), "intervals": intervals,
+                   **{f"wps_median_{part}": statistics.median(v) if v else None for part, v in by_epoch.items()},
+                   **{f"wps_intervals_{part}": len(v) for part, v in by_epoch.items()}}
             if "stock_fairseq_train_fp16" in losses and name != "stock_fairseq_train_fp16":
                 ref = losses["stock_fairseq_train_fp16"]
                 common = sorted(set(ref) & set(losses[name]))
@@ -301,7 +318,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-recipe", action="store_true", help="leave out stock fp16 and the recipes")
     p.add_argument("--recipes", default=DEFAULT_RECIPES, help="comma-separated recipes measured against stock fp16: "
                    "recipe (bf16 + adam_fused), recipe_compiled (also --compile-layers), recipe_graphs (also "
-                   f"--compile-mode reduce-overhead: CUDA graphs) (default: {DEFAULT_RECIPES})")
+                   "--compile-mode reduce-overhead: CUDA graphs), recipe_flash (the recipe with --sdpa-backends "
+                   f"flash,efficient,math) (default: {DEFAULT_RECIPES})")
     p.add_argument("--compile-backend", default="inductor", choices=("inductor", "aot_eager", "eager"),
                    help="torch.compile backend of the compiled recipe (default: inductor; the smoke test: eager)")
     p.add_argument("--warmup", type=int, default=20, help="updates before timing, per configuration (default: 20)")
@@ -313,7 +331,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="write a torch.profiler summary of one update (stock fp16, the recipes) to this "
                    "JSON file")
     p.add_argument("--whole-process", action="store_true", help="also time whole fairseq-train processes")
-    p.add_argument("--whole-runs", default=WHOLE_RUNS, help=f"comma-separated whole-process runs (default: {WHOLE_RUNS})")
+    p.add_argument("--whole-runs", default=WHOLE_RUNS, help=f"comma-separated whole-process runs, of "
+                   f"{', '.join(WHOLE_RUN_NAMES)} (default: {WHOLE_RUNS})")
     p.add_argument("--whole-timeout", type=float, default=300, help="seconds a whole-process run may take (default: 300)")
     p.add_argument("--whole-updates", type=int, default=300, help="updates per whole-process run (default: 300)")
     p.add_argument("--whole-tokens", type=int, default=4096, help="--max-tokens of the whole-process runs (default: 4096)")
@@ -359,6 +378,9 @@ def parse(argv=None):
     bad = [r for r in a.recipes.split(",") if r not in RECIPES]
     if bad:
         p.error(f"--recipes {','.join(bad)}: unknown; choose from {', '.join(RECIPES)}")
+    bad = [r for r in a.whole_runs.split(",") if r not in WHOLE_RUN_NAMES]
+    if bad:
+        p.error(f"--whole-runs {','.join(bad)}: unknown; choose from {', '.join(WHOLE_RUN_NAMES)}")
     if a.cpu:
         dtypes = ["fp32"]  # bf16 on the CPU is tested in tests/test_bf16.py; timing here is only the smoke check
     return a, rows, dtypes, tokens, limits
@@ -393,7 +415,7 @@ def fit_updates(a, configs: List[Config], deadline: float) -> int:
     update is slower than a timed one, so this errs on the short side)."""
     if deadline == float("inf") or not configs:
         return a.updates
-    per_update = statistics.median(c.warmup_s / max(a.warmup, 1) for c in configs)
+    per_update = statistics.median(c.warmup_s / max(c.warmup_updates, 1) for c in configs)
     left = deadline - time.monotonic()
     fits = int(left / (a.rounds * len(configs) * per_update)) if per_update > 0 else a.updates
     updates = max(min(a.updates, fits), min(10, a.updates))
@@ -421,7 +443,7 @@ def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadli
         record(out, rec)
         print(json.dumps(rec), file=sys.stderr, flush=True)
 
-    ready = []
+    ready, shapes_seen = [], set()
     for c in configs:
         if time.monotonic() > deadline:
             failed(c, "build", TimeoutError("the deadline passed before it was built"))
@@ -434,11 +456,16 @@ def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadli
             c.tokens_per_update = statistics.mean(int(b["ntokens"]) for b in batches)
             first = int(batches[0]["ntokens"])
             c.flops_per_update = count_flops(c.trainer, batches[0]) * c.tokens_per_update / first
+            # warm-up (and any compilation); the first configuration of each precision runs
+            # every batch once, so that no timed round is the first to meet a batch shape
+            # (cuDNN's attention plans each new shape; the GPU libraries load kernels lazily)
+            c.warmup_updates = a.warmup if c.dtype in shapes_seen else max(a.warmup, len(batches))
             synchronize(a.cpu)
             t0 = time.perf_counter()
-            run_updates(c.trainer, batches, 0, a.warmup)  # warm-up (and any compilation)
+            run_updates(c.trainer, batches, 0, c.warmup_updates)
             synchronize(a.cpu)
             c.warmup_s = time.perf_counter() - t0
+            shapes_seen.add(c.dtype)
             ready.append(c)
         except Exception as e:  # noqa: BLE001 (recorded, and the run goes on)
             failed(c, "build and warm-up", e)
@@ -467,7 +494,7 @@ def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadli
             try:
                 synchronize(a.cpu)
                 t0 = time.perf_counter()
-                tok = run_updates(c.trainer, batches, a.warmup + rnd * updates, updates)
+                tok = run_updates(c.trainer, batches, c.warmup_updates + rnd * updates, updates)
                 synchronize(a.cpu)
                 timed[c.key] = (time.perf_counter() - t0, tok)
             except Exception as e:  # noqa: BLE001

@@ -63,14 +63,15 @@ def headroom_table(records):
 
 def gpu_training_table(rows) -> str:
     """gpu_train.py's table: tokens/s of each configuration, its ratio to its reference and the verdict."""
-    lines = ["| config | dtype | max tokens | target tok/update | tokens/s median (min-max) | ratio (min-max) | "
-             "reference | target | meets | MFU |", "|" + "---|" * 10]
+    lines = ["| config | dtype | max tokens | target tok/update | tokens/s median (each round) | ratio median "
+             "(each round) | reference | target | meets | MFU |", "|" + "---|" * 10]
     for r in rows:
-        ratio = f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f})" if "ratio" in r else ""
+        tokens = f"{r['tokens_per_s']:,.0f} ({each_round(r, 'tokens_per_s', '{:,.0f}')})"
+        ratio = f"{r['ratio']:.3f} ({each_round(r, 'ratio', '{:.3f}')})" if "ratio" in r else ""
         mfu = f"{100 * r['mfu']:.1f} %" if "mfu" in r else ""
         lines.append(f"| {r['config']} | {r['dtype']} | {r['max_tokens']} | {r['target_tokens_per_update']:.0f} | "
-                     f"{r['tokens_per_s']:,.0f} ({r['tokens_per_s_min']:,.0f}-{r['tokens_per_s_max']:,.0f}) | {ratio} | "
-                     f"{r.get('reference', '')} | {r.get('target', '')} | {r.get('meets', '')} | {mfu} |")
+                     f"{tokens} | {ratio} | {r.get('reference', '')} | {r.get('target', '')} | {r.get('meets', '')} "
+                     f"| {mfu} |")
     pair = [r for r in rows if r["config"] == "post_ln" and "resolves" in r]
     for r in pair:
         lines.append(f"\nsame-math pair post_ln/transformer ({r['dtype']}, {r['max_tokens']}): ratio {r['ratio']:.3f}, "
@@ -81,17 +82,42 @@ def gpu_training_table(rows) -> str:
     return "\n".join(lines)
 
 
+def each_round(r, key, fmt) -> str:
+    """A row's values round by round (``key_rounds``), or its min-max where they were not kept."""
+    values = r.get(f"{key}_rounds")
+    if values:
+        return " · ".join(fmt.format(v) for v in values)
+    return f"{fmt.format(r[key + '_min'])}-{fmt.format(r[key + '_max'])}"
+
+
+def with_rounds_of_two(r, first):
+    """A two-round line written before each round's values were kept, with them recovered
+    from ``first``, the same job's one-round line of the configuration: round 2 is the one of
+    the line's min and max that round 1 is not."""
+    if r.get("tokens_per_s_rounds") or r["rounds"] != 2 or first is None:
+        return r
+    r = dict(r)
+    for key in ("tokens_per_s", "ratio"):
+        if key in r and key in first:
+            one = first[key]
+            two = r[f"{key}_max"] if r[f"{key}_min"] == one else r[f"{key}_min"]
+            r[f"{key}_rounds"] = [one, two]
+    return r
+
+
 def gpu_tables(records) -> str:
     """gpu_train.py's results (``benchmark == "gpu_train"``), per device: the trainer table
     (each configuration's line with the most rounds of the newest job that measured it) and
     the whole fairseq-train processes (fairseq's own wps; the resnmt runs against stock)."""
-    rows, whole = OrderedDict(), OrderedDict()
+    rows, whole, first_rounds = OrderedDict(), OrderedDict(), {}
     for r in records:
         if r.get("kind") == "row":
             key = (r["device"], r["dtype"], r["max_tokens"], r["config"])
+            if r["rounds"] == 1:
+                first_rounds[key + (r["job"],)] = r
             old = rows.get(key)
             if old is None or (r["job"], r["rounds"]) >= (old["job"], old["rounds"]):
-                rows[key] = r
+                rows[key] = with_rounds_of_two(r, first_rounds.get(key + (r["job"],)))
         elif r.get("kind") == "whole_process" and "error" not in r:
             whole[(r["device"], r["run"])] = r  # the newest run of each
     parts = []
@@ -106,15 +132,26 @@ def gpu_tables(records) -> str:
             lines = [f"**{device}, whole fairseq-train processes** (base size, 4096 tokens per update, "
                      f"{runs[0]['updates']} updates each; fairseq's own wps per logged interval, median (min-max) "
                      f"of the {runs[0]['wps_intervals']} intervals after the warm-up; one process each, one after "
-                     "the other; jobs " + ", ".join(sorted({r["job"] for r in runs})) + ")",
-                     "", "| run | precision | wps median (min-max) | median / stock's | losses against stock's "
-                     "| process s |", "|---|---|---|---:|---|---:|"]
+                     "the other; the first epoch, where every batch shape is new, and the later ones apart "
+                     "where the run logged its epochs; jobs " + ", ".join(sorted({r["job"] for r in runs})) + ")",
+                     "", "| run | precision | wps median (min-max) | median / stock's | first epoch | later epochs "
+                     "| later / stock's | losses against stock's | process s |",
+                     "|---|---|---|---:|---:|---:|---:|---|---:|"]
+
+            def by_epoch(r, part):
+                v = r.get(f"wps_median_{part}")
+                return f"{v:,.0f} ({r[f'wps_intervals_{part}']})" if v else ""
+
             for r in runs:
                 ratio = f"{r['wps_median'] / stock['wps_median']:.2f}" if stock and r is not stock else ""
+                later = (f"{r['wps_median_later_epochs'] / stock['wps_median_later_epochs']:.2f}"
+                         if stock and r is not stock and r.get("wps_median_later_epochs")
+                         and stock.get("wps_median_later_epochs") else "")
                 diff = (f"max abs difference {r['max_abs_loss_diff_vs_stock']:.3g} at {r['loss_diff_updates']} "
                         "logged intervals" if "max_abs_loss_diff_vs_stock" in r else "")
                 lines.append(f"| {r['run']} | {r['precision']} | {r['wps_median']:,.0f} ({r['wps_min']:,.0f}-"
-                             f"{r['wps_max']:,.0f}) | {ratio} | {diff} | {r['wall_s']:.0f} |")
+                             f"{r['wps_max']:,.0f}) | {ratio} | {by_epoch(r, 'first_epoch')} | "
+                             f"{by_epoch(r, 'later_epochs')} | {later} | {diff} | {r['wall_s']:.0f} |")
             parts.append("\n".join(lines))
     return "\n\n".join(parts) if parts else "_no GPU training results yet_"
 

@@ -15,7 +15,7 @@ SCRIPT = REPO_ROOT / "benchmarks" / "gpu_train.py"
 def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     out, profile = tmp_path / "rows.jsonl", tmp_path / "profile.json"
     proc = run_cli([sys.executable, SCRIPT, "--smoke", "--cpu", "--data", tiny_bin, "--out", out,
-                    "--rows", "transformer,post_ln", "--tokens", "600", "--warmup", "3", "--updates", "2",
+                    "--rows", "transformer,post_ln", "--tokens", "600", "--warmup", "2", "--updates", "2",
                     "--rounds", "2", "--batches", "3", "--profile", profile, "--compile-backend", "eager", "--whole-process",
                     "--whole-runs", "stock_fairseq_train_fp16", "--whole-updates", "4", "--whole-interval", "1",
                     "--whole-skip", "1", "--whole-tokens", "600"])
@@ -31,6 +31,10 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     post_ln, recipe = rows[("post_ln", "fp32")], rows[("recipe", "fp32")]
     assert post_ln["reference"] == "transformer/fp32" and post_ln["rounds"] == 2 and post_ln["target"] == "0.98-1.02"
     assert post_ln["ratio_min"] <= post_ln["ratio"] <= post_ln["ratio_max"]
+    assert len(post_ln["tokens_per_s_rounds"]) == len(post_ln["ratio_rounds"]) == 2  # each round's, in order
+    assert min(post_ln["ratio_rounds"]) == post_ln["ratio_min"]
+    # the first configuration runs every batch once before timing (no round meets a shape first)
+    assert rows[("transformer", "fp32")]["warmup_updates"] == 3 and post_ln["warmup_updates"] == 2
     assert recipe["reference"] == "stock_fp16/fp32" and recipe["flags"] == ["--optimizer", "adam_fused"]
     compiled = rows[("recipe_compiled", "fp32")]
     assert compiled["reference"] == "stock_fp16/fp32" and compiled["target"] == ">= 3x stock fp16"
@@ -63,6 +67,9 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     assert whole[0]["device"] == "cpu" and whole[0]["job"] == env["time"]
     assert [i["num_updates"] for i in whole[0]["intervals"]] == [2, 3, 4]  # fairseq's own, after --whole-skip 1
     assert all(i["train_wall"] is not None and i["ups"] is not None for i in whole[0]["intervals"])
+    assert all(i["epoch"] == 1 and i["loss"] > 0 for i in whole[0]["intervals"])  # 4 updates: the first epoch
+    assert whole[0]["wps_intervals_first_epoch"] == 3 and whole[0]["wps_median_later_epochs"] is None
+    assert whole[0]["wps_median_first_epoch"] == whole[0]["wps_median"]
 
 
 def test_timed_updates_fit_the_time_left(monkeypatch):
@@ -73,8 +80,9 @@ def test_timed_updates_fit_the_time_left(monkeypatch):
 
     a = gpu_train.parser().parse_args(["--data", "x", "--out", "y", "--warmup", "10", "--updates", "100",
                                        "--rounds", "3"])
-    configs = [gpu_train.Config(n, "post_ln", "bf16", warmup_s=w) for n, w in
-               (("a", 2.5), ("b", 2.5), ("compiled", 150.0))]  # 0.25 s per update; one compiled in its warm-up
+    configs = [gpu_train.Config(n, "post_ln", "bf16", warmup_s=w, warmup_updates=u) for n, w, u in
+               (("a", 16.0, 64), ("b", 2.5, 10), ("compiled", 150.0, 10))]
+    # 0.25 s per update (the first configuration warmed up over 64 batches); one compiled in its warm-up
     monkeypatch.setattr(gpu_train.time, "monotonic", lambda: 1000.0)
     assert gpu_train.fit_updates(a, configs, float("inf")) == 100
     assert gpu_train.fit_updates(a, configs, 1000.0 + 90) == 40  # 3 rounds x 3 configurations x 0.25 s x 40 = 90 s
@@ -98,11 +106,20 @@ def test_gpu_tables_take_each_configurations_fullest_line():
                 "precision": "fp16", "updates": 200, "wps_median": wps, "wps_min": wps / 2, "wps_max": wps * 2,
                 "wps_intervals": 18, "wall_s": 60.0, **extra}
 
-    text = gpu_tables([row("transformer", 1, 1000.0), row("transformer", 2, 2000.0),
-                       whole("stock_fairseq_train_fp16", 15000.0),
-                       whole("resnmt_postln_fp16", 13500.0, max_abs_loss_diff_vs_stock=0.0, loss_diff_updates=20)])
-    assert "| transformer | bf16 | 4096 | 3000 | 2,000 (2,000-2,000) |" in text and "1,000 (" not in text
-    assert "| resnmt_postln_fp16 | fp16 | 13,500 (6,750-27,000) | 0.90 | max abs difference 0 at 20 " in text
+    later = dict(wps_median_first_epoch=5000.0, wps_intervals_first_epoch=11)
+    text = gpu_tables([row("transformer", 1, 2000.0), row("transformer", 2, 1500.0, tokens_per_s_min=1000.0,
+                                                          tokens_per_s_max=2000.0),
+                       row("post_ln", 3, 1000.0, tokens_per_s_rounds=[900.0, 1000.0, 1100.0]),
+                       whole("stock_fairseq_train_fp16", 15000.0, **later, wps_median_later_epochs=40000.0,
+                             wps_intervals_later_epochs=6),
+                       whole("resnmt_postln_fp16", 13500.0, max_abs_loss_diff_vs_stock=0.0, loss_diff_updates=20,
+                             **later, wps_median_later_epochs=36000.0, wps_intervals_later_epochs=6)])
+    # each round in order: kept in the line, or (two rounds, written before they were kept)
+    # recovered from the job's one-round line
+    assert "| transformer | bf16 | 4096 | 3000 | 1,500 (2,000 · 1,000) |" in text
+    assert "| post_ln | bf16 | 4096 | 3000 | 1,000 (900 · 1,000 · 1,100) |" in text
+    assert ("| resnmt_postln_fp16 | fp16 | 13,500 (6,750-27,000) | 0.90 | 5,000 (11) | 36,000 (6) | 0.90 | "
+            "max abs difference 0 at 20 ") in text
     assert text.startswith("**GPU X, fairseq's Trainer**") and "**GPU X, whole fairseq-train processes**" in text
     assert gpu_tables([]) == "_no GPU training results yet_"
 
@@ -110,6 +127,8 @@ def test_gpu_tables_take_each_configurations_fullest_line():
 @pytest.mark.parametrize("args, message", [
     (["--rows", "post_ln,nope"], "--rows nope: unknown; choose from transformer, post_ln"),
     (["--dtypes", "fp8"], "--dtypes fp8: choose from fp16, bf16"),
+    (["--whole-runs", "stock_fairseq_train_fp16,stock_bf16"], "--whole-runs stock_bf16: unknown; choose from "
+                                                               "stock_fairseq_train_fp16, resnmt_postln_fp16"),
 ])
 def test_bad_input_is_one_line(tiny_bin, tmp_path, args, message):
     proc = run_cli([sys.executable, SCRIPT, "--smoke", "--cpu", "--data", tiny_bin, "--out", tmp_path / "x.jsonl", *args],
@@ -190,3 +209,18 @@ def test_the_cuda_graph_recipe_and_its_rehearsal():
     assert "--required-seq-len-multiple" in rehearsal
     job = (REPO_ROOT / "benchmarks" / "gpu_job.sh").read_text()
     assert "--recipes recipe_compiled,recipe_graphs" in job
+
+
+def test_the_flash_attention_recipe():
+    """recipe_flash: the recipe with attention restricted to FlashAttention and the
+    memory-efficient kernel (no cuDNN plans per batch shape), as a trainer row and a whole
+    process, which part 2 of the GPU job runs."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import gpu_train
+
+    argv = gpu_train.train_argv("bin", gpu_train.ROWS["post_ln"], "bf16", 4096, gpu_train.RECIPES["recipe_flash"],
+                                smoke=False, cpu=False)
+    assert argv[argv.index("adam_fused") - 1:] == ["--optimizer", "adam_fused", "--task", "resnmt_translation",
+                                                   "--sdpa-backends", "flash,efficient,math"]
+    job = (REPO_ROOT / "benchmarks" / "gpu_job.sh").read_text()
+    assert "resnmt_train_recipe_flash_bf16" in job and "resnmt_train_recipe_flash_bf16" in gpu_train.WHOLE_RUN_NAMES
