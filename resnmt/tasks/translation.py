@@ -39,6 +39,7 @@ from resnmt.decoding.sequence_generator import LENPEN_FORMS, with_gnmt_penalty
 from resnmt.training.attention import use_sdpa_backends
 from resnmt.training.bf16 import check_bf16_device
 from resnmt.training.compile import COMPILE_BACKENDS, COMPILE_MODES, CUDA_GRAPH_MODES, compile_layers_for_training
+from resnmt.training.master_sync import install as fuse_master_weights
 
 
 @dataclass
@@ -80,6 +81,13 @@ class ResNMTTranslationConfig(TranslationConfig):
                           "which plans every new batch shape first: 'flash,efficient,math' avoids that "
                           "(resnmt/training/attention.py). Default: torch's own choice"},
     )
+    fused_master_weights: bool = field(
+        default=False,
+        metadata={"help": "with --fp16/--bf16, copy gradients to the float32 master weights and the weights back, "
+                          "and zero the master gradients, in multi-tensor kernels instead of one per parameter "
+                          "(exact); and compute the gradient norm with torch's multi-tensor norm where apex is "
+                          "missing (process-wide; resnmt/training/master_sync.py)"},
+    )
 
 
 @register_task("resnmt_translation", dataclass=ResNMTTranslationConfig)
@@ -93,6 +101,8 @@ class ResNMTTranslationTask(TranslationTask):
         super().__init__(cfg, src_dict, tgt_dict)
         if cfg.sdpa_backends:
             use_sdpa_backends(cfg.sdpa_backends.split(","))
+        if cfg.fused_master_weights:
+            fuse_master_weights()
 
     def build_model(self, cfg, from_checkpoint=False):
         """fairseq's; first, stock fairseq-train's --bf16 without torch_xla stops with one

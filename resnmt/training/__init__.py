@@ -5,6 +5,8 @@
 * ``optim``: ``--optimizer adam_fused``, fairseq's ``adam`` in multi-tensor kernels;
 * ``compile``: ``--compile-layers``, each layer compiled for training;
 * ``attention``: ``--sdpa-backends``, the attention kernels torch may choose among;
+* ``master_sync``: ``--fused-master-weights``, fairseq's per-parameter copies of the
+  master weights in multi-tensor kernels;
 * ``checkpoint_compat``: the types fairseq checkpoints hold allow-listed for torch's
   ``weights_only`` loading (training's resume, decoding and averaging alike);
 * ``quiet``: the third-party deprecation notices and dumps hidden at start-up;
