@@ -17,7 +17,8 @@
 # Part 1 (GPU_JOB_SECONDS, default 450 s):
 #   the GPU checks: adam_fused against adam on CUDA; two ranks sharing the GPU over gloo
 #   (fp32 fairseq-train, bf16 + adam_fused resnmt-train) in lockstep;
-#   the trainer table at 4096 tokens in bf16: every row, stock fp16 and the recipe,
+#   the trainer table at 4096 tokens in bf16: every row, stock fp16, the recipe and the recipe
+#   with --fused-master-weights,
 #   8 interleaved rounds of up to 30 updates (as many as the budget holds), and the
 #   profile of one update.
 # Part 2 (default 300 s): the attention kernels on CUDA (cuDNN's against FlashAttention's);
@@ -78,7 +79,7 @@ if [ "$PART" = 1 ]; then
         tests/test_distributed.py::test_two_ranks_on_one_device_train_in_lockstep -k cuda 2>&1 | tail -n 40 > "$OUT/gpu_tests.txt"
     tail -n 3 "$OUT/gpu_tests.txt"
     echo "[gpu_job] checks done at $((SECONDS - T0)) s"
-    bench --tokens 4096 --dtypes bf16 --recipes recipe --profile "$OUT/profile.json" --warmup 10 \
+    bench --tokens 4096 --dtypes bf16 --recipes recipe,recipe_fused --profile "$OUT/profile.json" --warmup 10 \
         --updates 30 --rounds 8 --deadline $(( $(left) - 30 )) "${SMOKE[@]}"
     echo "[gpu_job] 4096-token bf16 table done at $((SECONDS - T0)) s"
 elif [ "$PART" = 4 ]; then

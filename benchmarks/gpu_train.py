@@ -127,12 +127,16 @@ COMPILE_FLAGS = RESNMT_TASK + ("--compile-layers",)
 # the lever for an update waiting on cuDNN's attention plans for each new batch shape
 # (Hopper's default attention kernel; resnmt/training/attention.py)
 FLASH_FLAGS = RESNMT_TASK + ("--sdpa-backends", "flash,efficient,math")
+# the lever for the ~400 per-parameter copy and zeroing kernels of fairseq's master weights
+# (resnmt/training/master_sync.py)
+FUSED_SYNC_FLAGS = RESNMT_TASK + ("--fused-master-weights",)
 STOCK = "stock_fp16"
 # the next lever for an update bound by launching kernels: each compiled layer replayed as a
 # CUDA graph, batch lengths bucketed to multiples of 8 so that fewer shapes are recorded
 GRAPH_FLAGS = ("--compile-mode", "reduce-overhead", "--required-seq-len-multiple", "8")
 RECIPES = {"recipe": RECIPE_FLAGS, "recipe_compiled": RECIPE_FLAGS + COMPILE_FLAGS,
-           "recipe_graphs": RECIPE_FLAGS + COMPILE_FLAGS + GRAPH_FLAGS, "recipe_flash": RECIPE_FLAGS + FLASH_FLAGS}
+           "recipe_graphs": RECIPE_FLAGS + COMPILE_FLAGS + GRAPH_FLAGS, "recipe_flash": RECIPE_FLAGS + FLASH_FLAGS,
+           "recipe_fused": RECIPE_FLAGS + FUSED_SYNC_FLAGS}
 DEFAULT_RECIPES = "recipe,recipe_compiled"
 RECIPE_TARGET = Comparison("post_ln", STOCK, times=3.0)
 WHOLE_RUN_NAMES = ("stock_fairseq_train_fp16", "resnmt_postln_fp16", "resnmt_train_recipe_bf16",
@@ -183,6 +187,24 @@ def train_argv(data, row: Comparison, dtype: str, max_tokens: int, recipe: tuple
     return argv
 
 
+def process_wide(c: Config, torch_default_kernels) -> None:
+    """Set the switches that resnmt's task flags set for the whole process
+    (``--sdpa-backends``, ``--fused-master-weights``) as configuration ``c`` asks, before
+    anything of ``c`` runs: configurations share this process, and each must run as its
+    own command line would, not with what the last one built left behind."""
+    from resnmt.training import master_sync
+    from resnmt.training.attention import use_sdpa_backends
+
+    flags = list(c.recipe)
+    kernels = flags[flags.index("--sdpa-backends") + 1].split(",") if "--sdpa-backends" in flags \
+        else torch_default_kernels
+    use_sdpa_backends(kernels)
+    if "--fused-master-weights" in flags:
+        master_sync.install()
+    else:
+        master_sync.uninstall()
+
+
 def median_min_max(values):
     return statistics.median(values), min(values), max(values)
 
@@ -203,6 +225,7 @@ def summarize(configs: List[Config], tokens_setting: int, peak_tflops: Optional[
                "arch": arch, "flags": list(flags) + list(c.recipe),
                "rounds": len(rates), "tokens_per_s": med, "tokens_per_s_min": lo, "tokens_per_s_max": hi,
                "spread": (hi - lo) / med, "tokens_per_s_rounds": rates,
+               "target_tokens_rounds": [tok for _, tok in c.samples],  # the same batches for all, round by round
                "target_tokens_per_update": c.tokens_per_update,
                "flops_per_update": c.flops_per_update, "warmup_s": c.warmup_s, "warmup_updates": c.warmup_updates}
         if peak_tflops and per_update:
@@ -319,7 +342,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--recipes", default=DEFAULT_RECIPES, help="comma-separated recipes measured against stock fp16: "
                    "recipe (bf16 + adam_fused), recipe_compiled (also --compile-layers), recipe_graphs (also "
                    "--compile-mode reduce-overhead: CUDA graphs), recipe_flash (the recipe with --sdpa-backends "
-                   f"flash,efficient,math) (default: {DEFAULT_RECIPES})")
+                   "flash,efficient,math), recipe_fused (the recipe with --fused-master-weights) "
+                   f"(default: {DEFAULT_RECIPES})")
     p.add_argument("--compile-backend", default="inductor", choices=("inductor", "aot_eager", "eager"),
                    help="torch.compile backend of the compiled recipe (default: inductor; the smoke test: eager)")
     p.add_argument("--warmup", type=int, default=20, help="updates before timing, per configuration (default: 20)")
@@ -443,6 +467,9 @@ def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadli
         record(out, rec)
         print(json.dumps(rec), file=sys.stderr, flush=True)
 
+    from resnmt.training.attention import sdpa_backends_enabled
+
+    default_kernels = sdpa_backends_enabled()
     ready, shapes_seen = [], set()
     for c in configs:
         if time.monotonic() > deadline:
@@ -450,6 +477,7 @@ def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadli
             continue
         try:
             argv_c = train_argv(a.data, ROWS[c.row], c.dtype, max_tokens, c.recipe, a.smoke, a.cpu, a.compile_backend)
+            process_wide(c, default_kernels)
             c.trainer, task, cfg = build_trainer(argv_c)
             if batches is None:
                 batches = training_batches(task, cfg, a.batches)
@@ -476,6 +504,7 @@ def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadli
         for c in configs:
             if c.name == STOCK or c.name in RECIPES:
                 try:
+                    process_wide(c, default_kernels)
                     profiles[c.key] = profile_update(c.trainer, batches, a.cpu)
                 except Exception as e:  # noqa: BLE001
                     profiles[c.key] = {"error": f"{type(e).__name__}: {e}"[-2000:]}
@@ -492,9 +521,11 @@ def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadli
             if c.trainer is None:
                 continue
             try:
+                process_wide(c, default_kernels)
                 synchronize(a.cpu)
                 t0 = time.perf_counter()
-                tok = run_updates(c.trainer, batches, c.warmup_updates + rnd * updates, updates)
+                # every configuration trains the same batches in a round, whatever its warm-up
+                tok = run_updates(c.trainer, batches, a.warmup + rnd * updates, updates)
                 synchronize(a.cpu)
                 timed[c.key] = (time.perf_counter() - t0, tok)
             except Exception as e:  # noqa: BLE001

@@ -35,6 +35,9 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     assert min(post_ln["ratio_rounds"]) == post_ln["ratio_min"]
     # the first configuration runs every batch once before timing (no round meets a shape first)
     assert rows[("transformer", "fp32")]["warmup_updates"] == 3 and post_ln["warmup_updates"] == 2
+    # and in each round every configuration trained the same batches: the same target tokens
+    tokens = {r["config"]: tuple(r["target_tokens_rounds"]) for r in rows.values()}
+    assert len(set(tokens.values())) == 1 and len(next(iter(tokens.values()))) == 2, tokens
     assert recipe["reference"] == "stock_fp16/fp32" and recipe["flags"] == ["--optimizer", "adam_fused"]
     compiled = rows[("recipe_compiled", "fp32")]
     assert compiled["reference"] == "stock_fp16/fp32" and compiled["target"] == ">= 3x stock fp16"
@@ -211,10 +214,11 @@ def test_the_cuda_graph_recipe_and_its_rehearsal():
     assert "--recipes recipe_compiled,recipe_graphs" in job
 
 
-def test_the_flash_attention_recipe():
+def test_the_flash_attention_and_fused_sync_recipes():
     """recipe_flash: the recipe with attention restricted to FlashAttention and the
     memory-efficient kernel (no cuDNN plans per batch shape), as a trainer row and a whole
-    process, which part 2 of the GPU job runs."""
+    process, which part 2 of the GPU job runs; recipe_fused: the recipe with the master
+    weights' copies in multi-tensor kernels, which part 1 times and profiles."""
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
     import gpu_train
 
@@ -224,3 +228,32 @@ def test_the_flash_attention_recipe():
                                                    "--sdpa-backends", "flash,efficient,math"]
     job = (REPO_ROOT / "benchmarks" / "gpu_job.sh").read_text()
     assert "resnmt_train_recipe_flash_bf16" in job and "resnmt_train_recipe_flash_bf16" in gpu_train.WHOLE_RUN_NAMES
+    fused = gpu_train.train_argv("bin", gpu_train.ROWS["post_ln"], "bf16", 4096, gpu_train.RECIPES["recipe_fused"],
+                                 smoke=False, cpu=False)
+    assert fused[fused.index("adam_fused") - 1:] == ["--optimizer", "adam_fused", "--task", "resnmt_translation",
+                                                     "--fused-master-weights"]
+    assert "--recipes recipe,recipe_fused --profile" in job  # part 1 times and profiles it
+
+
+def test_process_wide_switches_follow_each_configuration():
+    """--sdpa-backends and --fused-master-weights switch the whole process; configurations
+    share it, so before each one runs the switches are set as its own command line sets
+    them (and put back for the ones without)."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import gpu_train
+    from resnmt.training import master_sync
+    from resnmt.training.attention import sdpa_backends_enabled, use_sdpa_backends
+
+    default = sdpa_backends_enabled()
+    try:
+        plain, flash, fused = (gpu_train.Config(n, "post_ln", "bf16", recipe=gpu_train.RECIPES[n])
+                               for n in ("recipe", "recipe_flash", "recipe_fused"))
+        gpu_train.process_wide(flash, default)
+        assert sdpa_backends_enabled() == ("flash", "efficient", "math") and not master_sync.installed()
+        gpu_train.process_wide(fused, default)
+        assert sdpa_backends_enabled() == default and master_sync.installed()
+        gpu_train.process_wide(plain, default)
+        assert sdpa_backends_enabled() == default and not master_sync.installed()
+    finally:
+        use_sdpa_backends(default)
+        master_sync.uninstall()
