@@ -13,8 +13,9 @@ Method (docs/benchmarks.md, "GPU training through fairseq's trainer"):
   given ``--max-tokens`` (fairseq's batching, seed 1), the same batches for every
   configuration, cycled; reported tokens are target tokens actually trained on;
 * each configuration is built once per token budget, warmed up (``--warmup`` updates,
-  which includes any compilation; the first configuration of each precision runs every
-  batch once, so that no timed round meets a batch shape first), then timed ``--updates`` updates at a time with
+  which includes any compilation; the first configuration of each precision and each
+  compiled one run every batch once, so that no timed round meets a batch shape first),
+  then timed ``--updates`` updates at a time with
   ``torch.cuda.synchronize()`` before and after, once per round; within a round the
   configurations run interleaved, the order reversed every other round; ``--rounds``
   rounds; a row reports the median tokens/s with min and max, and its ratio to its
@@ -484,10 +485,13 @@ def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadli
             c.tokens_per_update = statistics.mean(int(b["ntokens"]) for b in batches)
             first = int(batches[0]["ntokens"])
             c.flops_per_update = count_flops(c.trainer, batches[0]) * c.tokens_per_update / first
-            # warm-up (and any compilation); the first configuration of each precision runs
-            # every batch once, so that no timed round is the first to meet a batch shape
-            # (cuDNN's attention plans each new shape; the GPU libraries load kernels lazily)
-            c.warmup_updates = a.warmup if c.dtype in shapes_seen else max(a.warmup, len(batches))
+            # warm-up (and any compilation); the first configuration of each precision, and
+            # each compiled one, runs every batch once, so that no timed round is the first to
+            # meet a batch shape (cuDNN's attention plans each new shape, the GPU libraries
+            # load kernels lazily, a compiled layer may specialise and a CUDA graph is
+            # recorded per shape)
+            every_shape = c.dtype not in shapes_seen or "--compile-layers" in c.recipe
+            c.warmup_updates = max(a.warmup, len(batches)) if every_shape else a.warmup
             synchronize(a.cpu)
             t0 = time.perf_counter()
             run_updates(c.trainer, batches, 0, c.warmup_updates)

@@ -35,6 +35,7 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     assert min(post_ln["ratio_rounds"]) == post_ln["ratio_min"]
     # the first configuration runs every batch once before timing (no round meets a shape first)
     assert rows[("transformer", "fp32")]["warmup_updates"] == 3 and post_ln["warmup_updates"] == 2
+    assert rows[("recipe_compiled", "fp32")]["warmup_updates"] == 3  # and each compiled one
     # and in each round every configuration trained the same batches: the same target tokens
     tokens = {r["config"]: tuple(r["target_tokens_rounds"]) for r in rows.values()}
     assert len(set(tokens.values())) == 1 and len(next(iter(tokens.values()))) == 2, tokens
