@@ -236,6 +236,9 @@ def summarize(configs: List[Config], tokens_setting: int, peak_tflops: Optional[
             ratios = [(tok / sec) / (rt / rs) for (sec, tok), (rs, rt) in zip(c.samples, ref.samples)]
             r_med, r_lo, r_hi = median_min_max(ratios)
             rec.update(reference=ref.key, ratio=r_med, ratio_min=r_lo, ratio_max=r_hi, ratio_rounds=ratios)
+            if len(ratios) >= 4:  # the middle half of the rounds: what one drifting round cannot move
+                q1, _, q3 = statistics.quantiles(ratios, n=4)
+                rec.update(ratio_q1=q1, ratio_q3=q3)
             if c.flops_per_update and ref.flops_per_update:
                 rec["flops_ratio"] = ref.flops_per_update / c.flops_per_update  # the speed ratio FLOPs predict
             rec.update(judge_training(RECIPE_TARGET if c.name in RECIPES else ROWS[c.row], rec))

@@ -78,7 +78,9 @@ def gpu_training_table(rows) -> str:
                      f"spread {100 * r['spread']:.1f} %: " + ("resolves (within 2 %, spread under 2 %)" if r["resolves"]
                                                                   else "does NOT resolve 2 %: rows within "
                                                                   f"{100 * (r['ratio_max'] - r['ratio_min']):.1f} % of "
-                                                                  "each other cannot be separated"))
+                                                                  "each other cannot be separated")
+                     + (f"; the middle half of the {r['rounds']} rounds lies within {r['ratio_q1']:.3f}-"
+                        f"{r['ratio_q3']:.3f}" if "ratio_q1" in r else ""))
     return "\n".join(lines)
 
 

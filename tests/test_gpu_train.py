@@ -126,6 +126,10 @@ def test_gpu_tables_take_each_configurations_fullest_line():
             "max abs difference 0 at 20 ") in text
     assert text.startswith("**GPU X, fairseq's Trainer**") and "**GPU X, whole fairseq-train processes**" in text
     assert gpu_tables([]) == "_no GPU training results yet_"
+    pair = row("post_ln", 8, 1000.0, ratio=1.004, ratio_min=0.95, ratio_max=1.10, spread=0.15, resolves=False,
+               ratio_q1=0.995, ratio_q3=1.012, ratio_rounds=[1.0] * 8, tokens_per_s_rounds=[1000.0] * 8)
+    assert ("ratio 1.004, spread 15.0 %: does NOT resolve 2 %: rows within 15.0 % of each other cannot be separated; "
+            "the middle half of the 8 rounds lies within 0.995-1.012") in gpu_tables([pair])
 
 
 @pytest.mark.parametrize("args, message", [
