@@ -7,8 +7,9 @@ and (``--bf16``, where the master weights are one tensor per parameter) zeroes e
 master gradient: one kernel per parameter each. The base Transformer has 253 parameter
 tensors; one update of it on an H200 launched 1,470 kernels, 533 of them copies. Every
 update also computes the gradient norm (for logging, the overflow check and
-``--clip-norm``), one kernel per parameter unless NVIDIA's apex is installed. On a GPU whose update waits on launching kernels
-(docs/benchmarks.md) these are launches without arithmetic.
+``--clip-norm``), one kernel per parameter unless NVIDIA's apex is installed. On a GPU
+whose update waits on launching kernels (docs/benchmarks.md) these are launches without
+arithmetic.
 
 ``--fused-master-weights`` (a flag of the ``resnmt_translation`` task) does the same
 copies and zeroing with torch's multi-tensor (``torch._foreach_*``) kernels, which
