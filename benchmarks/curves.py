@@ -81,6 +81,9 @@ STUDY_ORDER = (
     # about, a row's seed spread)
     + [("small", "hyper", 2), ("small", "hybrid_norm", 2)]
     + [("deep", r, 1) for r in GEN2025_VARIANTS]
+    # a second seed at 6+6 where one seed puts a 2025 kind ahead of or behind pre-LN by about
+    # pre-LN's own seed spread (0.67) or a little more
+    + [("deep", r, 2) for r in ("ln_scaling", "mix_ln", "mhc", "denseformer")]
 )
 
 
