@@ -262,3 +262,27 @@ def test_process_wide_switches_follow_each_configuration():
     finally:
         use_sdpa_backends(default)
         master_sync.uninstall()
+
+
+def test_plot_of_the_whole_processes(tmp_path):
+    """plot_gpu.py draws each device's newest job of whole processes (an older job and a
+    failed run are left out), one figure per device."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import plot_gpu
+
+    def whole(run, job, device="GPU X", **extra):
+        intervals = [{"num_updates": u, "wps": 1000.0 * u, "epoch": 1.0 if u < 30 else 2.0} for u in (10, 20, 30, 40)]
+        return {"benchmark": "gpu_train", "kind": "whole_process", "run": run, "device": device, "job": job,
+                "precision": "fp16", "argv": ["--max-tokens", "4096"], "intervals": intervals, **extra}
+
+    records = [whole("stock_fairseq_train_fp16", "2026-01-01"), whole("stock_fairseq_train_fp16", "2026-02-01"),
+               whole("resnmt_postln_fp16", "2026-02-01"), whole("resnmt_postln_fp16", "2026-02-01", error="x"),
+               whole("stock_fairseq_train_fp16", "2026-01-01", device="GPU Y")]
+    newest = plot_gpu.newest_whole_processes(records)
+    assert {d: [(r["run"], r["job"]) for r in rs] for d, rs in newest.items()} == {
+        "GPU X": [("stock_fairseq_train_fp16", "2026-02-01"), ("resnmt_postln_fp16", "2026-02-01")],
+        "GPU Y": [("stock_fairseq_train_fp16", "2026-01-01")]}
+    results = tmp_path / "gpu_train.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert plot_gpu.main(["--results", str(results), "--out-dir", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["gpu-whole-process-gpu-x.png", "gpu-whole-process-gpu-y.png"]
