@@ -140,8 +140,17 @@ RECIPES = {"recipe": RECIPE_FLAGS, "recipe_compiled": RECIPE_FLAGS + COMPILE_FLA
            "recipe_fused": RECIPE_FLAGS + FUSED_SYNC_FLAGS}
 DEFAULT_RECIPES = "recipe,recipe_compiled"
 RECIPE_TARGET = Comparison("post_ln", STOCK, times=3.0)
-WHOLE_RUN_NAMES = ("stock_fairseq_train_fp16", "resnmt_postln_fp16", "resnmt_train_recipe_bf16",
-                   "resnmt_train_recipe_compiled_bf16", "resnmt_train_recipe_flash_bf16")
+# whole fairseq-train processes: name -> (the program's module, its model flags); the
+# precision is the name's last word
+RESNMT_POST_LN = ("--user-dir", str(USER_DIR), "--arch", "transformer_postln_base")
+WHOLE_PROCESSES = {
+    "stock_fairseq_train_fp16": ("fairseq_cli.train", ("--arch", "transformer")),
+    "resnmt_postln_fp16": ("fairseq_cli.train", RESNMT_POST_LN),
+    "resnmt_train_recipe_bf16": ("resnmt.cli.train", RESNMT_POST_LN + RECIPES["recipe"]),
+    "resnmt_train_recipe_compiled_bf16": ("resnmt.cli.train", RESNMT_POST_LN + RECIPES["recipe_compiled"]),
+    "resnmt_train_recipe_flash_bf16": ("resnmt.cli.train", RESNMT_POST_LN + RECIPES["recipe_flash"]),
+}
+WHOLE_RUN_NAMES = tuple(WHOLE_PROCESSES)
 WHOLE_RUNS = ",".join(WHOLE_RUN_NAMES[:4])
 SMOKE_SIZE = ModelSize(2, 64, 256, 4)
 # fairseq-train's settings of every configuration (beside common.fairseq_argv's)
@@ -190,17 +199,16 @@ def train_argv(data, row: Comparison, dtype: str, max_tokens: int, recipe: tuple
 
 def process_wide(c: Config, torch_default_kernels) -> None:
     """Set the switches that resnmt's task flags set for the whole process
-    (``--sdpa-backends``, ``--fused-master-weights``) as configuration ``c`` asks, before
-    anything of ``c`` runs: configurations share this process, and each must run as its
-    own command line would, not with what the last one built left behind."""
+    (``--sdpa-backends``, ``--fused-master-weights``) as configuration ``c``'s parsed task
+    asks, before anything of ``c`` runs: configurations share this process, and each must
+    run as its own command line would, not with what the last one built left behind."""
     from resnmt.training import master_sync
     from resnmt.training.attention import use_sdpa_backends
 
-    flags = list(c.recipe)
-    kernels = flags[flags.index("--sdpa-backends") + 1].split(",") if "--sdpa-backends" in flags \
-        else torch_default_kernels
-    use_sdpa_backends(kernels)
-    if "--fused-master-weights" in flags:
+    cfg = c.trainer.task.cfg  # fairseq's translation task has neither flag: torch's defaults
+    kernels = getattr(cfg, "sdpa_backends", "")
+    use_sdpa_backends(kernels.split(",") if kernels else torch_default_kernels)
+    if getattr(cfg, "fused_master_weights", False):
         master_sync.install()
     else:
         master_sync.uninstall()
@@ -255,24 +263,14 @@ def reference_of(c: Config, configs: List[Config]) -> Optional[str]:
 
 def whole_process(a, out: Path, deadline: float, env: dict):
     """fairseq-train processes, stock against resnmt: fairseq's own wps from its json log."""
-    runs = {
-        "stock_fairseq_train_fp16": [sys.executable, "-m", "fairseq_cli.train", "--arch", "transformer"],
-        "resnmt_postln_fp16": [sys.executable, "-m", "fairseq_cli.train", "--user-dir", str(USER_DIR),
-                               "--arch", "transformer_postln_base"],
-        "resnmt_train_recipe_bf16": [sys.executable, "-m", "resnmt.cli.train", "--user-dir", str(USER_DIR),
-                                     "--arch", "transformer_postln_base", *RECIPE_FLAGS],
-        "resnmt_train_recipe_compiled_bf16": [sys.executable, "-m", "resnmt.cli.train", "--user-dir", str(USER_DIR),
-                                              "--arch", "transformer_postln_base", *RECIPE_FLAGS, *COMPILE_FLAGS,
-                                              "--compile-backend", a.compile_backend],
-        "resnmt_train_recipe_flash_bf16": [sys.executable, "-m", "resnmt.cli.train", "--user-dir", str(USER_DIR),
-                                           "--arch", "transformer_postln_base", *RECIPE_FLAGS, *FLASH_FLAGS],
-    }
-    dtype = {name: "--fp16" if name.endswith("fp16") else "--bf16" for name in runs}
-    runs = {name: runs[name] for name in a.whole_runs.split(",")}  # in the order given
     losses = {}
     # fairseq-train makes its --save-dir even with --no-save: a scratch one, not ./checkpoints
     with tempfile.TemporaryDirectory(prefix="gpu_train-") as scratch:
-        for name, cmd in runs.items():
+        for name in a.whole_runs.split(","):  # in the order given
+            module, flags = WHOLE_PROCESSES[name]
+            if "--compile-layers" in flags:
+                flags += ("--compile-backend", a.compile_backend)
+            cmd = [sys.executable, "-m", module, *flags]
             if time.monotonic() > deadline:
                 print(f"[gpu_train] deadline: whole-process run {name} not started", file=sys.stderr)
                 break
@@ -284,11 +282,12 @@ def whole_process(a, out: Path, deadline: float, env: dict):
                     "--log-format", "json",
                     "--no-progress-bar", "--disable-validation", "--no-save", "--num-workers", "0",
                     "--save-dir", scratch]
-            if "--optimizer" in cmd[4:]:  # the recipe's adam_fused replaces adam
+            if "--optimizer" in flags:  # the recipe's adam_fused replaces adam
                 i = argv.index("--optimizer", argv.index(str(a.data)))
                 del argv[i:i + 2]
             argv += SMOKE_SIZE.fairseq_flags() if a.smoke else []
-            argv += ["--cpu"] if a.cpu else [dtype[name]]
+            precision = name.rsplit("_", 1)[1]
+            argv += ["--cpu"] if a.cpu else [f"--{precision}"]
             t0 = time.perf_counter()
             try:
                 proc = subprocess.run(argv, capture_output=True, text=True, cwd=str(REPO_ROOT), timeout=a.whole_timeout,
@@ -314,7 +313,7 @@ def whole_process(a, out: Path, deadline: float, env: dict):
                         "later_epochs": [i["wps"] for i in intervals if i.get("epoch", 1) > 1]}
             losses[name] = {int(r["num_updates"]): float(r["loss"]) for r in inner}
             rec = {"kind": "whole_process", "run": name, "device": env["device"], "job": env["time"],
-                   "precision": "fp32" if a.cpu else dtype[name][2:],
+                   "precision": "fp32" if a.cpu else precision,
                    "argv": argv[1:], "wall_s": wall,
                    "updates": max(losses[name]), "wps_median": statistics.median(wps) if wps else None,
                    "wps_min": min(wps) if wps else None, "wps_max": max(wps) if wps else None,
@@ -482,8 +481,8 @@ def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadli
             continue
         try:
             argv_c = train_argv(a.data, ROWS[c.row], c.dtype, max_tokens, c.recipe, a.smoke, a.cpu, a.compile_backend)
-            process_wide(c, default_kernels)
             c.trainer, task, cfg = build_trainer(argv_c)
+            process_wide(c, default_kernels)
             if batches is None:
                 batches = training_batches(task, cfg, a.batches)
             c.tokens_per_update = statistics.mean(int(b["ntokens"]) for b in batches)

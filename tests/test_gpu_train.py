@@ -240,19 +240,31 @@ def test_the_flash_attention_and_fused_sync_recipes():
     assert "--recipes recipe,recipe_fused --profile" in job  # part 1 times and profiles it
 
 
-def test_process_wide_switches_follow_each_configuration():
+def test_process_wide_switches_follow_each_configuration(tiny_bin):
     """--sdpa-backends and --fused-master-weights switch the whole process; configurations
     share it, so before each one runs the switches are set as its own command line sets
     them (and put back for the ones without)."""
+    from types import SimpleNamespace
+
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
     import gpu_train
     from resnmt.training import master_sync
     from resnmt.training.attention import sdpa_backends_enabled, use_sdpa_backends
 
+    def config(recipe):
+        """The configuration with its command line parsed as fairseq-train parses it."""
+        argv = gpu_train.train_argv(tiny_bin, gpu_train.ROWS["post_ln"], "bf16", 600, gpu_train.RECIPES[recipe],
+                                    smoke=True, cpu=True)
+        cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+        return gpu_train.Config(recipe, "post_ln", "bf16", recipe=gpu_train.RECIPES[recipe],
+                                trainer=SimpleNamespace(task=SimpleNamespace(cfg=cfg.task)))
+
     default = sdpa_backends_enabled()
     try:
-        plain, flash, fused = (gpu_train.Config(n, "post_ln", "bf16", recipe=gpu_train.RECIPES[n])
-                               for n in ("recipe", "recipe_flash", "recipe_fused"))
+        plain, flash, fused = (config(n) for n in ("recipe", "recipe_flash", "recipe_fused"))
         gpu_train.process_wide(flash, default)
         assert sdpa_backends_enabled() == ("flash", "efficient", "math") and not master_sync.installed()
         gpu_train.process_wide(fused, default)
