@@ -50,7 +50,8 @@ def sync_grads_to_fp32(self) -> None:
             params = groups[device]
             sources = [(p.grad.data if p.grad is not None else p.data.new_zeros(p.data.shape)).reshape(-1)
                        for p in params]
-            targets = list(flat.grad.data[:sum(s.numel() for s in sources)].split([s.numel() for s in sources]))
+            sizes = [s.numel() for s in sources]
+            targets = list(flat.grad.data[:sum(sizes)].split(sizes))
             if targets:
                 torch._foreach_copy_(targets, sources)
     else:
