@@ -40,6 +40,13 @@ def _flat_groups(opt, grads_only: bool):
     return groups
 
 
+def _flat_views(flat: torch.Tensor, params) -> List[torch.Tensor]:
+    """The slices of ``flat`` (a device's flat master weights or their gradient) that hold
+    ``params``, in order, each shaped like its parameter."""
+    sizes = [p.data.numel() for p in params]
+    return [v.view_as(p.data) for v, p in zip(flat[:sum(sizes)].split(sizes), params)]
+
+
 def sync_grads_to_fp32(self) -> None:
     """``_FP16OptimizerMixin._sync_fp16_grads_to_fp32`` with multi-tensor copies."""
     if not self._needs_sync:
@@ -48,12 +55,10 @@ def sync_grads_to_fp32(self) -> None:
         groups = _flat_groups(self, grads_only=True)
         for device, flat in self.fp32_params.items():
             params = groups[device]
-            sources = [(p.grad.data if p.grad is not None else p.data.new_zeros(p.data.shape)).reshape(-1)
-                       for p in params]
-            sizes = [s.numel() for s in sources]
-            targets = list(flat.grad.data[:sum(sizes)].split(sizes))
-            if targets:
-                torch._foreach_copy_(targets, sources)
+            if params:
+                torch._foreach_copy_(_flat_views(flat.grad.data, params),
+                                     [p.grad.data if p.grad is not None else p.data.new_zeros(p.data.shape)
+                                      for p in params])
     else:
         targets, sources = [], []
         for p, p32 in zip(self.fp16_params, self.fp32_params):
@@ -77,10 +82,8 @@ def sync_params_to_fp16(self) -> None:
         groups = _flat_groups(self, grads_only=False)
         for device, flat in self.fp32_params.items():
             params = groups[device]
-            sizes = [p.data.numel() for p in params]
-            sources = [s.view_as(p.data) for s, p in zip(flat.data[:sum(sizes)].split(sizes), params)]
             if params:
-                torch._foreach_copy_([p.data for p in params], sources)
+                torch._foreach_copy_([p.data for p in params], _flat_views(flat.data, params))
     else:
         pairs = [(p.data, p32.data) for p, p32 in zip(self.fp16_params, self.fp32_params) if p.requires_grad]
         if pairs:
