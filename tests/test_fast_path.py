@@ -396,6 +396,8 @@ def test_captured_training_equals_eager_training(tiny_bin):
                                                "adam_fused"),
     (["--criterion", "cross_entropy", "--sentence-avg"], ["--label-smoothing"], "--fast-path with --sentence-avg"),
     (["--store-ema"], [], "--fast-path with --store-ema"),
+    (["--compile-layers", "--compile-mode", "reduce-overhead"], [],
+     "--fast-path with --compile-mode reduce-overhead: the fast path records whole steps as CUDA graphs itself"),
 ])
 def test_what_the_fast_path_does_not_run_is_refused_in_one_line(tiny_bin, flags, drop, message):
     cfg = config(tiny_bin, *flags, drop=drop)
@@ -429,6 +431,18 @@ def test_resnmt_train_and_fairseq_train_run_the_fast_path(tiny_bin, tmp_path):
     assert not (tmp_path / "no").exists()
 
 
+def test_the_trainer_asks_the_model_for_static_padding(tiny_bin):
+    """Modules offering ``static_padding`` are told to pass their padding masks always
+    (deciding whether a batch holds padding reads the mask on the host)."""
+    cfg = config(tiny_bin)
+    utils.set_torch_seed(cfg.common.seed)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    model.encoder.static_padding = model.decoder.static_padding = False
+    trainer = FastPathTrainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    assert trainer.static_padding_modules == 2 and model.encoder.static_padding and model.decoder.static_padding
+
+
 def test_install_replaces_fairseq_trains_trainer_and_uninstall_restores_it():
     import fairseq_cli.train as train_cli
 
@@ -438,3 +452,22 @@ def test_install_replaces_fairseq_trains_trainer_and_uninstall_restores_it():
     finally:
         fast.uninstall()
     assert train_cli.Trainer is original and not fast.installed()
+
+
+def test_two_cpu_ranks_on_the_fast_path_train_as_one_process_with_two_batches(tiny_bin, tmp_path):
+    """Data-parallel --fast-path (2 ranks over gloo, --ddp-backend legacy_ddp): the ranks stay identical and equal a single process accumulating the same
+    two batches per update (--update-freq 2), which the summed losses, counts and
+    all-reduced gradients must give."""
+    from test_distributed import ARCHS, _named_parameters, probe_train_args, run_two_ranks, write_probe
+
+    probe, updates = write_probe(tmp_path), 5
+    extra = ("--fast-path", "--clip-norm", "0.5")
+    run_two_ranks(probe, tiny_bin, tmp_path / "ddp_ckpt", tmp_path / "ddp", ARCHS["sas"], updates, *extra)
+    run_cli(probe_train_args(probe, tiny_bin, tmp_path / "single_ckpt", ARCHS["sas"], "--max-update", str(updates),
+                             "--update-freq", "2", *extra), PROBE_OUT=str(tmp_path / "single"))
+    ranks = [torch.load(tmp_path / "ddp" / f"state.rank{r}.pt", weights_only=True) for r in range(2)]
+    single = torch.load(tmp_path / "single" / "state.rank0.pt", weights_only=True)
+    assert ranks[0]["num_updates"] == ranks[1]["num_updates"] == single["num_updates"] == updates
+    for key, _ in _named_parameters(single["model"]):
+        assert torch.equal(ranks[0]["model"][key], ranks[1]["model"][key]), key
+        torch.testing.assert_close(ranks[0]["model"][key], single["model"][key], rtol=1e-4, atol=1e-5, msg=key)

@@ -47,6 +47,7 @@ from fairseq import metrics
 from fairseq.distributed import utils as fairseq_distributed
 from fairseq.trainer import Trainer
 
+from resnmt.training.compile import CUDA_GRAPH_MODES
 from resnmt.training.fast.update import DeviceUpdate
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,10 @@ def unsupported(cfg) -> Optional[str]:
                 "train without one of them")
     if getattr(cfg.criterion, "report_accuracy", False):
         return "--fast-path with --report-accuracy: it reads counts on the host every batch; train without it"
+    task = cfg.task
+    if getattr(task, "compile_layers", False) and str(getattr(task, "compile_mode", "default")) in CUDA_GRAPH_MODES:
+        return (f"--fast-path with --compile-mode {task.compile_mode}: the fast path records whole steps as CUDA "
+                "graphs itself; compile with --compile-mode default or max-autotune-no-cudagraphs")
     optimizer = _name(cfg.optimizer)
     if optimizer not in OPTIMIZERS:
         return f"--fast-path with --optimizer {optimizer}: supported optimizers: {', '.join(OPTIMIZERS)}"
