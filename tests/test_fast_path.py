@@ -86,14 +86,36 @@ def exact_loss(out):
 
 # ------------------------------------------------------------------ shape buckets
 
-def test_bucket_sizes_are_the_quantiles_rounded_up():
-    sizes = np.arange(1, 101)  # 1..100
-    assert bucket_sizes(sizes, 4).tolist() == [25, 50, 75, 100]
-    assert bucket_sizes(sizes, 4, multiple=8).tolist() == [32, 56, 80, 104]
-    assert bucket_sizes([5, 5, 5, 9], 8).tolist() == [5, 9]  # equal quantiles merge
+def test_bucket_sizes_make_the_fewest_token_slots():
+    sizes = [1] * 4 + [5] * 4 + [6] + [10]
+    # slots: {1, 10}: 4 + 6 x 10 = 64; {5, 10}: 8 x 5 + 2 x 10 = 60; {6, 10}: 9 x 6 + 10 = 64
+    assert bucket_sizes(sizes, 2).tolist() == [5, 10]
+    # batches of 3 rows, the last of a bucket filled: {1, 10}: 6 x 1 + 6 x 10 = 66; {5, 10}: 9 x 5 + 3 x 10 = 75
+    assert bucket_sizes(sizes, 2, rows_of=lambda size: 3).tolist() == [1, 10]
+    assert bucket_sizes(sizes, 8).tolist() == [1, 5, 6, 10]  # no more buckets than sizes
+    assert bucket_sizes(sizes, 2, multiple=4).tolist() == [8, 12]  # rounded up: 4 4 4 4 8 8 8 8 8 12
     with pytest.raises(ValueError, match="--shape-buckets 0"):
         bucket_sizes(sizes, 0)
-    # rows: the most that fit, rounded down to the multiple where at least that many fit
+    # the dynamic programme finds what trying every choice finds
+    from itertools import combinations
+
+    gen = np.random.default_rng(0)
+    for _ in range(20):
+        sizes = gen.integers(1, 30, size=int(gen.integers(5, 60)))
+        values = np.unique(sizes)
+        k = int(gen.integers(1, 5))
+        rows = lambda size: max(1, 40 // size)  # noqa: E731
+
+        def slots(edges):
+            bucket = np.searchsorted(edges, sizes)
+            return sum(-(-int((bucket == i).sum()) // rows(e)) * rows(e) * e for i, e in enumerate(edges))
+
+        best = min(slots(list(c) + [values[-1]]) for m in range(min(k, len(values)))
+                   for c in combinations(values[:-1], m))
+        assert slots(bucket_sizes(sizes, k, rows_of=rows).tolist()) == best
+
+
+def test_rows_per_batch_fill_max_tokens_in_multiples():
     assert bucket_batch_size(30, 600, None, 8) == 16  # 20 fit
     assert bucket_batch_size(100, 600, None, 8) == 6  # fewer than 8 fit: all of them
     assert bucket_batch_size(10, 600, 24, 8) == 24  # --batch-size caps
