@@ -14,9 +14,13 @@
 * ``resnmt-train --fast-path`` and ``fairseq-train --user-dir resnmt --fast-path`` end to end,
   and the one-line refusal of what the fast path does not run.
 """
+import linecache
 import math
 import sys
+import warnings
 from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -32,6 +36,10 @@ from resnmt.training.bf16 import untie_bf16_from_tpu
 from resnmt.training.fast.buckets import BucketedPairDataset, bucket_batch_size, bucket_sizes
 from resnmt.training.fast.capture import StepGraphs
 from resnmt.training.fast.step import FastPathTrainer, unsupported
+from resnmt.training.fast.update import DeviceUpdate
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/fast_path_job.sh "
+                          "runs it)")
 
 MAX_TOKENS = 600
 
@@ -43,16 +51,17 @@ def fairseq_trains_own_trainer_afterwards():
     fast.uninstall()
 
 
-def train_argv(data, *extra):
+def train_argv(data, *extra, cpu=True):
     return [str(data), "--task", "resnmt_translation", "--fast-path", "--arch", "transformer_sas_base", *TINY,
             "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3",
             "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4", "--criterion", "label_smoothed_cross_entropy",
-            "--label-smoothing", "0.1", "--max-tokens", str(MAX_TOKENS), "--seed", "3", "--cpu", *extra]
+            "--label-smoothing", "0.1", "--max-tokens", str(MAX_TOKENS), "--seed", "3", *(["--cpu"] if cpu else []),
+            *extra]
 
 
-def config(data, *extra, drop=()):
+def config(data, *extra, drop=(), cpu=True):
     """fairseq-train's configuration of ``train_argv`` without the flags ``drop`` (and their values)."""
-    argv = train_argv(data, *extra)
+    argv = train_argv(data, *extra, cpu=cpu)
     for flag in drop:
         i = argv.index(flag)
         del argv[i:i + 2]
@@ -61,9 +70,10 @@ def config(data, *extra, drop=()):
     return convert_namespace_to_omegaconf(args)
 
 
-def build(data, trainer_cls, *extra, **kwargs):
-    """``(trainer, task)`` as fairseq-train builds them (the same weights for the same flags)."""
-    cfg = config(data, *extra)
+def build(data, trainer_cls, *extra, cpu=True, **kwargs):
+    """``(trainer, task)`` as fairseq-train builds them (the same weights for the same flags);
+    on the CPU, or on the CUDA device where ``cpu`` is False."""
+    cfg = config(data, *extra, cpu=cpu)
     utils.set_torch_seed(cfg.common.seed)
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
@@ -235,11 +245,7 @@ def test_update_equals_fairseqs_trainer(tiny_bin, probe_fairseq_losses, precisio
 def test_adam_with_weight_decay_is_fairseqs():
     """fairseq's adam with --weight-decay: the update's steps against ``Adam.step`` on the
     same gradients (the decay rounds once in fairseq's fused multiply-add, twice here)."""
-    from types import SimpleNamespace
-
     from fairseq.optim.adam import Adam
-
-    from resnmt.training.fast.update import DeviceUpdate
 
     gen = torch.Generator().manual_seed(0)
     shapes = [(7, 5), (5,), (3, 4, 2)]
@@ -493,3 +499,106 @@ def test_two_cpu_ranks_on_the_fast_path_train_as_one_process_with_two_batches(ti
     for key, _ in _named_parameters(single["model"]):
         assert torch.equal(ranks[0]["model"][key], ranks[1]["model"][key]), key
         torch.testing.assert_close(ranks[0]["model"][key], single["model"][key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+# ------------------------------------------------------------------ on CUDA (the GPU job runs these)
+
+@CUDA
+def test_on_cuda_the_captured_update_is_the_eager_one():
+    """The update recorded as a real CUDA graph and replayed computes, bit for bit, what it
+    computes eagerly, its numbers (scale, step size, decay) filled in place between replays;
+    a non-finite gradient sets the flag inside the graph."""
+    from fairseq.optim.adam import Adam
+
+    shapes = [(64, 32), (32,), (8, 4, 2)]
+    device = torch.device("cuda")
+
+    def make():
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(s, device=device, generator=gen)) for s in shapes]
+        adam = Adam(params, lr=1e-3, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.01)
+        return params, DeviceUpdate(SimpleNamespace(optimizer=adam), params, clip_norm=1.0, device=device)
+
+    (eager_params, eager), (graph_params, captured) = make(), make()
+    graphs = StepGraphs.for_cuda()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for step in range(6):
+        grads = [torch.randn(s, device=device, generator=gen) * (step + 1) for s in shapes]
+        for params, update in ((eager_params, eager), (graph_params, captured)):
+            for p, g in zip(params, grads):
+                p.grad.copy_(g)
+            update.prepare(grad_scale=1 / (100 + step), lr=1e-3 * (step + 1))
+        eager_norm = eager()
+        captured_norm = graphs.run("update", lambda _: captured(), ()).clone()
+        eager.advance()
+        captured.advance()
+        assert torch.equal(captured_norm, eager_norm), step
+        for p, q in zip(eager_params, graph_params):
+            assert torch.equal(p, q), step
+    assert len(graphs.captures) == 1 and graphs.replays == 5
+    assert not bool(captured.nonfinite)
+    graph_params[0].grad.fill_(float("inf"))
+    graphs.run("update", lambda _: captured(), ())
+    assert bool(captured.nonfinite)
+
+
+@CUDA
+def test_on_cuda_the_update_trains_as_fairseqs_step(tiny_bin, probe_fairseq_losses):
+    ref, task = build(tiny_bin, Trainer, "--clip-norm", "0.5", cpu=False)
+    fast_trainer, _ = build(tiny_bin, FastPathTrainer, "--clip-norm", "0.5", "--no-step-capture", cpu=False)
+    batches = epoch_batches(task)
+    for i in range(10):
+        ref.train_step([batches[i % len(batches)]])
+        loss = exact_loss(fast_trainer.train_step([batches[i % len(batches)]]))
+        assert loss == pytest.approx(ref._probe_loss, rel=1e-4), i
+
+
+FAST_PATH_MODEL_LINES = {"has_pads = bool(padding_mask.any())",
+                         "self_attn_padding_mask=padding if padding.any() else None,"}
+
+
+@CUDA
+def test_on_cuda_an_update_waits_for_the_device_only_where_the_model_asks_about_padding(tiny_bin):
+    """torch's sync debug mode over three updates after the warm-up: every synchronising
+    call comes from the model's padding checks (none once the model offers static padding)."""
+    trainer, task = build(tiny_bin, FastPathTrainer, "--no-step-capture", "--log-interval", "1000", cpu=False)
+    batches = epoch_batches(task)
+    for b in batches[:2]:
+        trainer.train_step([b])
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for b in batches[2:5]:
+                trainer.train_step([b])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    lines = {linecache.getline(w.filename, w.lineno).strip() for w in syncs}
+    where = {f"{Path(w.filename).name}:{w.lineno}" for w in syncs}
+    allowed = set() if trainer.static_padding_modules else FAST_PATH_MODEL_LINES
+    assert lines <= allowed, where
+
+
+@CUDA
+def test_on_cuda_captured_training_equals_eager_training(tiny_bin):
+    """The whole fast path on CUDA: each batch shape's forward and backward and the update
+    recorded once as CUDA graphs and replayed train as the eager steps do, dropout
+    included (graph-safe random numbers, re-seeded every update). Needs a model whose
+    forward reads nothing on the host (its modules offer ``static_padding``); where one
+    does not, the recording fails on the first read, so the GPU job runs this test last,
+    in a process of its own."""
+    graphs = StepGraphs.for_cuda()
+    captured, task = build(tiny_bin, FastPathTrainer, "--clip-norm", "0.5", "--log-interval", "100", cpu=False,
+                           graphs=graphs)
+    eager, _ = build(tiny_bin, FastPathTrainer, "--clip-norm", "0.5", "--log-interval", "100",
+                     "--no-step-capture", cpu=False)
+    batches = epoch_batches(task, 1) + epoch_batches(task, 2)
+    losses = [(exact_loss(captured.train_step([b])), exact_loss(eager.train_step([b]))) for b in batches]
+    assert [c for c, _ in losses] == pytest.approx([e for _, e in losses], rel=1e-4)
+    for p, q in zip(eager.model.parameters(), captured.model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-3, atol=1e-4)
+    shapes = {tuple(b["target"].shape) + (b["net_input"]["src_tokens"].size(1),) for b in batches}
+    assert Counter(c["key"][0] for c in graphs.captures) == {"forward_backward": len(shapes), "update": 1}
+    print("captures:", [(c["key"][0], round(c["seconds"], 3)) for c in graphs.captures])
