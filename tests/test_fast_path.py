@@ -395,6 +395,14 @@ def test_step_graphs_capture_each_shape_once_and_copy_the_inputs():
     assert graphs.replays == 3
     graphs.run("step", step, {"x": a1, "scale": scale})
     assert len(graphs.captures) == 2 and graphs.replays == 4  # nothing recorded again
+    # with two keys to run eagerly first, the first key is not recorded before the second has run
+    held = StepGraphs(fake_capture, warmup=1, keys_before_capture=2)
+    for x in (a1, a2, a3):
+        held.run("step", step, {"x": x, "scale": scale})
+    assert not held.captures
+    held.run("step", step, {"x": b1, "scale": scale})
+    held.run("step", step, {"x": a1, "scale": scale})
+    assert [c["key"][1][0] for c in held.captures] == [(2, 3)] and held.captures[0]["call"] == 5
 
 
 def test_captured_training_equals_eager_training(tiny_bin):
@@ -412,8 +420,10 @@ def test_captured_training_equals_eager_training(tiny_bin):
     keys = Counter(c["key"][0] for c in graphs.captures)
     assert keys == {"forward_backward": len(shapes), "update": 1}
     assert len({c["key"] for c in graphs.captures}) == len(graphs.captures)  # each once
-    first_seen = len(shapes) + 1  # each shape's first batch runs eagerly, as does the first update
-    assert graphs.replays == 2 * len(batches) - first_seen
+    # nothing recorded before every shape and the update had run eagerly
+    assert graphs.keys_before_capture == len(shapes) + 1 == len(task.dataset("train").shapes()) + 1
+    assert min(c["call"] for c in graphs.captures) > max(graphs.first_seen.values())
+    assert graphs.replays == graphs.calls - sum(graphs.eager_runs.values())
 
 
 # ------------------------------------------------------------------ start-up checks and end to end

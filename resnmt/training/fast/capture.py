@@ -17,6 +17,11 @@ the step's name and the shapes and dtypes of its input tensors:
 * the first ``warmup`` calls of a key run ``fn`` eagerly (on CUDA on a side stream, as
   torch requires before a capture: lazy initialisation, cuBLAS workspaces); they are
   real steps, their results count;
+* and nothing is recorded before ``keys_before_capture`` keys have run eagerly (the
+  trainer sets it to its batch shapes and the update): caches that a model grows with
+  the length it meets (fairseq's decoder rebuilds its causal mask for a longer batch)
+  reach their final size eagerly, so no recorded graph keeps reading a cache that was
+  replaced;
 * the next call copies the inputs into new static buffers, records ``fn`` over them
   into a graph (``capture``) and replays it: the recording itself computes nothing;
 * every later call copies the inputs into that key's buffers (``copy_(...,
@@ -92,16 +97,19 @@ class StepGraphs:
 
     def __init__(self, capture: Capture, warmup_context: Callable[[], Any] = contextlib.nullcontext,
                  warmup: int = 1, clock: Callable[[], float] = time.perf_counter,
-                 synchronize: Callable[[], None] = lambda: None):
+                 synchronize: Callable[[], None] = lambda: None, keys_before_capture: int = 0):
         self.capture = capture
+        self.keys_before_capture = keys_before_capture
         self.warmup_context = warmup_context
         self.warmup = warmup
         self.clock = clock
         self.synchronize = synchronize
         self.entries: Dict[tuple, _Entry] = {}
         self.eager_runs: Dict[tuple, int] = {}
-        self.captures: List[dict] = []  # {"key", "seconds"} per graph recorded, in order
+        self.captures: List[dict] = []  # {"key", "seconds", "call"} per graph recorded, in order
         self.replays = 0
+        self.calls = 0  # calls of run so far
+        self.first_seen: Dict[tuple, int] = {}  # each key's first call
 
     @classmethod
     def for_cuda(cls, warmup: int = 1) -> "StepGraphs":
@@ -113,6 +121,7 @@ class StepGraphs:
         """Forget every graph (the tensors they were recorded over are replaced)."""
         self.entries.clear()
         self.eager_runs.clear()
+        self.first_seen.clear()
 
     @property
     def capture_seconds(self) -> float:
@@ -122,10 +131,12 @@ class StepGraphs:
         """``fn(inputs)``, eagerly, recorded or replayed (module docstring)."""
         leaves, spec = tree_flatten(inputs)
         key = shape_key(name, leaves)
+        self.calls += 1
+        self.first_seen.setdefault(key, self.calls)
         entry = self.entries.get(key)
         if entry is None:
             runs = self.eager_runs.get(key, 0)
-            if runs < self.warmup:
+            if runs < self.warmup or len(self.eager_runs) < self.keys_before_capture:
                 self.eager_runs[key] = runs + 1
                 with self.warmup_context():
                     return fn(inputs)
@@ -147,7 +158,7 @@ class StepGraphs:
         self.synchronize()
         seconds = self.clock() - start
         entry = self.entries[key] = _Entry(graph, static, spec, outputs)
-        self.captures.append({"key": key, "seconds": seconds})
+        self.captures.append({"key": key, "seconds": seconds, "call": self.calls})
         logger.info("[fast path] captured %s %s as a CUDA graph in %.2f s (graph %d)", key[0],
                     " ".join("x".join(map(str, shape)) for shape, _, _ in key[1:]) or "", seconds, len(self.captures))
         return entry

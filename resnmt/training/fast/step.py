@@ -164,11 +164,20 @@ class FastPathTrainer(Trainer):
                 from resnmt.training.fast.capture import StepGraphs
 
                 self._graphs = StepGraphs.for_cuda()
+            if self._graphs is not None:  # every batch shape and the update run eagerly before a capture
+                self._graphs.keys_before_capture = len(self.batch_shapes()) + 1
             logger.info("[fast path] the update on the %s (%s), %s", self.device.type,
                         "bf16 model, float32 master weights" if self._update.master else "float32",
                         "each step captured once per batch shape as a CUDA graph" if self._graphs is not None
                         else "steps run eagerly")
         return self._update
+
+    def batch_shapes(self) -> list:
+        """The training batches' shapes (the shape buckets'; none known otherwise)."""
+        from resnmt.training.fast.buckets import BucketedPairDataset
+
+        dataset = self.task.datasets.get(self.cfg.dataset.train_subset)
+        return dataset.shapes() if isinstance(dataset, BucketedPairDataset) and dataset.rows is not None else []
 
     def load_checkpoint(self, *args, **kwargs):
         """fairseq's; the optimizer's state tensors it loads are new, so the update (and
