@@ -138,7 +138,8 @@ def read_run(a, text: str) -> dict:
     captures = [(float(s), int(n)) for s, n in _CAPTURE_RE.findall(text)]
     if steps or captures:
         rec.update(graphs=len(captures), capture_s=sum(s for s, _ in captures))
-        grew = [i["num_updates"] for prev, i in zip(intervals, intervals[1:]) if i.get("graphs", 0) > prev.get("graphs", 0)]
+        grew = [i["num_updates"] for prev, i in zip(intervals, intervals[1:])
+                if i.get("graphs", 0) > prev.get("graphs", 0)]
         rec["last_update_with_a_new_graph"] = max(grew) if grew else None
     return rec
 
@@ -203,8 +204,9 @@ def table(summary: dict) -> str:
     for name, e in summary["runs"].items():
         rounds = e["wps_steady"]["n"] if e["wps_steady"] else 0
         mfu = f"{100 * e['mfu_6nd']:.1f} %" if "mfu_6nd" in e else ""
-        lines.append(f"| {name} | {span(e['wps_steady'], wps)} | {wps(e['wps_first_epoch']['median']) if e['wps_first_epoch'] else '-'} "
-                     f"| {span(e['ratio_to_stock'], ratio) if e['ratio_to_stock'] else ''} | {rounds} | {mfu} |")
+        first = wps(e["wps_first_epoch"]["median"]) if e["wps_first_epoch"] else "-"
+        to_stock = span(e["ratio_to_stock"], ratio) if e["ratio_to_stock"] else ""
+        lines.append(f"| {name} | {span(e['wps_steady'], wps)} | {first} | {to_stock} | {rounds} | {mfu} |")
     noise = summary["noise_floor"]
     floor = (f"noise floor (stock_again / stock, per round): {span(noise, ratio)} over {noise['n']} rounds"
              if noise else "noise floor: not measured (no stock_again run)")
@@ -212,8 +214,8 @@ def table(summary: dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="fairseq-binarized data (train split) with a joined dictionary")
     p.add_argument("--out", required=True, help="JSON lines, one per finished process, then the summary")
     p.add_argument("--runs", default=DEFAULT_RUNS, help=f"comma-separated runs of {', '.join(RUNS)} "

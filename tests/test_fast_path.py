@@ -493,9 +493,9 @@ def test_install_replaces_fairseq_trains_trainer_and_uninstall_restores_it():
 
 
 def test_two_cpu_ranks_on_the_fast_path_train_as_one_process_with_two_batches(tiny_bin, tmp_path):
-    """Data-parallel --fast-path (2 ranks over gloo, --ddp-backend legacy_ddp): the ranks stay identical and equal a single process accumulating the same
-    two batches per update (--update-freq 2), which the summed losses, counts and
-    all-reduced gradients must give."""
+    """Data-parallel --fast-path (2 ranks over gloo, --ddp-backend legacy_ddp): the ranks
+    stay identical and equal a single process accumulating the same two batches per update
+    (--update-freq 2), which the summed losses, counts and all-reduced gradients must give."""
     from test_distributed import ARCHS, _named_parameters, probe_train_args, run_two_ranks, write_probe
 
     probe, updates = write_probe(tmp_path), 5
