@@ -125,6 +125,12 @@ def main():
         except ValueError as e:
             parser.error(str(e))
     cfg = convert_namespace_to_omegaconf(args)
+    if getattr(args, "fast_path", False):  # the trainer checks it too; here it is one line, before any loading
+        from resnmt.training.fast.step import unsupported
+
+        reason = unsupported(cfg)
+        if reason:
+            parser.error(reason)
     if cfg.common.use_plasma_view:
         from fairseq.data.plasma_utils import PlasmaStore
 

@@ -25,6 +25,10 @@ them at epoch E, so it trained on other batches than the uninterrupted run. This
 builds them as at epoch 1 whatever the starting epoch (the per-epoch shuffling of the
 batches is fairseq's, unchanged), so a killed and restarted run reproduces the
 uninterrupted one update for update (tests/test_resume.py).
+
+``--fast-path`` trains on resnmt's fast path (resnmt/training/fast/): the training split's
+batches in ``--shape-buckets`` static shapes, and fairseq-train's Trainer replaced by one
+whose update never waits for the device (captured as CUDA graphs on a GPU).
 """
 from dataclasses import dataclass, field
 
@@ -39,6 +43,7 @@ from resnmt.decoding.sequence_generator import LENPEN_FORMS, with_gnmt_penalty
 from resnmt.training.attention import use_sdpa_backends
 from resnmt.training.bf16 import check_bf16_device
 from resnmt.training.compile import COMPILE_BACKENDS, COMPILE_MODES, CUDA_GRAPH_MODES, compile_layers_for_training
+from resnmt.training import fast
 from resnmt.training.master_sync import install as fuse_master_weights
 
 
@@ -88,6 +93,22 @@ class ResNMTTranslationConfig(TranslationConfig):
                           "(exact); and compute the gradient norm with torch's multi-tensor norm where apex is "
                           "missing (process-wide; resnmt/training/master_sync.py)"},
     )
+    fast_path: bool = field(
+        default=False,
+        metadata={"help": "train on the fast path: batches in --shape-buckets static shapes, an update that never "
+                          "waits for the device (losses, gradient norm and the NaN/Inf check read at --log-interval), "
+                          "and on CUDA each step captured once per shape as a CUDA graph; float32 or --bf16, "
+                          "--optimizer adam or adam_fused (resnmt/training/fast/, docs/training.md)"},
+    )
+    shape_buckets: int = field(
+        default=8,
+        metadata={"help": "with --fast-path, how many batch shapes: sentence pairs bucketed by length at the "
+                          "training set's quantiles, each bucket's batches padded to one shape"},
+    )
+    no_step_capture: bool = field(
+        default=False,
+        metadata={"help": "with --fast-path on CUDA, run the steps eagerly instead of as captured CUDA graphs"},
+    )
 
 
 @register_task("resnmt_translation", dataclass=ResNMTTranslationConfig)
@@ -103,6 +124,19 @@ class ResNMTTranslationTask(TranslationTask):
             use_sdpa_backends(cfg.sdpa_backends.split(","))
         if cfg.fused_master_weights:
             fuse_master_weights()
+        if cfg.fast_path:
+            if cfg.shape_buckets < 1:
+                raise ValueError(f"--shape-buckets {cfg.shape_buckets}: give at least 1")
+            fast.install()
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        """fairseq's; with --fast-path the training split's batches come in --shape-buckets
+        static shapes (resnmt/training/fast/buckets.py)."""
+        super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        if self.cfg.fast_path and split == getattr(self.cfg, "train_subset", "train"):
+            from resnmt.training.fast.buckets import BucketedPairDataset
+
+            self.datasets[split] = BucketedPairDataset(self.datasets[split], self.cfg.shape_buckets)
 
     def build_model(self, cfg, from_checkpoint=False):
         """fairseq's; first, stock fairseq-train's --bf16 without torch_xla stops with one

@@ -7,6 +7,8 @@
 * ``attention``: ``--sdpa-backends``, the attention kernels torch may choose among;
 * ``master_sync``: ``--fused-master-weights``, fairseq's per-parameter copies of the
   master weights in multi-tensor kernels;
+* ``fast``: ``--fast-path``, static batch shapes, an update without host synchronisation
+  and its steps captured as CUDA graphs (a package of its own);
 * ``checkpoint_compat``: the types fairseq checkpoints hold allow-listed for torch's
   ``weights_only`` loading (training's resume, decoding and averaging alike);
 * ``quiet``: the third-party deprecation notices and dumps hidden at start-up;
