@@ -96,6 +96,22 @@ def test_data_of_another_language_pair_is_refused(train_sh, tiny_bin, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_the_bin_of_a_prepared_directory_names_it_and_the_directory_is_not_data(train_sh, tiny_bin, tmp_path):
+    """DATASET OUTDIR/bin is OUTDIR (its manifest, its bin/, runs/DATASET/ARCH), as
+    fairseq-generate's DATA names it; --data OUTDIR is refused naming OUTDIR/bin; nothing
+    is written."""
+    root = write_data_root(tiny_bin, tmp_path / "data" / "m30k")
+    status, out, err = train_sh("--dry-run", root / "bin", "transformer")
+    assert status == 0, err
+    cmd = shlex.split(out.strip())
+    assert (cmd[1], flag(cmd, "--save-dir")) == (str(root / "bin"), "runs/multi30k/transformer")  # its manifest
+    assert "[train] multi30k en->de, transformer (base)" in err
+    status, _, err = train_sh("--data", root, "--save-dir", tmp_path / "r", root, "transformer")
+    assert status == 1 and err.splitlines()[-1] == (
+        f"[train] error: --data {root} is a directory prepared by resnmt-prepare: its binarized data is {root}/bin")
+    assert not (tmp_path / "r").exists() and not (tmp_path / "runs").exists()
+
+
 def test_dtype_bf16_runs_resnmt_train(dry_run, monkeypatch):
     """--dtype bf16: fairseq's --bf16 through resnmt-train (which keeps it off TPUs)."""
     monkeypatch.delenv("RESNMT_FAIRSEQ_TRAIN", raising=False)

@@ -10,7 +10,10 @@ resnmt package (absolute, so checkpoints load from any directory) unless given, 
 one difference: ``--bf16`` trains in bf16 on this machine's device (CUDA, or the CPU
 with ``--cpu``) where fairseq 0.12 would send it to a TPU (see resnmt/training/bf16.py).
 A bad flag is reported on one line (the last), naming the value and what is allowed,
-instead of under fairseq's ~185 lines of usage (a wrong ``--arch``: the closest names);
+instead of under fairseq's ~185 lines of usage (a wrong ``--arch``: the closest names),
+as are a data directory that is missing or holds no binarized data (a prepared directory
+given instead of its ``bin/``: the ``bin/`` named) and a missing batch size, before
+anything runs;
 hydra's and torch's deprecation notices are not printed, nor, unless ``--verbose``,
 fairseq's dumps of the whole configuration and model (resnmt/training/quiet.py).
 """
@@ -79,6 +82,23 @@ def one_line_arch_error(parser):
     return parser
 
 
+def check_before_training(parser, args) -> None:
+    """What fairseq-train would stop on only after setting up (a traceback, its save dir made),
+    as one ``parser.error`` line before anything runs: a data directory that is not there
+    or holds no binarized data (a directory prepared by resnmt-prepare: its bin/ named), and
+    no batch size."""
+    from resnmt.data.manifest import binarized_data_problem
+
+    for data in str(args.data).split(os.pathsep):  # fairseq's shards: DIR1:DIR2
+        problem = binarized_data_problem(data) if "translation" in args.task else \
+            None if os.path.isdir(data) else f"data directory {data} not found"
+        if problem:
+            parser.error(problem)
+    if args.max_tokens is None and args.batch_size is None:
+        parser.error("no batch size: pass --max-tokens N (tokens per batch, e.g. --max-tokens 4096) or "
+                     "--batch-size N (sentences per batch)")
+
+
 def with_user_dir(argv):
     if any(a == "--user-dir" or a.startswith("--user-dir=") for a in argv):
         return list(argv)
@@ -113,6 +133,7 @@ def main():
         if str(e) or any(a == "--arch" or a.startswith("--arch=") for a in argv):
             raise
         parser.error("the following arguments are required: --arch (e.g. --arch transformer_sas_base)")
+    check_before_training(parser, args)
     untie_bf16_from_tpu(args, argv)
     if getattr(args, "compile_layers", False):  # the task checks it too; here it is one line, before any loading
         try:

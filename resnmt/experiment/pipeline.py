@@ -17,7 +17,7 @@ from resnmt.experiment import steps
 from resnmt.experiment.errors import ExperimentError, Log, UsageError
 from resnmt.experiment.options import convert_options, option
 from resnmt.experiment.presets import (TrainPlan, TrainRequest, dataset_of, default_data_root, default_save_dir,
-                                      plan_training)
+                                      plan_training, prepared_dataset)
 from resnmt.experiment.results import append_jsonl, decoding_key, describe
 from resnmt.experiment.runtime import format_seconds, require_commands, tool_env
 
@@ -58,6 +58,8 @@ class ExperimentRequest:
 
     def __post_init__(self):
         convert_options(self)
+        if self.data_root is not None:  # OUTDIR/bin names OUTDIR, as DATASET does
+            self.data_root = Path(prepared_dataset(str(self.data_root)))
         if self.mirror is not None and not self.mirror.is_dir():
             raise UsageError(f"--mirror {self.mirror}: no such directory")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from resnmt.data.corpora import DATASETS, Dataset, custom
-from resnmt.data.manifest import ManifestError, read_manifest
+from resnmt.data.manifest import ManifestError, binarized_data_problem, read_manifest
 from resnmt.experiment.errors import ExperimentError, Log, UsageError, quiet
 from resnmt.experiment.options import convert_options, option
 from resnmt.experiment.runtime import USER_DIR, require_commands, which
@@ -69,6 +69,17 @@ def dataset_of(name: str) -> Dataset:
         return dataclasses.replace(custom(manifest.source_lang, manifest.target_lang), name=Path(name).name)
     raise UsageError(f"DATASET '{name}' is not one of: {' '.join(DATASETS)}, nor a directory prepared by "
                      "resnmt-prepare")
+
+
+def prepared_dataset(name: str) -> str:
+    """DATASET as given, or OUTDIR where it names OUTDIR/bin, the binarized data of a
+    directory prepared by resnmt-prepare (as fairseq-generate's DATA names it)."""
+    if name in DATASETS or not Path(name).is_dir():
+        return name
+    try:
+        return str(read_manifest(name).directory)
+    except ManifestError:
+        return name  # dataset_of says what it is not
 
 
 def default_data_root(name: str) -> Path:
@@ -137,6 +148,7 @@ class TrainRequest:
 
     def __post_init__(self):
         convert_options(self)
+        self.dataset = prepared_dataset(self.dataset)
         self.extra = list(self.extra)
         if self.node_rank >= self.nodes:
             raise UsageError(f"--node-rank {self.node_rank} must be < --nodes {self.nodes}")
@@ -296,6 +308,9 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
             how = (f"resnmt-prepare {dataset.name} {default_data_root(req.dataset)}" if req.dataset in DATASETS
                    else f"resnmt-prepare custom ... {req.dataset}")
             raise ExperimentError(f"data directory {data} not found (prepare it: {how}, or --data DIR)")
+        problem = binarized_data_problem(data)
+        if problem:
+            raise ExperimentError(f"--data {problem}" if req.data else problem)
         pair = f"{dataset.src}-{dataset.tgt}"
         for name in (f"dict.{dataset.src}.txt", f"dict.{dataset.tgt}.txt", f"train.{pair}.{dataset.src}.idx",
                      f"train.{pair}.{dataset.tgt}.idx", f"valid.{pair}.{dataset.src}.idx"):
