@@ -80,12 +80,23 @@ def test_help(script, words):
     (["--max-update", "0", "multi30k", "transformer"], 2, "--max-update '0': must be an integer >= 1"),
     (["multi30k"], 2, "expected DATASET and ARCH, got 1 argument(s): multi30k"),
     (["--data", "NOWHERE", "multi30k", "transformer"], 1, "data directory NOWHERE not found"),
+    # the flags after --, with fairseq's own parser and resnmt's model flags
+    (["multi30k", "transformer_sas_base", "--", "--residual", "rskip_lnn"], 2,
+     "[train] error: fairseq-train: argument --residual: invalid choice: 'rskip_lnn' (closest: rskip_ln xskip_ln; "
+     "choose from 'post_ln', "),
+    (["multi30k", "transformer_sas_base", "--", "--residul", "rskip_ln"], 2,
+     "[train] error: fairseq-train: unrecognized arguments: --residul rskip_ln (--residul: closest --residual "),
+    (["multi30k", "transformer_sas_base", "--", "--max-tokens", "4k"], 2,  # before the schedule reads it
+     "[train] error: fairseq-train: argument --max-tokens: invalid int value: '4k' (see scripts/train.sh --help)"),
+    (["multi30k", "transformer_rskip_base", "--", "--skip-lambda", "2.5"], 2,  # the model's own check
+     "[train] error: fairseq-train: --skip-lambda 2.5 is invalid for --residual rskip_ln: it must be an integer >= 1 "
+     "(see scripts/train.sh --help)"),
 ])
 def test_bad_input_stops_before_any_work(train_sh, tmp_path, args, code, message):
     save_dir = tmp_path / "run"
     status, _, err = train_sh("--save-dir", save_dir, *args)
     assert status == code, err
-    assert message in err and "[train] error: " in err and "Traceback" not in err
+    assert message in err.splitlines()[-1] and "[train] error: " in err and "Traceback" not in err
     assert not save_dir.exists() and not (tmp_path / "runs").exists()
 
 
@@ -180,6 +191,8 @@ def test_experiment_end_to_end_then_nothing_to_redo(tiny_bin, tmp_path):
         assert step in err, step
     assert f"note: --average 5: {save_dir} holds 3 epoch checkpoint(s), fewer than asked: all 3 are averaged" in err
     assert "decoded 60 sentences" in err
+    # fairseq's lines at each batching (each epoch, validation, decoding) are in train.log, not printed
+    assert "can_reuse_epoch_itr" not in proc.stdout + err and "can_reuse_epoch_itr" in (save_dir / "train.log").read_text()
 
     lines = results.read_text().splitlines()
     assert len(lines) == 1
@@ -247,4 +260,19 @@ def test_experiment_bad_options_stop_before_any_work(tmp_path, monkeypatch, caps
         "resnmt_transformer arch or 'transformer'; closest: transformer_preln_base transformer_hyper_base transformer_periln_base")
     code, err = run_experiment("--average", "0", "multi30k", "transformer")
     assert code == 2 and "--average '0': must be an integer >= 1" in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_experiment_checks_the_flags_after_the_double_dash_before_it_starts(tmp_path):
+    """fairseq-train's own parser, resnmt's flags known, reads the flags after -- before the
+    data is prepared: a wrong --residual is one line (the last) naming the closest kinds,
+    not fairseq's 212 lines of usage; nothing is made."""
+    proc = run_cli(["resnmt-experiment", "multi30k", "transformer_sas_base", "--max-update", "1", "--",
+                    "--residual", "rskip_lnn"], cwd=tmp_path, check=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "[resnmt-experiment] error: the training options were refused: fairseq-train: argument --residual: invalid "
+        "choice: 'rskip_lnn' (closest: rskip_ln xskip_ln; choose from 'post_ln', 'pre_ln', 'xskip', 'xskip_ln', "
+        "'rskip_ln', 'sas', 'highway', 'deepnorm', 'rezero', 'admin', 'peri_ln', 'b2t', 'resi_dual', 'dlcl', "
+        "'dlcl_post', 'denseformer', 'mix_ln', 'ln_scaling', 'hybrid_norm', 'hyper', 'mhc')"]
     assert os.listdir(tmp_path) == []

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, List, Sequence, Tuple
 
 from resnmt.experiment.errors import ExperimentError, UsageError
-from resnmt.shared import OneLineErrorParser, one_line_errors  # noqa: F401  (the commands' parsers)
+from resnmt.shared import OneLineErrorParser, exit_usage_error  # noqa: F401  (the commands' parsers)
 
 # fairseq_cli.train's root logger set-up
 FAIRSEQ_LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"

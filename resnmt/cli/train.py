@@ -17,16 +17,18 @@ anything runs;
 hydra's and torch's deprecation notices are not printed, nor, unless ``--verbose``,
 fairseq's dumps of the whole configuration and model (resnmt/training/quiet.py).
 """
-import logging
 import os
 import sys
 
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 import resnmt
-from resnmt.cli.common import fairseq_logging, one_line_errors
+from resnmt.cli.common import exit_usage_error, fairseq_logging
+from resnmt.experiment.fairseq_flags import training_parser
 from resnmt.experiment.schedule import flag_value
-from resnmt.training.quiet import hide_fairseq_dumps
+from resnmt.training.quiet import hide_fairseq_dumps, hide_user_dir_notice
+
+PROG = "resnmt-train"
 
 HELP_FLAGS = ("-h", "--help")
 DEFAULT_ARCH = "resnmt_transformer"
@@ -58,28 +60,6 @@ def add_model_flags_for_help(parser) -> None:
         dataclass = registry.get(requested(sys.argv[1:], flag))
         if dataclass is not None:
             gen_parser_from_dataclass(parser.add_argument_group(title), dataclass())
-
-
-def one_line_arch_error(parser):
-    """``parser`` (fairseq's, errors on one line already) answering a wrong --arch with the
-    closest names and where resnmt's are listed, not fairseq's ~180 choices."""
-    import re
-
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    from resnmt.experiment.presets import closest_archs
-
-    error = parser.error
-
-    def arch_error(message):
-        wrong = re.match(r"(argument --arch(?:/-a)?: invalid choice: '([^']*)') \(choose from .*\)$", message)
-        if wrong:
-            message = (f"{wrong.group(1)} ({closest_archs(wrong.group(2), list(ARCH_MODEL_REGISTRY))}resnmt's "
-                       "archs: python -m resnmt.cli.arch_table; all: fairseq-train --help)")
-        error(message)
-
-    parser.error = arch_error
-    return parser
 
 
 def check_before_training(parser, args) -> None:
@@ -123,10 +103,9 @@ def main():
     fairseq_logging()  # fairseq-train's log format and level (importing fairseq left DEBUG behind)
     if not verbose:
         hide_fairseq_dumps()
-    # fairseq notes that resnmt, imported above, is the --user-dir it imports again: nothing to act on
-    logging.getLogger("fairseq.utils").addFilter(lambda record: "has already been imported" not in record.getMessage())
-    # a bad flag: one line, not 185 of usage; a wrong --arch: the closest, not 181 names
-    parser = one_line_arch_error(one_line_errors(options.get_training_parser()))
+    hide_user_dir_notice()  # resnmt, imported above, is the --user-dir fairseq imports again
+    # a bad flag: one line, not 185 of usage, naming the closest names (a wrong --arch: not 181 of them)
+    parser = training_parser(lambda message: exit_usage_error(PROG, message))
     try:
         args = options.parse_args_and_arch(parser, modify_parser=add_model_flags_for_help)
     except RuntimeError as e:  # fairseq's bare RuntimeError() for a missing --arch
