@@ -234,6 +234,17 @@ def test_experiment_end_to_end_then_nothing_to_redo(tiny_bin, tmp_path):
     assert latest == json.loads((save_dir / "result.avg2.beam2.lenpen0.6.gen-max-len-b20.json").read_text())
     assert json.loads((save_dir / f"result.{key}.json").read_text()) == rec
 
+    # --strict, hypotheses cut to one token: a score that means nothing, flagged; exit status 1, the last line says why
+    strict = run_cli([*cmd[:cmd.index("--gen-args")], "--strict", "--gen-args", "--max-len-a 0 --max-len-b 1",
+                      *cmd[cmd.index("--gen-args") + 2:]], check=False)
+    flagged = json.loads(results.read_text().splitlines()[-1])
+    assert flagged["score_meaningless"] and flagged["length_ratio"] < 0.5
+    warnings = "the warning" if len(flagged["warnings"]) == 1 else "the warnings"
+    assert strict.returncode == 1 and strict.stderr.splitlines()[-1] == (
+        f"[run_experiment] error: --strict: the score is flagged as meaningless ({warnings} above), so the exit "
+        "status is 1")
+    assert strict.stderr.splitlines()[-2].startswith("[run_experiment] warning: ")
+
     # a checkpoint_last.pt truncated by a kill during fairseq's copy is replaced, and training resumes
     last = save_dir / "checkpoint_last.pt"
     data = last.read_bytes()
