@@ -322,7 +322,7 @@ def test_it_prints_every_update_and_what_it_could_not_average(tmp_path, tiny_ckp
                         f"checkpoint2.pt (update {2 * per_epoch})")
     assert lines[1].startswith(f"resnmt-average: [1/2] loaded {tiny_ckpts / 'checkpoint1.pt'}: update {per_epoch}, ")
     assert lines[-2:] == [
-        f"resnmt-average: note: --num-epoch-checkpoints 10: {tiny_ckpts} holds 2 epoch checkpoint(s), fewer than "
+        f"resnmt-average: note: --num-epoch-checkpoints 10: {tiny_ckpts} holds 2 checkpointE.pt file(s), fewer than "
         "asked: all 2 are averaged",
         f"resnmt-average: note: {tiny_ckpts / 'checkpoint_last.pt'} (update 8) is newer than the newest checkpoint "
         f"averaged, checkpoint2.pt (update {2 * per_epoch}), and was left out: --include-last averages it as the newest"]
@@ -365,8 +365,40 @@ def test_resnmt_experiment_chooses_with_the_same_selection(tmp_path, tiny_ckpts,
     name, updates, kind, label, messages = average(epochs)
     assert (name, updates, kind, label) == ("checkpoint.avg3-last.pt", [per_epoch, 2 * per_epoch, 8], "epoch+last",
                                             "avg3-last")
-    assert messages[-1].endswith("holds 3 epoch+last checkpoint(s), fewer than asked: all 3 are averaged")
+    assert messages[-1].endswith("holds 2 checkpointE.pt file(s) and a newer checkpoint_last.pt, fewer than asked: "
+                                   "all 3 are averaged")
     name, updates, kind, label, messages = average(epochs, exclude_last=True)
     assert (name, updates, kind, label) == ("checkpoint.avg2.pt", [per_epoch, 2 * per_epoch], "epoch", "avg2")
     assert messages[-1].startswith("note: --average 5: ") and "newer" not in " ".join(messages)
     assert average(["checkpoint_last.pt"], exclude_last=True)[:4] == ("checkpoint_last.pt", [8], "last", "last")
+
+
+def readme_average_command() -> list:
+    """The README's resnmt-average line (in its "Train, average, decode, score" block), as words."""
+    import re
+    import shlex
+
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"## Train, average, decode, score\n\n```bash\n(.*?)```", readme, re.S).group(1)
+    return [shlex.split(line) for line in block.splitlines() if line.startswith("resnmt-average ")][0]
+
+
+def test_the_readmes_averaging_command_works_after_a_short_run(tmp_path, tiny_bin):
+    """The README's averaging line after a short run that stopped in the middle of epoch 1
+    (--max-update 2 of ~3 updates per epoch), whose only checkpoint is checkpoint_last.pt:
+    it averages that one, says so last, and the output decodes."""
+    command = readme_average_command()
+    save_dir = Path(command[command.index("--inputs") + 1])
+    output = tmp_path / command[command.index("--output") + 1]
+    run_cli(["fairseq-train", tiny_bin, *TINY_TRANSFORMER, "--max-update", "2", "--save-dir", tmp_path / save_dir],
+            cwd=tmp_path)
+    assert not list((tmp_path / save_dir).glob("checkpoint[0-9]*.pt"))  # stopped before the end of an epoch
+    proc = run_cli(command, cwd=tmp_path)
+    assert proc.stderr.splitlines()[0] == "resnmt-average: averaging 1 checkpoint(s): checkpoint_last.pt (update 2)"
+    assert proc.stderr.splitlines()[-1] == (
+        f"resnmt-average: note: --num-epoch-checkpoints 10: {save_dir} holds 0 checkpointE.pt file(s) and a newer "
+        "checkpoint_last.pt, fewer than asked: all 1 are averaged")
+    assert load(output)["resnmt_averaged_updates"] == [2]
+    gen = run_cli(["fairseq-generate", tiny_bin, "--user-dir", REPO_ROOT / "resnmt", "--path", output, "--beam", "2",
+                   "--gen-subset", "valid", "--max-len-b", "5", "--batch-size", "64"], cwd=tmp_path)
+    assert sum(line.startswith("H-") for line in gen.stdout.splitlines()) > 0

@@ -189,7 +189,7 @@ def test_experiment_end_to_end_then_nothing_to_redo(tiny_bin, tmp_path):
     for step in ("step 1/5: prepare: ", "step 2/5: train transformer_rskip_base", "step 3/5: average the last 3 epoch",
                  "step 4/5: decode test with beam 4, GNMT length penalty 0.6", "step 5/5: score"):
         assert step in err, step
-    assert f"note: --average 5: {save_dir} holds 3 epoch checkpoint(s), fewer than asked: all 3 are averaged" in err
+    assert f"note: --average 5: {save_dir} holds 3 checkpointE.pt file(s), fewer than asked: all 3 are averaged" in err
     assert "decoded 60 sentences" in err
     # fairseq's lines at each batching (each epoch, validation, decoding) are in train.log, not printed
     assert "can_reuse_epoch_itr" not in proc.stdout + err and "can_reuse_epoch_itr" in (save_dir / "train.log").read_text()

@@ -181,8 +181,10 @@ class Selection:
         out, ``last_flag`` the option that takes it."""
         notes = []
         if len(self.paths) < self.asked:
-            notes.append(f"{flag} {self.asked}: {self.directory} holds {self.available} {self.kind} checkpoint(s), "
-                         f"fewer than asked: all {len(self.paths)} are averaged")
+            held = f"{self.available - self.with_last} {NAMES[self.by]} file(s)" + \
+                (f" and a newer {LAST}" if self.with_last else "")
+            notes.append(f"{flag} {self.asked}: {self.directory} holds {held}, fewer than asked: all "
+                         f"{len(self.paths)} are averaged")
         if self.newer_last is not None and last_flag:
             notes.append(f"{self.directory / LAST} (update {self.newer_last}) is newer than the newest checkpoint "
                          f"averaged, {describe(self.paths[-1], self.updates[-1])}, and was left out: {last_flag} "
