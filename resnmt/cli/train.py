@@ -69,10 +69,9 @@ def check_before_training(parser, args) -> None:
     no batch size."""
     from resnmt.data.manifest import binarized_data_problem
 
-    for data in str(args.data).split(os.pathsep):  # fairseq's shards: DIR1:DIR2
-        problem = binarized_data_problem(data) if "translation" in args.task else \
-            None if os.path.isdir(data) else f"data directory {data} not found"
-        if problem:
+    for data in str(getattr(args, "data", "")).split(os.pathsep):  # fairseq's shards: DIR1:DIR2
+        problem = binarized_data_problem(data)  # dict.*.txt: the translation tasks' data; any task's directory
+        if problem and ("translation" in args.task or not os.path.isdir(data)):
             parser.error(problem)
     if args.max_tokens is None and args.batch_size is None:
         parser.error("no batch size: pass --max-tokens N (tokens per batch, e.g. --max-tokens 4096) or "
