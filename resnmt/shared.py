@@ -87,9 +87,9 @@ def with_closest_names(message: str, parser: argparse.ArgumentParser) -> str:
         close = closest(wrong.group(2), choices)
         return f"{wrong.group(1)} (closest: {' '.join(close)}; choose from {wrong.group(3)})" if close else message
     if message.startswith("unrecognized arguments: "):
-        flags = [f for f in parser._option_string_actions if f.startswith("--")]
+        names = [f[2:] for f in parser._option_string_actions if f.startswith("--")]  # compared without "--"
         unknown = [a.split("=")[0] for a in message.split(": ", 1)[1].split() if a.startswith("--")]
-        hints = [f"{u}: closest {' '.join(close)}" for u in unknown if (close := closest(u, flags))]
+        hints = [f"{u}: closest {' '.join('--' + c for c in close)}" for u in unknown if (close := closest(u[2:], names))]
         return f"{message} ({'; '.join(hints)})" if hints else message
     return message
 

@@ -66,6 +66,13 @@ def test_what_fairseq_train_finds_late_is_one_line_before_anything_runs(tiny_bin
      "resnmt-analyze: error: argument --num-sentences: invalid int value: 'all' (see --help)"),
     ("experiment", ["--beam", "zero", "multi30k", "transformer"],
      "[resnmt-experiment] error: --beam 'zero': must be an integer >= 1 (see resnmt-experiment --help)"),
+    # a mistyped flag: the closest ones named
+    ("experiment", ["--averag", "3", "multi30k", "transformer"],
+     "[resnmt-experiment] error: unrecognized arguments: --averag (--averag: closest --average) "
+     "(see resnmt-experiment --help)"),
+    ("average_checkpoints", ["--inputs", "a", "--output", "b", "--include-lst"],
+     "resnmt-average: error: unrecognized arguments: --include-lst (--include-lst: closest --include-last) "
+     "(see --help)"),
 ])
 def test_a_bad_flag_of_the_other_commands_is_one_line(module, args, error, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
