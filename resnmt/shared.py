@@ -89,7 +89,8 @@ def with_closest_names(message: str, parser: argparse.ArgumentParser) -> str:
     if message.startswith("unrecognized arguments: "):
         names = [f[2:] for f in parser._option_string_actions if f.startswith("--")]  # compared without "--"
         unknown = [a.split("=")[0] for a in message.split(": ", 1)[1].split() if a.startswith("--")]
-        hints = [f"{u}: closest {' '.join('--' + c for c in close)}" for u in unknown if (close := closest(u[2:], names))]
+        hints = [f"{u}: closest {' '.join('--' + c for c in close)}" for u in unknown
+                 if (close := closest(u[2:], names))]
         return f"{message} ({'; '.join(hints)})" if hints else message
     return message
 

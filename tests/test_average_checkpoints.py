@@ -325,7 +325,8 @@ def test_it_prints_every_update_and_what_it_could_not_average(tmp_path, tiny_ckp
         f"resnmt-average: note: --num-epoch-checkpoints 10: {tiny_ckpts} holds 2 checkpointE.pt file(s), fewer than "
         "asked: all 2 are averaged",
         f"resnmt-average: note: {tiny_ckpts / 'checkpoint_last.pt'} (update 8) is newer than the newest checkpoint "
-        f"averaged, checkpoint2.pt (update {2 * per_epoch}), and was left out: --include-last averages it as the newest"]
+        f"averaged, checkpoint2.pt (update {2 * per_epoch}), and was left out: --include-last averages it as the "
+        "newest"]
     avg = load(out)
     assert avg["resnmt_averaged_updates"] == [per_epoch, 2 * per_epoch]
     e1, e2 = load(tiny_ckpts / "checkpoint1.pt"), load(tiny_ckpts / "checkpoint2.pt")
