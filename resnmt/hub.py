@@ -6,7 +6,7 @@
                                  data_name_or_path="data/multi30k", lenpen_form="gnmt")
     hub.translate("Two dogs play in the snow.", beam=4, lenpen=0.6)
 
-``from_pretrained`` is fairseq's ``from_pretrained`` (``fairseq.hub_utils``) with three
+``from_pretrained`` is fairseq's ``from_pretrained`` (``fairseq.hub_utils``) with four
 differences:
 
 * ``data_name_or_path`` may be a directory prepared by ``resnmt-prepare`` (or its
@@ -21,10 +21,13 @@ differences:
   trained with any translation task; ``lenpen`` sets the default ``lenpen`` of
   ``translate``/``generate`` (each call may still pass its own);
 * resnmt is imported, so the checkpoint's model and task are registered and its
-  ``argparse.Namespace`` loads under torch's ``weights_only``.
+  ``argparse.Namespace`` loads under torch's ``weights_only``;
+* its calls do not log fairseq's 4 INFO lines of batching (``can_reuse_epoch_itr = ...``,
+  ``creating new batches for epoch 1``) each time, unless ``verbose=True`` (or a call's
+  own ``verbose=True``, fairseq's switch for its S/H/P lines).
 
-It returns fairseq's ``GeneratorHubInterface``: ``translate``, ``sample``, ``generate``,
-``encode``/``decode`` as in fairseq. Without ``import resnmt``, fairseq's own
+It returns fairseq's ``GeneratorHubInterface`` (``HubInterface``, a subclass): ``translate``,
+``sample``, ``generate``, ``encode``/``decode`` as in fairseq. Without ``import resnmt``, fairseq's own
 ``TransformerModel.from_pretrained`` on a resnmt checkpoint fails inside ``torch.load``
 (``UnpicklingError: Weights only load failed ... argparse.Namespace``) and, past that,
 on the unknown ``resnmt_transformer`` model: ``import resnmt`` first (or pass
@@ -40,8 +43,24 @@ from omegaconf import open_dict
 from resnmt.decoding.sequence_generator import LENPEN_FORMS
 from resnmt.decoding.subword import SubwordError, hub_overrides
 from resnmt.tasks.translation import ResNMTTranslationTask
+from resnmt.training.quiet import hide_batching_lines
 
 PathLike = Union[str, Path]
+
+
+class HubInterface(hub_utils.GeneratorHubInterface):
+    """fairseq's GeneratorHubInterface whose calls log fairseq's batching lines only when
+    ``verbose`` (the interface's, or the call's own)."""
+
+    def __init__(self, cfg, task, models, verbose: bool = False):
+        super().__init__(cfg, task, models)
+        self.verbose = verbose
+
+    def generate(self, tokenized_sentences, beam: int = 5, verbose: bool = False, **kwargs):
+        if self.verbose or verbose:
+            return super().generate(tokenized_sentences, beam, verbose, **kwargs)
+        with hide_batching_lines():
+            return super().generate(tokenized_sentences, beam, verbose, **kwargs)
 
 
 def _data_dir(model_path: str, data_name_or_path: str) -> str:
@@ -73,7 +92,7 @@ def moses_overrides(data: str, kwargs: dict) -> dict:
 
 def from_pretrained(model_name_or_path: PathLike, checkpoint_file: str = "checkpoint_best.pt",
                     data_name_or_path: PathLike = ".", *, lenpen_form: Optional[str] = None,
-                    lenpen: Optional[float] = None, bpe: Optional[str] = None, **kwargs):
+                    lenpen: Optional[float] = None, bpe: Optional[str] = None, verbose: bool = False, **kwargs):
     """Load ``model_name_or_path/checkpoint_file`` (a resnmt or fairseq translation checkpoint;
     several files joined by ``os.pathsep`` make an ensemble) for translation.
 
@@ -88,11 +107,12 @@ def from_pretrained(model_name_or_path: PathLike, checkpoint_file: str = "checkp
         lenpen: the default length penalty (alpha) of the interface's searches.
         bpe: fairseq's ``bpe`` (``'sentencepiece'``, ``'subword_nmt'``); found in a
             prepared directory, and refused when it does not match it.
+        verbose: log fairseq's batching lines at every call too.
         **kwargs: fairseq's overrides (``sentencepiece_model``, ``bpe_codes``,
             ``tokenizer``, ``beam``, ``max_len_b``, ``cpu`` ...).
 
     Returns:
-        ``fairseq.hub_utils.GeneratorHubInterface``.
+        ``HubInterface``, a ``fairseq.hub_utils.GeneratorHubInterface``.
 
     Raises:
         ValueError: an unknown ``lenpen_form``, or a ``bpe`` the data was not made with.
@@ -122,4 +142,4 @@ def from_pretrained(model_name_or_path: PathLike, checkpoint_file: str = "checkp
     if lenpen is not None:
         with open_dict(cfg):
             cfg.generation.lenpen = float(lenpen)
-    return hub_utils.GeneratorHubInterface(cfg, task, models)
+    return HubInterface(cfg, task, models, verbose=verbose)

@@ -6,10 +6,12 @@ lines (``resnmt.cli``) and the benchmarks import these from here, so that no low
 reaches up into a higher one for them (and none loads torch or fairseq to get them).
 """
 import argparse
+import difflib
 import json
-import types
+import re
+import sys
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, NoReturn, Sequence
 
 # ------------------------------------------------------------------------------ durations
 
@@ -68,16 +70,40 @@ def choice(value: str, allowed: Sequence[str]) -> str:
     return value
 
 
+def closest(value: str, allowed: Sequence[str], n: int = 3) -> List[str]:
+    """The names among ``allowed`` that look like a mistyped ``value``, closest first."""
+    return difflib.get_close_matches(value, list(allowed), n=n, cutoff=0.6)
+
+
+_INVALID_CHOICE_RE = re.compile(r"(argument \S+: invalid choice: '([^']*)') \(choose from (.*)\)$")
+
+
+def with_closest_names(message: str, parser: argparse.ArgumentParser) -> str:
+    """argparse's error ``message`` naming, where it can, the closest valid names: the
+    closest choices of an invalid choice, the closest flags of an unrecognized one."""
+    wrong = _INVALID_CHOICE_RE.match(message)
+    if wrong:
+        choices = [c.strip().strip("'\"") for c in wrong.group(3).split(",")]
+        close = closest(wrong.group(2), choices)
+        return f"{wrong.group(1)} (closest: {' '.join(close)}; choose from {wrong.group(3)})" if close else message
+    if message.startswith("unrecognized arguments: "):
+        names = [f[2:] for f in parser._option_string_actions if f.startswith("--")]  # compared without "--"
+        unknown = [a.split("=")[0] for a in message.split(": ", 1)[1].split() if a.startswith("--")]
+        hints = [f"{u}: closest {' '.join('--' + c for c in close)}" for u in unknown
+                 if (close := closest(u[2:], names))]
+        return f"{message} ({'; '.join(hints)})" if hints else message
+    return message
+
+
+def exit_usage_error(prog: str, message: str) -> NoReturn:
+    """A single-step tool's usage error: one line, the last, exit status 2."""
+    sys.stderr.write(f"{prog}: error: {message} (see --help)\n")
+    sys.exit(2)
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line (exit status 2), naming the
-    bad value, instead of the usage block followed by the message."""
+    bad value and the closest valid names, instead of the usage block followed by the message."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``parser`` (one built elsewhere, e.g. fairseq's training parser, ~185 lines of usage)
-    reporting usage errors as OneLineErrorParser does: the error alone, as the last line."""
-    parser.error = types.MethodType(OneLineErrorParser.error, parser)
-    return parser
+        exit_usage_error(self.prog, with_closest_names(message, self))

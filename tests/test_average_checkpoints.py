@@ -113,14 +113,15 @@ def test_epoch_and_update_selection_by_number_not_name(tmp_path):
     for name in ("checkpoint_best.pt", "checkpoint_last.pt", "checkpoint.avg10.pt"):
         fake_checkpoint(tmp_path / name, [-1.0, 0.0], [0.0, 0.0], 0, epoch=0)
 
-    assert [p.name for p in select_checkpoints(tmp_path, 3, "epoch")] == [
+    assert [p.name for p in select_checkpoints(tmp_path, 3, "epoch").paths] == [
         "checkpoint9.pt", "checkpoint10.pt", "checkpoint11.pt"]
-    assert [p.name for p in select_checkpoints(tmp_path, 2, "epoch", upper_bound=9)] == [
+    assert [p.name for p in select_checkpoints(tmp_path, 2, "epoch", upper_bound=9).paths] == [
         "checkpoint2.pt", "checkpoint9.pt"]
-    assert [p.name for p in select_checkpoints(tmp_path, 2, "update")] == [
+    assert [p.name for p in select_checkpoints(tmp_path, 2, "update").paths] == [
         "checkpoint_5_9000.pt", "checkpoint_6_10000.pt"]
-    assert [p.name for p in select_checkpoints(tmp_path, 3, "update", upper_bound=9000)] == [
+    assert [p.name for p in select_checkpoints(tmp_path, 3, "update", upper_bound=9000).paths] == [
         "checkpoint_1_500.pt", "checkpoint_2_1000.pt", "checkpoint_5_9000.pt"]
+    assert select_checkpoints(tmp_path, 2, "update").updates == [9000, 10000]  # read from the files
 
     out = tmp_path / "out" / "avg.pt"  # parent directory is created
     assert main(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "3", "--output", str(out)]) == 0
@@ -169,10 +170,9 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path, capsys):
              "no such checkpoint file", "missing.pt")
     _refusal(capsys, ["--inputs", str(empty), "--num-epoch-checkpoints", "2", "--output", str(out)], out,
              "no checkpointE.pt checkpoints in", "empty_dir")
-    _refusal(capsys, ["--inputs", str(tmp_path), "--num-epoch-checkpoints", "4", "--output", str(out)], out,
-             "last 4 epoch checkpoints", "only 3")
-    _refusal(capsys, ["--inputs", str(tmp_path), "--num-update-checkpoints", "1", "--output", str(out)], out,
-             "no checkpoint_E_U.pt checkpoints")
+    assert _refusal(capsys, ["--inputs", str(tmp_path), "--num-update-checkpoints", "1", "--output", str(out)],
+                    out).endswith(f"no checkpoint_E_U.pt checkpoints in {tmp_path} (it holds 3 checkpointE.pt "
+                                  "file(s): --num-epoch-checkpoints averages those)")
     for n in ("0", "-2"):
         _refusal(capsys, ["--inputs", str(tmp_path), "--num-epoch-checkpoints", n, "--output", str(out)], out,
                  "--num-epoch-checkpoints must be a positive number", f"got {n}")
@@ -241,10 +241,13 @@ def test_a_run_stopped_mid_epoch_averages_its_last_update(tmp_path, tiny_ckpts, 
     assert checkpoint_updates(tiny_ckpts / "checkpoint2.pt") == 2 * per_epoch < 8
     assert checkpoint_updates(tiny_ckpts / "checkpoint_last.pt") == 8
     picked = select_checkpoints(tiny_ckpts, 2, "epoch", include_last=True)
-    assert [p.name for p in picked] == ["checkpoint2.pt", "checkpoint_last.pt"]
-    assert [p.name for p in select_checkpoints(tiny_ckpts, 2, "epoch")] == ["checkpoint1.pt", "checkpoint2.pt"]
+    assert [p.name for p in picked.paths] == ["checkpoint2.pt", "checkpoint_last.pt"]
+    assert picked.updates == [2 * per_epoch, 8] and picked.kind == "epoch+last" and picked.notes("-n", "--il") == []
+    left_out = select_checkpoints(tiny_ckpts, 2, "epoch")
+    assert [p.name for p in left_out.paths] == ["checkpoint1.pt", "checkpoint2.pt"] and left_out.newer_last == 8
     # update checkpoints reach update 8 themselves: checkpoint_last.pt is not newer, not added
-    assert [p.name for p in select_checkpoints(tiny_ckpts, 1, "update", include_last=True)] == ["checkpoint_3_8.pt"]
+    assert [p.name for p in select_checkpoints(tiny_ckpts, 1, "update", include_last=True).paths] == [
+        "checkpoint_3_8.pt"]
     out = tmp_path / "avg.pt"
     assert main(["--inputs", str(tiny_ckpts), "--num-epoch-checkpoints", "3", "--include-last", "--output", str(out)]) == 0
     assert load(out)["resnmt_averaged_from"] == [str(tiny_ckpts / n) for n in
@@ -253,3 +256,150 @@ def test_a_run_stopped_mid_epoch_averages_its_last_update(tmp_path, tiny_ckpts, 
     assert main(["--inputs", str(tiny_ckpts / "checkpoint1.pt"), "--include-last", "--output", str(out)]) == 1
     assert capsys.readouterr().err.splitlines() == [
         "resnmt-average: error: --include-last needs --num-epoch-checkpoints or --num-update-checkpoints"]
+
+
+def test_a_file_that_is_not_a_checkpoint_is_one_line_naming_it(tmp_path, tiny_ckpts, capsys):
+    """An empty file, a text file, a checkpoint cut short, a zip archive, random bytes, a
+    pickle and torch files that hold no state dict: each refused before any checkpoint is
+    loaded, on one line (the last) naming the file and what is wrong; exit status 1,
+    nothing written. The empty file through the console script, as the user ran it."""
+    import fractions
+    import pickle
+    import zipfile
+
+    good = tiny_ckpts / "checkpoint1.pt"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "empty.pt").write_bytes(b"")
+    (bad / "text.pt").write_text("model: checkpoint2.pt\n")
+    (bad / "cut.pt").write_bytes(good.read_bytes()[:20000])
+    with zipfile.ZipFile(bad / "zip.pt", "w") as z:
+        z.writestr("notes.txt", "not a checkpoint")
+    (bad / "random.pt").write_bytes(bytes(range(7, 256)) * 4)
+    (bad / "pickle.pt").write_bytes(pickle.dumps({"model": {"w": bytearray(b"x")}}, protocol=4))
+    torch.save({"model": {"w": fractions.Fraction(1, 3)}}, bad / "fraction.pt")  # a type fairseq never saves
+    torch.save([torch.zeros(2)], bad / "list.pt")
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, bad / "no_model.pt")
+    torch.save({"model": torch.zeros(2)}, bad / "tensor_model.pt")
+    expected = {
+        "empty.pt": "is not a checkpoint: the file is empty (0 bytes)",
+        "text.pt": "is not a checkpoint: it is a text file (starting 'model: checkpoint2.pt'), not one torch.save "
+                   "wrote",
+        "cut.pt": "is not a checkpoint: its zip archive is incomplete (cut short while it was saved or copied)",
+        "zip.pt": "is not a checkpoint: it is a zip archive without data.pkl, not one torch.save wrote",
+        "random.pt": "is not a checkpoint: it is neither a zip archive (torch.save's format) nor a pickle",
+        "pickle.pt": "is not a checkpoint: torch.load(weights_only=True) refused it: Unsupported operand",
+        "fraction.pt": "is not a checkpoint: torch.load(weights_only=True) refused it: Unsupported global: GLOBAL "
+                       "fractions.Fraction was not an allowed global by default",
+        "list.pt": "is not a fairseq checkpoint: it holds a list, not a dict with a 'model' state dict",
+        "no_model.pt": "is not a fairseq checkpoint: it has no 'model', not a state dict",
+        "tensor_model.pt": "is not a fairseq checkpoint: its 'model' is of type Tensor, not a state dict",
+    }
+    out = tmp_path / "avg.pt"
+    for name, message in expected.items():
+        # the bad file last: refused before the good one is loaded
+        assert main(["--inputs", str(good), str(bad / name), "--output", str(out)]) == 1
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(f"resnmt-average: error: {bad / name} {message}"), err
+    proc = run_cli(["resnmt-average", "--inputs", good, bad / "empty.pt", "--output", out], check=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"resnmt-average: error: {bad / 'empty.pt'} {expected['empty.pt']}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]  # no output, no temporary file
+
+
+def test_it_prints_every_update_and_what_it_could_not_average(tmp_path, tiny_ckpts, tiny_bin):
+    """A run stopped at update 8, mid-epoch 3: asked for the last 10 epoch checkpoints, it
+    averages the 2 there are (as resnmt-experiment does) and its last lines say so, and
+    that checkpoint_last.pt (update 8) is newer and was left out; each checkpoint's update
+    is printed. --include-last takes it, and the notes go."""
+    from resnmt.experiment.schedule import epoch_updates
+
+    per_epoch = epoch_updates(tiny_bin, "en", "de", max_tokens=2000, per_update=1)
+    out = tmp_path / "avg.pt"
+    proc = run_cli(["resnmt-average", "--inputs", tiny_ckpts, "--num-epoch-checkpoints", "10", "--output", out])
+    lines = proc.stderr.splitlines()
+    assert lines[0] == (f"resnmt-average: averaging 2 checkpoint(s): checkpoint1.pt (update {per_epoch}), "
+                        f"checkpoint2.pt (update {2 * per_epoch})")
+    assert lines[1].startswith(f"resnmt-average: [1/2] loaded {tiny_ckpts / 'checkpoint1.pt'}: update {per_epoch}, ")
+    assert lines[-2:] == [
+        f"resnmt-average: note: --num-epoch-checkpoints 10: {tiny_ckpts} holds 2 checkpointE.pt file(s), fewer than "
+        "asked: all 2 are averaged",
+        f"resnmt-average: note: {tiny_ckpts / 'checkpoint_last.pt'} (update 8) is newer than the newest checkpoint "
+        f"averaged, checkpoint2.pt (update {2 * per_epoch}), and was left out: --include-last averages it as the "
+        "newest"]
+    avg = load(out)
+    assert avg["resnmt_averaged_updates"] == [per_epoch, 2 * per_epoch]
+    e1, e2 = load(tiny_ckpts / "checkpoint1.pt"), load(tiny_ckpts / "checkpoint2.pt")
+    w = "encoder.layers.0.fc1.weight"
+    assert torch.allclose(avg["model"][w], ((e1["model"][w].double() + e2["model"][w].double()) / 2).float())
+
+    proc = run_cli(["resnmt-average", "--inputs", tiny_ckpts, "--num-epoch-checkpoints", "3", "--include-last",
+                    "--output", out])
+    assert "note:" not in proc.stderr and proc.stderr.splitlines()[-1].startswith(f"resnmt-average: wrote {out}: ")
+    assert load(out)["resnmt_averaged_updates"] == [per_epoch, 2 * per_epoch, 8]
+
+
+def test_resnmt_experiment_chooses_with_the_same_selection(tmp_path, tiny_ckpts, tiny_bin):
+    """resnmt-experiment's average step (Experiment.average) on the same files: the epoch
+    checkpoints and, by default, the newer checkpoint_last.pt (label avgN-last); with
+    --exclude-last the numbered ones only, and its note on fewer than --average is the
+    Selection's; checkpoint_last.pt alone where training saved no numbered one."""
+    from types import SimpleNamespace
+
+    from resnmt.experiment.pipeline import Experiment
+    from resnmt.experiment.schedule import epoch_updates
+
+    per_epoch = epoch_updates(tiny_bin, "en", "de", max_tokens=2000, per_update=1)
+
+    def average(names, exclude_last=False):
+        save_dir = tmp_path / f"{'-'.join(names)}{'-x' if exclude_last else ''}"
+        save_dir.mkdir()
+        for name in names:
+            (save_dir / name).symlink_to(tiny_ckpts / name)
+        messages = []
+        fake = SimpleNamespace(save_dir=save_dir, req=SimpleNamespace(average=5, exclude_last=exclude_last),
+                               step=lambda n, message: messages.append(message), log=messages.append)
+        checkpoint, updates, kind, label = Experiment.average(fake)
+        return checkpoint.relative_to(save_dir).name, updates, kind, label, messages
+
+    epochs = ["checkpoint1.pt", "checkpoint2.pt", "checkpoint_last.pt"]
+    name, updates, kind, label, messages = average(epochs)
+    assert (name, updates, kind, label) == ("checkpoint.avg3-last.pt", [per_epoch, 2 * per_epoch, 8], "epoch+last",
+                                            "avg3-last")
+    assert messages[-1].endswith("holds 2 checkpointE.pt file(s) and a newer checkpoint_last.pt, fewer than asked: "
+                                   "all 3 are averaged")
+    name, updates, kind, label, messages = average(epochs, exclude_last=True)
+    assert (name, updates, kind, label) == ("checkpoint.avg2.pt", [per_epoch, 2 * per_epoch], "epoch", "avg2")
+    assert messages[-1].startswith("note: --average 5: ") and "newer" not in " ".join(messages)
+    assert average(["checkpoint_last.pt"], exclude_last=True)[:4] == ("checkpoint_last.pt", [8], "last", "last")
+
+
+def readme_average_command() -> list:
+    """The README's resnmt-average line (in its "Train, average, decode, score" block), as words."""
+    import re
+    import shlex
+
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"## Train, average, decode, score\n\n```bash\n(.*?)```", readme, re.S).group(1)
+    return [shlex.split(line) for line in block.splitlines() if line.startswith("resnmt-average ")][0]
+
+
+def test_the_readmes_averaging_command_works_after_a_short_run(tmp_path, tiny_bin):
+    """The README's averaging line after a short run that stopped in the middle of epoch 1
+    (--max-update 2 of ~3 updates per epoch), whose only checkpoint is checkpoint_last.pt:
+    it averages that one, says so last, and the output decodes."""
+    command = readme_average_command()
+    save_dir = Path(command[command.index("--inputs") + 1])
+    output = tmp_path / command[command.index("--output") + 1]
+    run_cli(["fairseq-train", tiny_bin, *TINY_TRANSFORMER, "--max-update", "2", "--save-dir", tmp_path / save_dir],
+            cwd=tmp_path)
+    assert not list((tmp_path / save_dir).glob("checkpoint[0-9]*.pt"))  # stopped before the end of an epoch
+    proc = run_cli(command, cwd=tmp_path)
+    assert proc.stderr.splitlines()[0] == "resnmt-average: averaging 1 checkpoint(s): checkpoint_last.pt (update 2)"
+    assert proc.stderr.splitlines()[-1] == (
+        f"resnmt-average: note: --num-epoch-checkpoints 10: {save_dir} holds 0 checkpointE.pt file(s) and a newer "
+        "checkpoint_last.pt, fewer than asked: all 1 are averaged")
+    assert load(output)["resnmt_averaged_updates"] == [2]
+    gen = run_cli(["fairseq-generate", tiny_bin, "--user-dir", REPO_ROOT / "resnmt", "--path", output, "--beam", "2",
+                   "--gen-subset", "valid", "--max-len-b", "5", "--batch-size", "64"], cwd=tmp_path)
+    assert sum(line.startswith("H-") for line in gen.stdout.splitlines()) > 0

@@ -28,6 +28,35 @@ def test_a_bad_flag_of_resnmt_train_is_one_line_not_fairseqs_usage(args, error, 
     assert proc.stdout == ""  # not even fairseq's INFO line that the --user-dir is imported already
 
 
+def test_what_fairseq_train_finds_late_is_one_line_before_anything_runs(tiny_bin, tmp_path):
+    """A data directory that is not there, a prepared directory given instead of its bin/
+    (named), a directory without binarized data, no batch size: fairseq-train stops on each
+    with a traceback (FileNotFoundError, Exception, AssertionError), after making the save
+    dir; resnmt-train with one line, exit status 2, nothing made."""
+    import os
+
+    prepared = tmp_path / "data" / "m30k"
+    prepared.mkdir(parents=True)
+    os.symlink(tiny_bin, prepared / "bin")
+    text = tiny_bin.parent / "text"
+    cases = [
+        (tmp_path / "nowhere", ["--max-tokens", "1000"], f"data directory {tmp_path / 'nowhere'} not found"),
+        (prepared, ["--max-tokens", "1000"],
+         f"{prepared} is a directory prepared by resnmt-prepare: its binarized data is {prepared / 'bin'}"),
+        (text, ["--max-tokens", "1000"],
+         f"{text} holds no binarized data (no dict.*.txt; resnmt-prepare or fairseq-preprocess writes it)"),
+        (tiny_bin, [], "no batch size: pass --max-tokens N (tokens per batch, e.g. --max-tokens 4096) or "
+                       "--batch-size N (sentences per batch)"),
+    ]
+    for data, extra, error in cases:
+        save_dir = tmp_path / "ckpt"
+        proc = run_cli(["resnmt-train", data, "--arch", "transformer_sas_base", "--max-update", "1",
+                        "--save-dir", save_dir, *extra], cwd=tmp_path, check=False)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-3000:]
+        assert proc.stderr.splitlines() == [f"resnmt-train: error: {error} (see --help)"]
+        assert not save_dir.exists()
+
+
 @pytest.mark.parametrize("module, args, error", [
     ("evaluate", ["--hyp", "h", "--ref", "r", "--detok", "bogus"],
      "resnmt-evaluate: error: argument --detok: invalid choice: 'bogus' (choose from 'none', 'moses') (see --help)"),
@@ -37,6 +66,13 @@ def test_a_bad_flag_of_resnmt_train_is_one_line_not_fairseqs_usage(args, error, 
      "resnmt-analyze: error: argument --num-sentences: invalid int value: 'all' (see --help)"),
     ("experiment", ["--beam", "zero", "multi30k", "transformer"],
      "[resnmt-experiment] error: --beam 'zero': must be an integer >= 1 (see resnmt-experiment --help)"),
+    # a mistyped flag: the closest ones named
+    ("experiment", ["--averag", "3", "multi30k", "transformer"],
+     "[resnmt-experiment] error: unrecognized arguments: --averag (--averag: closest --average) "
+     "(see resnmt-experiment --help)"),
+    ("average_checkpoints", ["--inputs", "a", "--output", "b", "--include-lst"],
+     "resnmt-average: error: unrecognized arguments: --include-lst (--include-lst: closest --include-last) "
+     "(see --help)"),
 ])
 def test_a_bad_flag_of_the_other_commands_is_one_line(module, args, error, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)

@@ -56,9 +56,12 @@ def spm_decode(model: Path, path: Path) -> list:
     return [sp.decode(x.split()) for x in lines(path)]
 
 
-def output_mtimes(out: Path) -> dict:
-    return {p: p.stat().st_mtime_ns for d in ("bin", "text", "raw", "spm", "bpe") if (out / d).is_dir()
-            for p in (out / d).iterdir()}
+def outdir_state(out: Path) -> dict:
+    """Every path under OUTDIR (hidden ones, directories and OUTDIR itself included): its
+    modification time, and a file's size and sha256; a run that writes nothing leaves it as it was."""
+    paths = [out, *sorted(out.rglob("*"))]
+    return {p: (p.stat().st_mtime_ns, *((p.stat().st_size, sha256(p)) if p.is_file() and not p.is_symlink() else ()))
+            for p in paths}
 
 
 def check_binarized(out: Path, src: str, tgt: str, expected_counts: dict):
@@ -109,11 +112,14 @@ class HTTPMirror:
 
 
 def check_no_work_on_rerun(script, args, out: Path):
-    before = output_mtimes(out)
+    """A second run with nothing to do says so and writes nothing: no file, stamp, lock or
+    directory under OUTDIR changes (not even OUTDIR/.stamps/config)."""
+    before = outdir_state(out)
     proc = prepare(script, *args, out)
-    assert "nothing to do" in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1] == \
+        f"[{script[:-3]}] nothing to do: {out} is complete (binarized data in {out / 'bin'})", proc.stderr
     assert proc.stderr.count("skipping") >= 5
-    assert output_mtimes(out) == before
+    assert outdir_state(out) == before
 
 
 # ----------------------------------------------------------------------- options
@@ -265,8 +271,12 @@ def test_multi30k_second_run_does_nothing(multi30k):
     check_no_work_on_rerun("prepare-multi30k.sh", ["--mirror", mirror], out)
     # a directory prepared before the manifest existed gets one, and nothing else changes
     (out / "prepared.json").unlink()
+    before = outdir_state(out)
+    assert "nothing to do" in prepare("prepare-multi30k.sh", "--mirror", mirror, out).stderr
+    after = outdir_state(out)
+    assert {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)} == {out, out / "prepared.json"}
+    assert read_manifest(out).subword == "sentencepiece"
     check_no_work_on_rerun("prepare-multi30k.sh", ["--mirror", mirror], out)
-    assert read_manifest(out).subword == "sentencepiece" and (out / "prepared.json").is_file()
     proc = prepare("prepare-multi30k.sh", "--mirror", mirror, "--bpe-size", "4000", out, check=False)
     assert proc.returncode == 1
     assert "prepared with other options" in proc.stderr and "--bpe-size=8000" in proc.stderr
@@ -634,9 +644,9 @@ def test_custom_corpus(custom_corpus, tmp_path):
         ("custom", "en", "de", "sentencepiece", "none")
 
     args = ["custom", *custom_args(prefixes, "--bpe-size", "800", "--workers", "1")]
-    before = output_mtimes(out)
+    before = outdir_state(out)
     again = run_cli([BIN_DIR / "resnmt-prepare", *args, out]).stderr
-    assert "nothing to do" in again and output_mtimes(out) == before
+    assert again.splitlines()[-1].startswith("[prepare-custom] nothing to do") and outdir_state(out) == before
     other = dict(prefixes, train=prefixes["valid"])
     refused = run_cli([BIN_DIR / "resnmt-prepare", "custom", *custom_args(other, "--bpe-size", "800"), out],
                       check=False)

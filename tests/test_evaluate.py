@@ -263,14 +263,20 @@ def test_a_score_that_means_nothing_is_flagged_after_it_and_fails_with_strict(tm
         "the decoding's --max-len-a/--max-len-b)",
         f"198 of 200 hypotheses are the same sentence ('.'): the model does not translate yet and BLEU "
         f"{result['bleu']:.2f} measures nothing; train longer"]
-    assert _run(capsys, "--hyp", dots, "--ref", ref, "--strict", "--quiet")[0] == 1
+    rc, out, err = _run(capsys, "--hyp", dots, "--ref", ref, "--strict", "--quiet")
+    assert rc == 1 and out.strip() == f"{result['bleu']:.2f}"  # the score all the same, then why exit 1
+    assert err.splitlines()[-3:] == [*(f"resnmt-evaluate: warning: {w}" for w in result["warnings"]),
+                                     "resnmt-evaluate: error: --strict: the score is flagged as meaningless (the "
+                                     "warnings above), so the exit status is 1"]
 
     repeated = tmp_path / "repeated"
     repeated.write_text("".join(" ".join([r] * 3) + "\n" for r in refs), encoding="utf-8")
     rc, _, err = _run(capsys, "--hyp", repeated, "--ref", ref, "--strict")
     # BLEU 32: a score that looks like one, from a sentence repeated three times
-    assert rc == 1 and "are longer than the references (length ratio 3.0" in err.splitlines()[-1]
-    assert sum("warning" in line for line in err.splitlines()) == 1
+    assert rc == 1 and "are longer than the references (length ratio 3.0" in err.splitlines()[-2]
+    assert err.splitlines()[-1] == ("resnmt-evaluate: error: --strict: the score is flagged as meaningless (the "
+                                    "warning above), so the exit status is 1")
+    assert sum("warning: " in line for line in err.splitlines()) == 1
     # a real translation (here the reference, perturbed): no warning, exit 0 with --strict
     good = tmp_path / "good"
     good.write_text("".join(h + "\n" for h in perturb(refs)), encoding="utf-8")

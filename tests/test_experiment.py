@@ -266,3 +266,20 @@ def test_a_short_run_scales_the_presets_warmup_and_names_what_it_cannot_average(
     assert cli.main(["--dry-run", "--data-root", str(tiny_bin.parent), "--gpus", "0", "--max-update", "10",
                      "--max-tokens", "2000", "--tokens-per-update", "2000", "multi30k", "transformer_rskip_base"]) == 0
     assert capsys.readouterr().out.splitlines()[-2:] == [f"note: {short.notes[0]}", f"warning: {averaging}"]
+
+
+def test_fairseqs_batching_lines_are_left_out_of_what_the_pipeline_prints():
+    """FairseqNoise (what resnmt-experiment prints of fairseq-train's and fairseq-generate's
+    output): the 4 lines of each batching go, in both log formats; the lines around stay."""
+    from resnmt.training.quiet import FairseqNoise
+
+    noise = FairseqNoise()
+    lines = ["2026-11-27 13:52:26 | INFO | fairseq.tasks.fairseq_task | can_reuse_epoch_itr = True",
+             "2026-11-27 13:52:26 | INFO | fairseq.tasks.fairseq_task | reuse_dataloader = True",
+             "2026-11-27 13:52:26 | INFO | fairseq.tasks.fairseq_task | rebuild_batches = False",
+             "2026-11-27 13:52:26 | INFO | fairseq.tasks.fairseq_task | creating new batches for epoch 2",
+             "INFO:fairseq.tasks.fairseq_task:can_reuse_epoch_itr = False"]
+    kept = ["2026-11-27 13:52:26 | INFO | fairseq.data.iterators | grouped total_num_itrs = 25",
+            "2026-11-27 13:52:26 | INFO | fairseq.trainer | begin training epoch 2",
+            "2026-11-27 13:52:26 | INFO | fairseq_cli.train | rebuild_batches = False (not fairseq_task's)"]
+    assert [line for line in lines + kept if noise.keep(line + "\n")] == kept

@@ -77,6 +77,31 @@ def test_from_pretrained_translates_as_fairseq_generate_does(spm_run, generated)
     assert explicit.translate(sources[0], beam=4, lenpen=0.6, max_len_b=12) == expected[0]
 
 
+def test_translate_logs_no_batching_lines_unless_verbose(spm_run, caplog):
+    """fairseq logs 4 INFO lines each time it batches sentences (can_reuse_epoch_itr = ...,
+    creating new batches ...), so at every translate(): not by resnmt's hub unless verbose
+    (the interface's, or the call's own); fairseq's other lines are untouched."""
+    import logging
+
+    data, save_dir, _ = spm_run
+    hub = resnmt.from_pretrained(save_dir, checkpoint_file="checkpoint_last.pt", data_name_or_path=str(data))
+    loud = resnmt.from_pretrained(save_dir, checkpoint_file="checkpoint_last.pt", data_name_or_path=str(data),
+                                  verbose=True)
+
+    def batching_lines(call):
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            call()
+        return [r.getMessage() for r in caplog.records if r.name == "fairseq.tasks.fairseq_task"]
+
+    assert batching_lines(lambda: hub.translate("a dog runs .", beam=2, max_len_b=5)) == []
+    expected = ["can_reuse_epoch_itr = False", "reuse_dataloader = True", "rebuild_batches = False",
+                "creating new batches for epoch 1"]
+    assert batching_lines(lambda: loud.translate("a dog runs .", beam=2, max_len_b=5)) == expected
+    assert batching_lines(lambda: hub.translate("a dog runs .", beam=2, max_len_b=5, verbose=True)) == expected
+    assert batching_lines(lambda: hub.translate("a dog runs .", beam=2, max_len_b=5)) == []  # the filter is gone
+
+
 def test_from_pretrained_refuses_a_bpe_the_data_was_not_made_with(spm_run):
     data, save_dir, _ = spm_run
     with pytest.raises(ValueError, match=r"^bpe='subword_nmt' does not match the data in .*: it is sentencepiece data"):

@@ -36,8 +36,12 @@ def test_trains_with_the_installed_package_as_user_dir(tiny_bin, tmp_path):
     assert resolve_model(cfg["model"]).encoder.kind == "rskip_ln"  # what loading the checkpoint builds
     assert "fairseq_cli.train | num. shared model params" in out and "done training" in out
     assert "{'_name': " not in out and "ResidualTransformerModel(" not in out and "pin_memory" not in out
+    # fairseq's lines each time it batches a dataset (each epoch, each validation): not without --verbose
+    for batching in ("can_reuse_epoch_itr = ", "reuse_dataloader = ", "rebuild_batches = ", "creating new batches"):
+        assert batching not in out, batching
     verbose = run_cli([*args, "--verbose", "--max-update", "2"], cwd=tmp_path).stdout
     assert "fairseq_cli.train | {'_name': " in verbose and "fairseq_cli.train | ResidualTransformerModel(" in verbose
+    assert "fairseq.tasks.fairseq_task | can_reuse_epoch_itr = " in verbose
 
 
 def test_help_lists_the_flags_of_the_task_and_optimizer_given(tiny_bin):

@@ -80,12 +80,23 @@ def test_help(script, words):
     (["--max-update", "0", "multi30k", "transformer"], 2, "--max-update '0': must be an integer >= 1"),
     (["multi30k"], 2, "expected DATASET and ARCH, got 1 argument(s): multi30k"),
     (["--data", "NOWHERE", "multi30k", "transformer"], 1, "data directory NOWHERE not found"),
+    # the flags after --, with fairseq's own parser and resnmt's model flags
+    (["multi30k", "transformer_sas_base", "--", "--residual", "rskip_lnn"], 2,
+     "[train] error: fairseq-train: argument --residual: invalid choice: 'rskip_lnn' (closest: rskip_ln xskip_ln; "
+     "choose from 'post_ln', "),
+    (["multi30k", "transformer_sas_base", "--", "--residul", "rskip_ln"], 2,
+     "[train] error: fairseq-train: unrecognized arguments: --residul rskip_ln (--residul: closest --residual "),
+    (["multi30k", "transformer_sas_base", "--", "--max-tokens", "4k"], 2,  # before the schedule reads it
+     "[train] error: fairseq-train: argument --max-tokens: invalid int value: '4k' (see scripts/train.sh --help)"),
+    (["multi30k", "transformer_rskip_base", "--", "--skip-lambda", "2.5"], 2,  # the model's own check
+     "[train] error: fairseq-train: --skip-lambda 2.5 is invalid for --residual rskip_ln: it must be an integer >= 1 "
+     "(see scripts/train.sh --help)"),
 ])
 def test_bad_input_stops_before_any_work(train_sh, tmp_path, args, code, message):
     save_dir = tmp_path / "run"
     status, _, err = train_sh("--save-dir", save_dir, *args)
     assert status == code, err
-    assert message in err and "[train] error: " in err and "Traceback" not in err
+    assert message in err.splitlines()[-1] and "[train] error: " in err and "Traceback" not in err
     assert not save_dir.exists() and not (tmp_path / "runs").exists()
 
 
@@ -94,6 +105,22 @@ def test_data_of_another_language_pair_is_refused(train_sh, tiny_bin, tmp_path):
     assert status == 1
     assert f"{tiny_bin}/dict.vi.txt not found: {tiny_bin} is not iwslt15-en-vi data binarized for en->vi" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_the_bin_of_a_prepared_directory_names_it_and_the_directory_is_not_data(train_sh, tiny_bin, tmp_path):
+    """DATASET OUTDIR/bin is OUTDIR (its manifest, its bin/, runs/DATASET/ARCH), as
+    fairseq-generate's DATA names it; --data OUTDIR is refused naming OUTDIR/bin; nothing
+    is written."""
+    root = write_data_root(tiny_bin, tmp_path / "data" / "m30k")
+    status, out, err = train_sh("--dry-run", root / "bin", "transformer")
+    assert status == 0, err
+    cmd = shlex.split(out.strip())
+    assert (cmd[1], flag(cmd, "--save-dir")) == (str(root / "bin"), "runs/multi30k/transformer")  # its manifest
+    assert "[train] multi30k en->de, transformer (base)" in err
+    status, _, err = train_sh("--data", root, "--save-dir", tmp_path / "r", root, "transformer")
+    assert status == 1 and err.splitlines()[-1] == (
+        f"[train] error: --data {root} is a directory prepared by resnmt-prepare: its binarized data is {root}/bin")
+    assert not (tmp_path / "r").exists() and not (tmp_path / "runs").exists()
 
 
 def test_dtype_bf16_runs_resnmt_train(dry_run, monkeypatch):
@@ -162,8 +189,11 @@ def test_experiment_end_to_end_then_nothing_to_redo(tiny_bin, tmp_path):
     for step in ("step 1/5: prepare: ", "step 2/5: train transformer_rskip_base", "step 3/5: average the last 3 epoch",
                  "step 4/5: decode test with beam 4, GNMT length penalty 0.6", "step 5/5: score"):
         assert step in err, step
-    assert "note: 3 epoch checkpoint(s)" in err and "fewer than --average 5: averaging 3" in err
+    assert f"note: --average 5: {save_dir} holds 3 checkpointE.pt file(s), fewer than asked: all 3 are averaged" in err
     assert "decoded 60 sentences" in err
+    # fairseq's lines at each batching (each epoch, validation, decoding) are in train.log, not printed
+    assert "can_reuse_epoch_itr" not in proc.stdout + err
+    assert "can_reuse_epoch_itr" in (save_dir / "train.log").read_text()
 
     lines = results.read_text().splitlines()
     assert len(lines) == 1
@@ -205,6 +235,17 @@ def test_experiment_end_to_end_then_nothing_to_redo(tiny_bin, tmp_path):
     assert latest == json.loads((save_dir / "result.avg2.beam2.lenpen0.6.gen-max-len-b20.json").read_text())
     assert json.loads((save_dir / f"result.{key}.json").read_text()) == rec
 
+    # --strict, hypotheses cut to one token: a score that means nothing, flagged; exit status 1, the last line says why
+    strict = run_cli([*cmd[:cmd.index("--gen-args")], "--strict", "--gen-args", "--max-len-a 0 --max-len-b 1",
+                      *cmd[cmd.index("--gen-args") + 2:]], check=False)
+    flagged = json.loads(results.read_text().splitlines()[-1])
+    assert flagged["score_meaningless"] and flagged["length_ratio"] < 0.5
+    warnings = "the warning" if len(flagged["warnings"]) == 1 else "the warnings"
+    assert strict.returncode == 1 and strict.stderr.splitlines()[-1] == (
+        f"[run_experiment] error: --strict: the score is flagged as meaningless ({warnings} above), so the exit "
+        "status is 1")
+    assert strict.stderr.splitlines()[-2].startswith("[run_experiment] warning: ")
+
     # a checkpoint_last.pt truncated by a kill during fairseq's copy is replaced, and training resumes
     last = save_dir / "checkpoint_last.pt"
     data = last.read_bytes()
@@ -231,4 +272,19 @@ def test_experiment_bad_options_stop_before_any_work(tmp_path, monkeypatch, caps
         "resnmt_transformer arch or 'transformer'; closest: transformer_preln_base transformer_hyper_base transformer_periln_base")
     code, err = run_experiment("--average", "0", "multi30k", "transformer")
     assert code == 2 and "--average '0': must be an integer >= 1" in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_experiment_checks_the_flags_after_the_double_dash_before_it_starts(tmp_path):
+    """fairseq-train's own parser, resnmt's flags known, reads the flags after -- before the
+    data is prepared: a wrong --residual is one line (the last) naming the closest kinds,
+    not fairseq's 212 lines of usage; nothing is made."""
+    proc = run_cli(["resnmt-experiment", "multi30k", "transformer_sas_base", "--max-update", "1", "--",
+                    "--residual", "rskip_lnn"], cwd=tmp_path, check=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "[resnmt-experiment] error: the training options were refused: fairseq-train: argument --residual: invalid "
+        "choice: 'rskip_lnn' (closest: rskip_ln xskip_ln; choose from 'post_ln', 'pre_ln', 'xskip', 'xskip_ln', "
+        "'rskip_ln', 'sas', 'highway', 'deepnorm', 'rezero', 'admin', 'peri_ln', 'b2t', 'resi_dual', 'dlcl', "
+        "'dlcl_post', 'denseformer', 'mix_ln', 'ln_scaling', 'hybrid_norm', 'hyper', 'mhc')"]
     assert os.listdir(tmp_path) == []

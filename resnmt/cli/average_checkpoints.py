@@ -5,6 +5,12 @@ The papers decode with the average of the last 10 checkpoints:
     resnmt-average --inputs checkpoints/ --num-epoch-checkpoints 10 \\
         --output checkpoints/checkpoint.avg10.pt
 
+It prints the update of every checkpoint it averages. With fewer checkpoints than asked it
+averages those there are, as ``resnmt-experiment`` does, and a note (the last line) says
+how many; another note says when a newer ``checkpoint_last.pt`` was left out
+(``--include-last`` takes it). A file that is not a checkpoint is refused before any is
+loaded, on one line naming it and what is wrong with it.
+
 Floating-point tensors of ``model`` (parameters and float buffers) are averaged in
 float64 and cast back to their dtype; integer and bool buffers (counters, masks)
 are copied from the newest checkpoint, as is everything outside ``model`` (cfg /
@@ -15,12 +21,13 @@ args, extra_state, optimizer_history, task_state) except the optimizer state
 import argparse
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 from resnmt.cli.common import OneLineErrorParser
-from resnmt.decoding.averaging import AverageError, average_checkpoints, save_atomic, select_checkpoints
+from resnmt.decoding.averaging import (AverageError, average_checkpoints, checkpoint_updates, describe, save_atomic,
+                                       select_checkpoints)
 
 PROG = "resnmt-average"
 
@@ -55,21 +62,27 @@ def build_parser() -> argparse.ArgumentParser:
                    "directories are created)")
     sel = p.add_mutually_exclusive_group()
     sel.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
-                     help="average the N highest-numbered checkpointE.pt files in the directory")
+                     help="average the N highest-numbered checkpointE.pt files in the directory (all "
+                     "there are when fewer, as resnmt-experiment does, with a note naming how many)")
     sel.add_argument("--num-update-checkpoints", type=int, metavar="N",
                      help="average the N highest-numbered checkpoint_E_U.pt files in the directory "
-                     "(ordered by the update number U; needs --save-interval-updates in training)")
+                     "(ordered by the update number U; needs --save-interval-updates in training; all there "
+                     "are when fewer, with a note)")
     p.add_argument("--include-last", action="store_true",
                    help="with --num-epoch-checkpoints/--num-update-checkpoints: count checkpoint_last.pt as "
                    "the newest when it was saved after the newest numbered one (a run stopped by --max-update "
-                   "mid-epoch saves its last update there only)")
+                   "mid-epoch saves its last update there only); without it, a note says when it was left out")
     p.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
                    help="with --num-epoch-checkpoints: ignore epochs > K; with "
                    "--num-update-checkpoints: ignore updates > K")
     return p
 
 
-def resolve_inputs(args) -> List[Path]:
+def resolve_inputs(args) -> Tuple[List[Path], List[Optional[int]], List[str]]:
+    """The checkpoints to average, oldest first, each one's update, and the notes on what
+    the choice could not give (resnmt.decoding.averaging.Selection, resnmt-experiment's too).
+    Every checkpoint is read (its tensors memory-mapped), so that a file that is not one is
+    refused before any is loaded."""
     inputs = [Path(p) for p in args.inputs]
     n, by = args.num_epoch_checkpoints, "epoch"
     if args.num_update_checkpoints is not None:
@@ -83,7 +96,8 @@ def resolve_inputs(args) -> List[Path]:
             raise AverageError(f"no such directory: {inputs[0]}")
         if args.include_last and args.checkpoint_upper_bound is not None:
             raise AverageError("--include-last and --checkpoint-upper-bound exclude each other")
-        return select_checkpoints(inputs[0], n, by, args.checkpoint_upper_bound, args.include_last)
+        selection = select_checkpoints(inputs[0], n, by, args.checkpoint_upper_bound, args.include_last)
+        return selection.paths, selection.updates, selection.notes(f"--num-{by}-checkpoints", "--include-last")
     if args.include_last:
         raise AverageError("--include-last needs --num-epoch-checkpoints or --num-update-checkpoints")
     if args.checkpoint_upper_bound is not None:
@@ -102,7 +116,7 @@ def resolve_inputs(args) -> List[Path]:
         if key in seen:
             raise AverageError(f"{path} is given twice in --inputs")
         seen.add(key)
-    return inputs
+    return inputs, [checkpoint_updates(p) for p in inputs], []
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -112,13 +126,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
 
     try:
-        paths = resolve_inputs(args)
         output = Path(args.output)
-        if any(output.resolve() == p.resolve() for p in paths):
-            raise AverageError(f"--output {output} is one of the inputs; choose another file")
         if output.is_dir():
             raise AverageError(f"--output {output} is a directory; expected a file name")
-        log(f"averaging {len(paths)} checkpoints: {', '.join(p.name for p in paths)}")
+        paths, updates, notes = resolve_inputs(args)
+        if any(output.resolve() == p.resolve() for p in paths):
+            raise AverageError(f"--output {output} is one of the inputs; choose another file")
+        log(f"averaging {len(paths)} checkpoint(s): {', '.join(map(describe, paths, updates))}")
         state = average_checkpoints(paths, log=log)
         save_atomic(state, output)
     except AverageError as e:
@@ -128,6 +142,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     n_kept = len(state["model"]) - n_avg
     log(f"wrote {output}: {n_avg} floating-point tensors averaged over {len(paths)} checkpoints, "
         f"{n_kept} other entries from {paths[-1].name}")
+    for note in notes:  # after everything else: the last lines printed
+        log(f"note: {note}")
     return 0
 
 

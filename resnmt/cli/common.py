@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Callable, List, Sequence, Tuple
 
 from resnmt.experiment.errors import ExperimentError, UsageError
-from resnmt.shared import OneLineErrorParser, one_line_errors  # noqa: F401  (the commands' parsers)
+# the commands' parsers and their one-line errors
+from resnmt.shared import OneLineErrorParser, exit_usage_error, with_closest_names  # noqa: F401
 
 # fairseq_cli.train's root logger set-up
 FAIRSEQ_LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
@@ -48,7 +49,7 @@ class PipelineParser(argparse.ArgumentParser):
         return f"Usage: {self.usage}\n\n{self.text}"
 
     def error(self, message):
-        usage_error(self.prog, message)
+        usage_error(self.prog, with_closest_names(message, self))
 
 
 def command_name(prog: str) -> str:

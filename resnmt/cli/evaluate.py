@@ -42,8 +42,8 @@ from typing import Optional, Sequence
 
 from resnmt.cli.common import OneLineErrorParser
 from resnmt.decoding.scoring import (PROG, EvaluateError, is_generate_output,  # noqa: F401
-                                     parse_generate_output, read_lines, score_files, split_compounds, summary,
-                                     unescape_moses)
+                                     parse_generate_output, read_lines, score_files, split_compounds, strict_failure,
+                                     summary, unescape_moses)
 from resnmt.experiment.results import append_jsonl
 
 # ---------------------------------------------------------------- CLI
@@ -133,7 +133,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{result['bleu']:.2f}" if args.quiet else summary(result), flush=True)
     for warning in result["warnings"]:  # after the score, where it is read
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
-    return 1 if args.strict and result["warnings"] else 0
+    if args.strict and result["warnings"]:
+        print(f"{PROG}: error: {strict_failure(len(result['warnings']))}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Optional, Sequence, Tuple
 from resnmt.cli.common import PipelineParser, command_name, logger, parse, report_warnings, run_guarded
 from resnmt.data.corpora import DATASETS
 from resnmt.experiment import presets, steps
-from resnmt.experiment.errors import UsageError
+from resnmt.experiment.errors import ExperimentError, UsageError
 from resnmt.experiment.options import add_options, given, options_help
 from resnmt.experiment.pipeline import EXPERIMENT_OPTIONS, Experiment, ExperimentRequest
 from resnmt.experiment.runtime import format_seconds
@@ -187,7 +187,11 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "resnmt-experiment") 
         record = experiment.run()
         log(f"done in {format_seconds(time.time() - started)}: {experiment.save_dir}/result.json")
         report_warnings([record], log)
-        return 1 if req.strict and record.get("score_meaningless") else 0
+        if req.strict and record.get("score_meaningless"):
+            from resnmt.decoding.scoring import strict_failure
+
+            raise ExperimentError(strict_failure(len(record["warnings"])))
+        return 0
 
     return run_guarded(prog, body)
 

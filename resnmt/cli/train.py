@@ -10,20 +10,25 @@ resnmt package (absolute, so checkpoints load from any directory) unless given, 
 one difference: ``--bf16`` trains in bf16 on this machine's device (CUDA, or the CPU
 with ``--cpu``) where fairseq 0.12 would send it to a TPU (see resnmt/training/bf16.py).
 A bad flag is reported on one line (the last), naming the value and what is allowed,
-instead of under fairseq's ~185 lines of usage (a wrong ``--arch``: the closest names);
+instead of under fairseq's ~185 lines of usage (a wrong ``--arch``: the closest names),
+as are a data directory that is missing or holds no binarized data (a prepared directory
+given instead of its ``bin/``: the ``bin/`` named) and a missing batch size, before
+anything runs;
 hydra's and torch's deprecation notices are not printed, nor, unless ``--verbose``,
 fairseq's dumps of the whole configuration and model (resnmt/training/quiet.py).
 """
-import logging
 import os
 import sys
 
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 import resnmt
-from resnmt.cli.common import fairseq_logging, one_line_errors
+from resnmt.cli.common import exit_usage_error, fairseq_logging
+from resnmt.experiment.fairseq_flags import training_parser
 from resnmt.experiment.schedule import flag_value
-from resnmt.training.quiet import hide_fairseq_dumps
+from resnmt.training.quiet import hide_fairseq_dumps, hide_user_dir_notice
+
+PROG = "resnmt-train"
 
 HELP_FLAGS = ("-h", "--help")
 DEFAULT_ARCH = "resnmt_transformer"
@@ -57,26 +62,20 @@ def add_model_flags_for_help(parser) -> None:
             gen_parser_from_dataclass(parser.add_argument_group(title), dataclass())
 
 
-def one_line_arch_error(parser):
-    """``parser`` (fairseq's, errors on one line already) answering a wrong --arch with the
-    closest names and where resnmt's are listed, not fairseq's ~180 choices."""
-    import re
+def check_before_training(parser, args) -> None:
+    """What fairseq-train would stop on only after setting up (a traceback, its save dir made),
+    as one ``parser.error`` line before anything runs: a data directory that is not there
+    or holds no binarized data (a directory prepared by resnmt-prepare: its bin/ named), and
+    no batch size."""
+    from resnmt.data.manifest import binarized_data_problem
 
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    from resnmt.experiment.presets import closest_archs
-
-    error = parser.error
-
-    def arch_error(message):
-        wrong = re.match(r"(argument --arch(?:/-a)?: invalid choice: '([^']*)') \(choose from .*\)$", message)
-        if wrong:
-            message = (f"{wrong.group(1)} ({closest_archs(wrong.group(2), list(ARCH_MODEL_REGISTRY))}resnmt's "
-                       "archs: python -m resnmt.cli.arch_table; all: fairseq-train --help)")
-        error(message)
-
-    parser.error = arch_error
-    return parser
+    for data in str(getattr(args, "data", "")).split(os.pathsep):  # fairseq's shards: DIR1:DIR2
+        problem = binarized_data_problem(data)  # dict.*.txt: the translation tasks' data; any task's directory
+        if problem and ("translation" in args.task or not os.path.isdir(data)):
+            parser.error(problem)
+    if args.max_tokens is None and args.batch_size is None:
+        parser.error("no batch size: pass --max-tokens N (tokens per batch, e.g. --max-tokens 4096) or "
+                     "--batch-size N (sentences per batch)")
 
 
 def with_user_dir(argv):
@@ -103,16 +102,16 @@ def main():
     fairseq_logging()  # fairseq-train's log format and level (importing fairseq left DEBUG behind)
     if not verbose:
         hide_fairseq_dumps()
-    # fairseq notes that resnmt, imported above, is the --user-dir it imports again: nothing to act on
-    logging.getLogger("fairseq.utils").addFilter(lambda record: "has already been imported" not in record.getMessage())
-    # a bad flag: one line, not 185 of usage; a wrong --arch: the closest, not 181 names
-    parser = one_line_arch_error(one_line_errors(options.get_training_parser()))
+    hide_user_dir_notice()  # resnmt, imported above, is the --user-dir fairseq imports again
+    # a bad flag: one line, not 185 of usage, naming the closest names (a wrong --arch: not 181 of them)
+    parser = training_parser(lambda message: exit_usage_error(PROG, message))
     try:
         args = options.parse_args_and_arch(parser, modify_parser=add_model_flags_for_help)
     except RuntimeError as e:  # fairseq's bare RuntimeError() for a missing --arch
         if str(e) or any(a == "--arch" or a.startswith("--arch=") for a in argv):
             raise
         parser.error("the following arguments are required: --arch (e.g. --arch transformer_sas_base)")
+    check_before_training(parser, args)
     untie_bf16_from_tpu(args, argv)
     if getattr(args, "compile_layers", False):  # the task checks it too; here it is one line, before any loading
         try:

@@ -69,6 +69,20 @@ def prepared_directory(path: Union[str, Path]) -> Path:
     return path
 
 
+def binarized_data_problem(path: Union[str, Path]) -> Optional[str]:
+    """What keeps ``path`` from being fairseq's binarized data (a directory with its
+    dict.*.txt), on one line; a prepared directory given instead names its ``bin/``. None:
+    nothing."""
+    path = Path(path)
+    if not path.is_dir():
+        return f"data directory {path} not found"
+    if any(path.glob("dict*.txt")):
+        return None
+    if any((path / "bin").glob("dict*.txt")):
+        return f"{path} is a directory prepared by resnmt-prepare: its binarized data is {path / 'bin'}"
+    return f"{path} holds no binarized data (no dict.*.txt; resnmt-prepare or fairseq-preprocess writes it)"
+
+
 def read_manifest(path: Union[str, Path]) -> Manifest:
     """The manifest of a directory prepared by resnmt-prepare (``path``: OUTDIR or OUTDIR/bin).
     ManifestError when ``path`` is not one."""

@@ -74,7 +74,7 @@ class Preparation:
         killed run's temporaries."""
         try:
             self.out.mkdir(parents=True, exist_ok=True)
-            lock = open(self.out / ".lock", "w")
+            lock = open(self.out / ".lock", "a")  # not "w": a run with nothing to do writes nothing
         except OSError as e:
             raise DataPrepError(f"cannot create OUTDIR {self.out}: {e.strerror}") from None
         with lock:
@@ -82,7 +82,7 @@ class Preparation:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise DataPrepError(f"another prepare run is using {self.out} (lock {self.out / '.lock'})") from None
-            for d in (self.orig, self.work, self.stamps):
+            for d in (self.orig, self.stamps):
                 d.mkdir(exist_ok=True)
             for leftover in self.out.glob(".tmp.*"):
                 shutil.rmtree(leftover, ignore_errors=True)
@@ -119,7 +119,8 @@ class Preparation:
                                         f"or delete {self.out} to start over")
                 self.log(f"options changed since the last run ({summary}); "
                          f"no step they change has finished: going on from step {start} with the new ones")
-        atomic_write_text(stamp, config)
+        if not stamp.exists() or stamp.read_text() != config:
+            atomic_write_text(stamp, config)
 
     # ----------------------------------------------------------------- runner
 
@@ -173,7 +174,7 @@ class Preparation:
                 redo = i
             if redo:
                 break
-        if redo and redo > 2 and steps[redo - 1].reads_work and not any(self.work.iterdir()):
+        if redo and redo > 2 and steps[redo - 1].reads_work and not any(self.work.glob("*")):
             self.log(f"step {redo}/{n} reads OUTDIR/work, removed after the last complete run "
                      f"(see --keep-work): redoing steps 2-{n}")
             redo = 2
@@ -181,11 +182,12 @@ class Preparation:
             self.log(f"step {i}/{n}: {step.description}: done, skipping")
         if redo is None:
             with contextlib.suppress(OSError):
-                self.work.rmdir()
+                self.work.rmdir()  # left by an older resnmt, which made it on every run
             if not (self.out / "prepared.json").exists():  # prepared before the manifest existed
                 self.process.write_manifest()
             self.log(f"nothing to do: {self.out} is complete (binarized data in {self.out / 'bin'})")
             return
+        self.work.mkdir(exist_ok=True)
         for i in range(redo, n + 1):
             while self.stamp(i):
                 self.stamp(i).unlink()

@@ -142,6 +142,12 @@ def score_all(hyps, refs, *, lowercase=False, tokenize="13a", compound_split=Fal
 LENGTH_RATIO_BOUNDS = (0.5, 2.0)
 
 
+def strict_failure(n_warnings: int) -> str:
+    """``--strict``'s last line (resnmt-evaluate's and resnmt-experiment's): why they exit 1."""
+    return (f"--strict: the score is flagged as meaningless (the {'warning' if n_warnings == 1 else 'warnings'} "
+            "above), so the exit status is 1")
+
+
 def meaningless_score_warnings(hyps: Sequence[str], result: dict) -> List[str]:
     """One line for each sign that a score does not measure translation: a length ratio
     outside LENGTH_RATIO_BOUNDS, or most hypotheses the same sentence (a model that has not

@@ -17,7 +17,7 @@ from resnmt.experiment import steps
 from resnmt.experiment.errors import ExperimentError, Log, UsageError
 from resnmt.experiment.options import convert_options, option
 from resnmt.experiment.presets import (TrainPlan, TrainRequest, dataset_of, default_data_root, default_save_dir,
-                                      plan_training)
+                                      plan_training, prepared_dataset)
 from resnmt.experiment.results import append_jsonl, decoding_key, describe
 from resnmt.experiment.runtime import format_seconds, require_commands, tool_env
 
@@ -58,6 +58,8 @@ class ExperimentRequest:
 
     def __post_init__(self):
         convert_options(self)
+        if self.data_root is not None:  # OUTDIR/bin names OUTDIR, as DATASET does
+            self.data_root = Path(prepared_dataset(str(self.data_root)))
         if self.mirror is not None and not self.mirror.is_dir():
             raise UsageError(f"--mirror {self.mirror}: no such directory")
 
@@ -156,40 +158,31 @@ class Experiment:
         the newest ``--average`` update checkpoints or, without any, epoch checkpoints, and
         checkpoint_last.pt after them where training stopped later (unless ``--exclude-last``);
         fewer if fewer exist; checkpoint_last.pt alone if training saved no numbered one."""
-        from resnmt.decoding.averaging import LAST, AverageError, checkpoint_updates, numbered_checkpoints, \
-            with_last_checkpoint
+        from resnmt.decoding.averaging import LAST, AverageError, numbered_checkpoints, select_checkpoints
 
-        kind, found = "update", numbered_checkpoints(self.save_dir, "update")
-        if not found:
-            kind, found = "epoch", numbered_checkpoints(self.save_dir, "epoch")
-        paths = [p for _, p in found]
+        by = "update" if numbered_checkpoints(self.save_dir, "update") else "epoch"
+        # checkpoint_last.pt: the newest where training stopped mid-epoch; alone where it saved no numbered one
+        include_last = not self.req.exclude_last or not numbered_checkpoints(self.save_dir, by)
         try:
-            if not self.req.exclude_last or not paths:
-                paths = with_last_checkpoint(self.save_dir, paths)
-            if not paths:
-                raise ExperimentError(f"no checkpoints in {self.save_dir}")
-            with_last = paths[-1].name == LAST
-            selected = paths[-self.req.average:]
-            updates = [checkpoint_updates(p) for p in selected]
+            selection = select_checkpoints(self.save_dir, self.req.average, by, include_last=include_last)
         except AverageError as e:
-            raise ExperimentError(str(e)) from None
-        if len(paths) == 1 and with_last:
+            raise ExperimentError(f"no checkpoints to average in {self.save_dir}: {e}") from None
+        selected, updates = selection.paths, selection.updates
+        if selection.available == 1 and selection.with_last:
             # training stopped (--max-update) before the end of epoch 1 and saved no numbered checkpoint
             self.step(3, f"average: no epoch or update checkpoints in {self.save_dir}, decoding {LAST} alone "
                          f"(update {updates[0]})")
-            return paths[0], updates, "last", "last"
-        n = len(selected)
-        kind += "+last" if with_last else ""
-        label = f"avg{n}-last" if with_last else f"avg{n}"
+            return selected[0], updates, "last", "last"
+        n, kind = len(selected), selection.kind
+        label = f"avg{n}-last" if selection.with_last else f"avg{n}"
         output = self.save_dir / f"checkpoint.{label}.pt"
         if output.exists():
             self.step(3, f"average: {output} exists, skipped")
         else:
             self.step(3, f"average the last {n} {kind} checkpoints (updates {', '.join(map(str, updates))}) "
                          f"-> {output}")
-            if n < self.req.average:
-                self.log(f"note: {len(paths)} {kind} checkpoint(s) in {self.save_dir}, fewer than --average "
-                         f"{self.req.average}: averaging {n}")
+            for note in selection.notes("--average"):
+                self.log(f"note: {note}")
             steps.average(selected, output)
         return output, updates, kind, label
 

@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from resnmt.data.corpora import DATASETS, Dataset, custom
-from resnmt.data.manifest import ManifestError, read_manifest
+from resnmt.data.manifest import ManifestError, binarized_data_problem, read_manifest
 from resnmt.experiment.errors import ExperimentError, Log, UsageError, quiet
+from resnmt.experiment.fairseq_flags import check_training_flags
 from resnmt.experiment.options import convert_options, option
 from resnmt.experiment.runtime import USER_DIR, require_commands, which
 from resnmt.experiment.schedule import Schedule, flag_value, warmup_to_fit
+from resnmt.shared import closest
 
 # ----------------------------------------------------------------------------- sizes
 
@@ -69,6 +71,17 @@ def dataset_of(name: str) -> Dataset:
         return dataclasses.replace(custom(manifest.source_lang, manifest.target_lang), name=Path(name).name)
     raise UsageError(f"DATASET '{name}' is not one of: {' '.join(DATASETS)}, nor a directory prepared by "
                      "resnmt-prepare")
+
+
+def prepared_dataset(name: str) -> str:
+    """DATASET as given, or OUTDIR where it names OUTDIR/bin, the binarized data of a
+    directory prepared by resnmt-prepare (as fairseq-generate's DATA names it)."""
+    if name in DATASETS or not Path(name).is_dir():
+        return name
+    try:
+        return str(read_manifest(name).directory)
+    except ManifestError:
+        return name  # dataset_of says what it is not
 
 
 def default_data_root(name: str) -> Path:
@@ -137,6 +150,7 @@ class TrainRequest:
 
     def __post_init__(self):
         convert_options(self)
+        self.dataset = prepared_dataset(self.dataset)
         self.extra = list(self.extra)
         if self.node_rank >= self.nodes:
             raise UsageError(f"--node-rank {self.node_rank} must be < --nodes {self.nodes}")
@@ -193,9 +207,7 @@ def count_gpus() -> int:
 def closest_archs(arch: str, known: Sequence[str]) -> str:
     """"closest: A B C; " for the names among ``known`` that look like a mistyped ``arch``
     ('' when none does)."""
-    import difflib
-
-    close = difflib.get_close_matches(arch, known, n=3, cutoff=0.6)
+    close = closest(arch, known)
     return f"closest: {' '.join(close)}; " if close else ""
 
 
@@ -215,7 +227,8 @@ def check_arch(arch: str) -> None:
 def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False) -> TrainPlan:
     """The ``fairseq-train`` command of the papers' presets for ``req``. ``req`` checked its
     values when it was built; here, before any work (UsageError), the dataset, the arch,
-    the GPUs asked for against those visible and, unless ``dry_run``, the data."""
+    the GPUs asked for against those visible, the whole command's flags (those after ``--``
+    too) with fairseq's own parser and, unless ``dry_run``, the data."""
     dataset = dataset_of(req.dataset)
     nodes, gpus = req.nodes, req.gpus
     # bf16: resnmt-train (fairseq-train whose --bf16 stays off TPUs; resnmt/training/bf16.py)
@@ -291,28 +304,6 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
     # paths
     data = req.data or default_data_root(req.dataset) / "bin"
     save_dir = req.save_dir or default_save_dir(dataset.name, req.arch, req.tag)
-    if not dry_run:
-        if not data.is_dir():
-            how = (f"resnmt-prepare {dataset.name} {default_data_root(req.dataset)}" if req.dataset in DATASETS
-                   else f"resnmt-prepare custom ... {req.dataset}")
-            raise ExperimentError(f"data directory {data} not found (prepare it: {how}, or --data DIR)")
-        pair = f"{dataset.src}-{dataset.tgt}"
-        for name in (f"dict.{dataset.src}.txt", f"dict.{dataset.tgt}.txt", f"train.{pair}.{dataset.src}.idx",
-                     f"train.{pair}.{dataset.tgt}.idx", f"valid.{pair}.{dataset.src}.idx"):
-            if not (data / name).exists():
-                raise ExperimentError(f"{data}/{name} not found: {data} is not {dataset.name} data binarized "
-                                      f"for {dataset.src}->{dataset.tgt}")
-
-    # schedule: a preset's warm-up longer than the run is scaled to it (a warm-up after --
-    # is the user's: warned about, not changed)
-    schedule = Schedule.of([*flags, *req.extra], data if data.is_dir() else None, dataset.src, dataset.tgt, world)
-    notes = []
-    if schedule.total and schedule.warmup >= schedule.total and flag_value(req.extra, "--warmup-updates") is None:
-        warmup = warmup_to_fit(schedule.total)
-        flags[flags.index("--warmup-updates") + 1] = str(warmup)
-        notes.append(f"preset {preset}: the run ({schedule.total} updates) is shorter than its {schedule.warmup} "
-                     f"warm-up updates: warm-up scaled to {warmup} (-- --warmup-updates N to choose)")
-        schedule = dataclasses.replace(schedule, warmup=warmup)
 
     # launcher
     launch, dist = [], []
@@ -331,8 +322,40 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
             require_commands("srun")
             launch = ["srun", "--nodes", str(nodes), "--ntasks-per-node", "1"]
             dist += ["--distributed-port", str(req.master_port)]
-    cmd = [*launch, *trainer, str(data), "--user-dir", str(USER_DIR), *flags, *dist,
-           "--save-dir", str(save_dir), "--log-format", "simple", *req.extra]
+
+    def fairseq_args():
+        return [str(data), "--user-dir", str(USER_DIR), *flags, *dist, "--save-dir", str(save_dir), "--log-format",
+                "simple", *req.extra]
+
+    check_training_flags(fairseq_args())  # those after -- too, as fairseq-train will parse them, before any work
+
+    # schedule: a preset's warm-up longer than the run is scaled to it (a warm-up after --
+    # is the user's: warned about, not changed)
+    schedule = Schedule.of([*flags, *req.extra], data if data.is_dir() else None, dataset.src, dataset.tgt, world)
+    notes = []
+    if schedule.total and schedule.warmup >= schedule.total and flag_value(req.extra, "--warmup-updates") is None:
+        warmup = warmup_to_fit(schedule.total)
+        flags[flags.index("--warmup-updates") + 1] = str(warmup)
+        notes.append(f"preset {preset}: the run ({schedule.total} updates) is shorter than its {schedule.warmup} "
+                     f"warm-up updates: warm-up scaled to {warmup} (-- --warmup-updates N to choose)")
+        schedule = dataclasses.replace(schedule, warmup=warmup)
+
+    cmd = [*launch, *trainer, *fairseq_args()]
+    if not dry_run:
+        if not data.is_dir():
+            how = (f"resnmt-prepare {dataset.name} {default_data_root(req.dataset)}" if req.dataset in DATASETS
+                   else f"resnmt-prepare custom ... {req.dataset}")
+            raise ExperimentError(f"data directory {data} not found (prepare it: {how}, or --data DIR)")
+        problem = binarized_data_problem(data)
+        if problem:
+            raise ExperimentError(f"--data {problem}" if req.data else problem)
+        pair = f"{dataset.src}-{dataset.tgt}"
+        for name in (f"dict.{dataset.src}.txt", f"dict.{dataset.tgt}.txt", f"train.{pair}.{dataset.src}.idx",
+                     f"train.{pair}.{dataset.tgt}.idx", f"valid.{pair}.{dataset.src}.idx"):
+            if not (data / name).exists():
+                raise ExperimentError(f"{data}/{name} not found: {data} is not {dataset.name} data binarized "
+                                      f"for {dataset.src}->{dataset.tgt}")
+
     log(f"{dataset.name} {dataset.src}->{dataset.tgt}, {req.arch} ({size}), preset {preset}, {dtype}, {world} "
         f"process(es) ({gpus} GPU(s) x {nodes} node(s))")
     log(f"batch: {world} x max-tokens {cap} x update-freq {update_freq} = {world * cap * update_freq} tokens per "

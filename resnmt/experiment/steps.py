@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import time
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -40,20 +39,12 @@ def prepare(name: str, data_root: Path, mirror: Optional[Path] = None, options: 
 # -------------------------------------------------------------------------------- train
 
 
-def checkpoint_complete(path: Path) -> bool:
-    """A complete torch zip file (its central directory, at the end, is intact); reads
-    only the directory, not the tensors."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            return any(name.endswith("data.pkl") for name in z.namelist())
-    except (OSError, zipfile.BadZipFile):
-        return False
-
-
 def repair_checkpoint_last(save_dir: Path, log: Log) -> None:
     """fairseq writes checkpointN.pt atomically but then *copies* it to checkpoint_last.pt;
     a run killed during the copy leaves a truncated checkpoint_last.pt that stops every
     restart. Replace it by the newest complete checkpoint and keep the broken file aside."""
+    from resnmt.decoding.averaging import checkpoint_complete
+
     last = Path(save_dir) / "checkpoint_last.pt"
     if not last.exists() or checkpoint_complete(last):
         return

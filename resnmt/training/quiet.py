@@ -1,7 +1,11 @@
 """Hide the deprecation notices fairseq 0.12 causes in its dependencies (and the DEBUG level
 its import leaves on the root logger), torch's notice that memory is not pinned without
-a GPU, and, in resnmt's commands, fairseq's dumps of its configuration and model; nothing
-else.
+a GPU, and, in resnmt's commands (unless ``--verbose``), fairseq's dumps of its
+configuration and model, the lines it logs each time it batches a dataset (the per-epoch
+``can_reuse_epoch_itr = ...``, ``reuse_dataloader = ...``, ``rebuild_batches = ...``,
+``creating new batches for epoch N``: 4 lines per epoch of training, per validation, per
+``translate()`` of the hub) and its notice that the ``--user-dir`` is imported already;
+nothing else.
 
 fairseq builds its configuration with hydra's old API (``hydra.experimental``
 ``initialize``/``compose``, ``strict=``, ``# @package _group_`` headers, schemas matched
@@ -86,12 +90,18 @@ def lower_fairseqs_debug_logging() -> None:
 _CONFIG_DUMP_RE = re.compile(r"fairseq_cli\.\w+(?: \| |:)\{'_name': ")
 # fairseq-train's INFO line that opens the model's repr (one line per module after it, up to ")")
 _MODEL_REPR_RE = re.compile(r"fairseq_cli\.train \| \w+\($")
+# what fairseq.tasks.fairseq_task logs each time it batches a dataset (get_batch_iterator)
+BATCHING_LOGGER = "fairseq.tasks.fairseq_task"
+_BATCHING_RE = re.compile(r"(?:can_reuse_epoch_itr|reuse_dataloader|rebuild_batches) = \w+$"
+                          r"|creating new batches for epoch \d+$|batches will be rebuilt for each epoch$")
+# ... as a line of a command's output, in fairseq-train's format or the logging module's default
+_BATCHING_LINE_RE = re.compile(re.escape(BATCHING_LOGGER) + r"(?: \| |:)(?:" + _BATCHING_RE.pattern + ")")
 
 
 class FairseqNoise:
-    """``keep(line)``: False for the lines of fairseq's configuration dump and of the model
-    repr fairseq-train logs, which resnmt's commands leave out of what they print (the
-    training log keeps them; ``--verbose`` shows them)."""
+    """``keep(line)``: False for the lines of fairseq's configuration dump, of the model
+    repr fairseq-train logs and of its batching, which resnmt's commands leave out of what
+    they print (the training log keeps them; ``--verbose`` shows them)."""
 
     def __init__(self):
         self.in_model = False
@@ -101,7 +111,7 @@ class FairseqNoise:
         if self.in_model:
             self.in_model = text != ")"
             return False
-        if _CONFIG_DUMP_RE.search(text):
+        if _CONFIG_DUMP_RE.search(text) or _BATCHING_LINE_RE.search(text):
             return False
         if _MODEL_REPR_RE.search(text):
             self.in_model = True
@@ -111,8 +121,9 @@ class FairseqNoise:
 
 def hide_fairseq_dumps(logger_name: str = "fairseq_cli.train") -> None:
     """Drop the records of ``logger_name`` that dump the whole configuration or model
-    (``logger.info(cfg)``, ``logger.info(model)`` in fairseq_cli.train): resnmt-train's
-    output without ``--verbose``. By the record's type, so every other line stays."""
+    (``logger.info(cfg)``, ``logger.info(model)`` in fairseq_cli.train), and fairseq's
+    batching lines (``hide_batching_lines``): resnmt-train's output without ``--verbose``.
+    By the record's type, so every other line stays."""
     import argparse
     import logging
 
@@ -123,3 +134,36 @@ def hide_fairseq_dumps(logger_name: str = "fairseq_cli.train") -> None:
         return not isinstance(record.msg, (DictConfig, argparse.Namespace, torch.nn.Module))
 
     logging.getLogger(logger_name).addFilter(keep)
+    logging.getLogger(BATCHING_LOGGER).addFilter(_not_batching)
+
+
+def _not_batching(record) -> bool:
+    return not _BATCHING_RE.match(record.getMessage())
+
+
+class hide_batching_lines:
+    """``with hide_batching_lines():`` fairseq's batching lines are not logged inside (the
+    hub's ``generate``, whose every call batches its sentences anew)."""
+
+    def __enter__(self):
+        import logging
+
+        self.filter = lambda record: _not_batching(record)  # its own: removing it leaves any other
+        logging.getLogger(BATCHING_LOGGER).addFilter(self.filter)
+
+    def __exit__(self, *exc):
+        import logging
+
+        logging.getLogger(BATCHING_LOGGER).removeFilter(self.filter)
+
+
+def _not_user_dir_notice(record) -> bool:
+    return "has already been imported" not in record.getMessage()
+
+
+def hide_user_dir_notice() -> None:
+    """Drop fairseq's INFO line that the ``--user-dir`` it imports is imported already:
+    resnmt's commands import resnmt before fairseq does, nothing to act on."""
+    import logging
+
+    logging.getLogger("fairseq.utils").addFilter(_not_user_dir_notice)
