@@ -91,13 +91,19 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def matmul_rate(cpu: bool, size: int, reps: int = 10) -> dict:
-    """The card's bf16 matrix-product rate, measured: ``size``-cubed products."""
+# the dtypes a configuration trains in, as torch names them
+TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def matmul_rate(cpu: bool, size: int, dtype: str, reps: int = 10) -> float:
+    """The device's measured matrix-product rate in ``dtype`` (TFLOP/s): ``size``-cubed
+    products. A configuration's MFU is taken against the rate of the dtype it trained in:
+    a CPU without native bf16 emulates bf16 products far below its fp32 rate."""
     import torch
 
     device = "cpu" if cpu else "cuda"
-    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    a = torch.randn(size, size, device=device, dtype=getattr(torch, TORCH_DTYPES[dtype]))
+    b = torch.randn(size, size, device=device, dtype=a.dtype)
     for _ in range(3):
         a @ b
     synchronize(cpu)
@@ -106,7 +112,13 @@ def matmul_rate(cpu: bool, size: int, reps: int = 10) -> dict:
         a @ b
     synchronize(cpu)
     seconds = (time.perf_counter() - t0) / reps
-    return {"matmul_size": size, "bf16_tflops": 2 * size ** 3 / seconds / 1e12}
+    return 2 * size ** 3 / seconds / 1e12
+
+
+def peak_rates(cpu: bool, size: int, dtypes) -> dict:
+    """What the environment line records of the device's peak: the product size and the
+    measured rate of each dtype in ``dtypes`` (``peak_tflops``: {dtype: TFLOP/s})."""
+    return {"matmul_size": size, "peak_tflops": {d: matmul_rate(cpu, size, d) for d in dtypes}}
 
 
 # the Tensor methods that read a tensor's value on the host: on a CUDA tensor each waits for

@@ -22,8 +22,10 @@ Method (docs/benchmarks.md, "GPU training through fairseq's trainer"):
   reference as the median (min-max) of the per-round ratios (each round's values kept);
 * model FLOPs per update are counted with ``torch.utils.flop_counter`` over one forward
   and backward of the first batch (matrix products and attention; what the matrix units
-  do) and reported as a fraction of the card's bf16 matrix rate measured by this script
-  (``--matmul-size`` cubed products), and as the ratio each row's FLOPs predict;
+  do) and reported as a fraction of the card's matrix rate in the dtype the row trained in
+  (MFU: bf16 rows against bf16 products, fp16 against fp16, the CPU's fp32 smoke run against
+  fp32), measured by this script (``--matmul-size`` cubed products), and as the ratio each
+  row's FLOPs predict;
 * ``--profile FILE``: a torch.profiler trace summary of one update (top kernels, kernel
   launches, host-device synchronisations) of the stock fp16 row and of the recipes, and
   the Python lines where an update reads tensor values on the host (``host_reads``: on
@@ -64,7 +66,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from common import CONFIGS, Comparison, fairseq_argv, judge_training  # noqa: E402
-from fairseq_trainer import (build_trainer, compiled_graphs, count_flops, matmul_rate, profile_update,  # noqa: E402
+from fairseq_trainer import (build_trainer, compiled_graphs, count_flops, peak_rates, profile_update,  # noqa: E402
                              run_updates, synchronize, training_batches)
 from result_tables import gpu_training_table  # noqa: E402
 
@@ -218,8 +220,9 @@ def median_min_max(values):
     return statistics.median(values), min(values), max(values)
 
 
-def summarize(configs: List[Config], tokens_setting: int, peak_tflops: Optional[float]) -> List[dict]:
-    """A record per configuration: tokens/s median (min-max), ratio to its reference."""
+def summarize(configs: List[Config], tokens_setting: int, peak_tflops: Dict[str, float]) -> List[dict]:
+    """A record per configuration: tokens/s median (min-max), ratio to its reference, and
+    MFU against ``peak_tflops`` of the dtype the configuration trained in."""
     by_key = {c.key: c for c in configs}
     rows = []
     for c in configs:
@@ -237,8 +240,9 @@ def summarize(configs: List[Config], tokens_setting: int, peak_tflops: Optional[
                "target_tokens_rounds": [tok for _, tok in c.samples],  # the same batches for all, round by round
                "target_tokens_per_update": c.tokens_per_update,
                "flops_per_update": c.flops_per_update, "warmup_s": c.warmup_s, "warmup_updates": c.warmup_updates}
-        if peak_tflops and per_update:
-            rec["mfu"] = c.flops_per_update / per_update / (peak_tflops * 1e12)
+        peak = peak_tflops.get(c.dtype)
+        if peak and per_update:
+            rec.update(mfu=c.flops_per_update / per_update / (peak * 1e12), peak_dtype=c.dtype, peak_tflops=peak)
         ref = by_key.get(reference_of(c, configs))
         if ref is not None and ref is not c and len(ref.samples) == len(c.samples):
             ratios = [(tok / sec) / (rt / rs) for (sec, tok), (rs, rt) in zip(c.samples, ref.samples)]
@@ -354,8 +358,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--updates", type=int, default=100, help="timed updates per configuration per round (default: 100)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: 3)")
     p.add_argument("--batches", type=int, default=64, help="distinct training batches, cycled (default: 64)")
-    p.add_argument("--matmul-size", type=int, default=8192, help="side of the bf16 products timed for the card's "
-                   "rate (default: 8192)")
+    p.add_argument("--matmul-size", type=int, default=8192, help="side of the products timed for the card's "
+                   "rate in each dtype measured (default: 8192)")
     p.add_argument("--profile", help="write a torch.profiler summary of one update (stock fp16, the recipes) to this "
                    "JSON file")
     p.add_argument("--whole-process", action="store_true", help="also time whole fairseq-train processes")
@@ -543,7 +547,7 @@ def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadli
         for c in configs:
             if c.key in timed:
                 c.samples.append(timed[c.key])
-        rows = summarize(configs, max_tokens, env["bf16_tflops"])
+        rows = summarize(configs, max_tokens, env["peak_tflops"])
         graphs_now = compiled_graphs()
         for rec in rows:
             # torch.compile graphs made by then (all configurations): equal = none compiled while timed
@@ -571,7 +575,9 @@ def main(argv=None):
     env = {"kind": "environment", "device": device, "torch": torch.__version__, "python": platform.python_version(),
            "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "settings": dict(vars(a)), "fairseq": fairseq.__version__}
-    env.update(matmul_rate(a.cpu, 512 if a.smoke else a.matmul_size))
+    # the peak of each dtype that will train (the smoke test: fp32 on the CPU)
+    trained = sorted({c.dtype for t in tokens for c in configs_at(a, t, rows, dtypes, limits)})
+    env.update(peak_rates(a.cpu, 512 if a.smoke else a.matmul_size, trained))
     record(out, env)
     print(json.dumps(env), flush=True)
 

@@ -68,10 +68,9 @@ def gpu_training_table(rows) -> str:
     for r in rows:
         tokens = f"{r['tokens_per_s']:,.0f} ({each_round(r, 'tokens_per_s', '{:,.0f}')})"
         ratio = f"{r['ratio']:.3f} ({each_round(r, 'ratio', '{:.3f}')})" if "ratio" in r else ""
-        mfu = f"{100 * r['mfu']:.1f} %" if "mfu" in r else ""
         lines.append(f"| {r['config']} | {r['dtype']} | {r['max_tokens']} | {r['target_tokens_per_update']:.0f} | "
                      f"{tokens} | {ratio} | {r.get('reference', '')} | {r.get('target', '')} | {r.get('meets', '')} "
-                     f"| {mfu} |")
+                     f"| {mfu_cell(r)} |")
     pair = [r for r in rows if r["config"] == "post_ln" and "resolves" in r]
     for r in pair:
         lines.append(f"\nsame-math pair post_ln/transformer ({r['dtype']}, {r['max_tokens']}): ratio {r['ratio']:.3f}, "
@@ -82,6 +81,15 @@ def gpu_training_table(rows) -> str:
                      + (f"; the middle half of the {r['rounds']} rounds lies within {r['ratio_q1']:.3f}-"
                         f"{r['ratio_q3']:.3f}" if "ratio_q1" in r else ""))
     return "\n".join(lines)
+
+
+def mfu_cell(r) -> str:
+    """A row's MFU, naming the peak's dtype where it is not the dtype the row trained in
+    (lines written before the peak was measured per dtype took every row's against bf16's)."""
+    if "mfu" not in r:
+        return ""
+    peak = r.get("peak_dtype", "bf16")
+    return f"{100 * r['mfu']:.1f} %" + ("" if peak == r["dtype"] else f" (of the {peak} peak)")
 
 
 def each_round(r, key, fmt) -> str:
