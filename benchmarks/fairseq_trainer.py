@@ -8,7 +8,7 @@ import re
 import time
 from typing import Sequence
 
-import common
+from eager_training import TORCH_DTYPES, training_batches
 
 
 def fairseq_training(argv: Sequence[str]):
@@ -41,10 +41,10 @@ def build_trainer(argv: Sequence[str]):
     return Trainer(cfg, task, model, criterion), task, cfg
 
 
-def training_batches(task, cfg, n: int):
-    """The first ``n`` batches of epoch 1 as fairseq-train builds them (seed 1)."""
+def first_batches(task, cfg, n: int):
+    """The first ``n`` batches of epoch 1 as fairseq-train builds them from ``cfg`` (seed 1)."""
     task.load_dataset("train", combine=False, epoch=1)
-    return common.training_batches(task, cfg.dataset.max_tokens, n)
+    return training_batches(task, cfg.dataset.max_tokens, n)
 
 
 def synchronize(cpu: bool):
@@ -89,10 +89,6 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
-
-
-# the dtypes a configuration trains in, as torch names them
-TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def matmul_rate(cpu: bool, size: int, dtype: str, reps: int = 10) -> float:

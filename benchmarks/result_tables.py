@@ -8,7 +8,8 @@ import math
 import statistics
 from collections import Counter, OrderedDict
 
-from common import PREDICTION_TARGET_DEFAULT, PREDICTION_TARGETS, ROWS, verdict
+from rows import QUALITY_ROWS
+from verdicts import PREDICTION_TARGET_DEFAULT, PREDICTION_TARGETS, target_verdict
 
 
 def fmt_ratio(x):
@@ -26,11 +27,11 @@ def speed_table(rows):
         out.append(
             f"| {r['row']} (vs {r['reference']}) "
             f"| {fmt_ratio(t['median'])} [{fmt_ratio(t['min'])}–{fmt_ratio(t['max'])}] ({r['target_train'] or '—'}) "
-            f"| {verdict(t['median'], r['target_train'])} "
+            f"| {target_verdict(t['median'], r['target_train'])} "
             f"| {fmt_ratio(d['median'])} [{fmt_ratio(d['min'])}–{fmt_ratio(d['max'])}] ({r['target_decode'] or '—'}) "
-            f"| {verdict(d['median'], r['target_decode'])} "
+            f"| {target_verdict(d['median'], r['target_decode'])} "
             f"| {fmt_ratio(m['median'])} ({('≤ %s' % r['target_memory']) if r['target_memory'] else '—'}) "
-            f"| {verdict(m['median'], r['target_memory'], higher_is_better=False)} "
+            f"| {target_verdict(m['median'], r['target_memory'], higher_is_better=False)} "
             f"| {r['params_ratio']:.3f} | {r['rounds']} |"
         )
     return "\n".join(out)
@@ -243,7 +244,7 @@ def speed_tables(records):
                 parts.append(
                     f"| {r['row']} | {o['gate_dim']} | {o['gate_params']:,} | {r['params_ratio']:.3f} "
                     f"| {o['mac_overhead']:.3f} | {o['predicted_train_ratio']:.3f} "
-                    f"| {r['train_ratio']['median']:.3f} | {mp:.3f} (≥ {target:g}: {verdict(mp, target)}) |"
+                    f"| {r['train_ratio']['median']:.3f} | {mp:.3f} (≥ {target:g}: {target_verdict(mp, target)}) |"
                 )
         parts.append("")
     return "\n".join(parts) if parts else "_no speed results yet_"
@@ -291,7 +292,7 @@ def quality_table(records, settings_key=None):
         "| row | n | sacreBLEU mean | std | min–max | seeds | papers' direction |",
         "|---|---|---|---|---|---|---|",
     ]
-    order = {row: i for i, row in enumerate(ROWS)}
+    order = {row: i for i, row in enumerate(QUALITY_ROWS)}
     settings_seen = OrderedDict()
     for (row, key), recs in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1])):
         recs = sorted(recs, key=lambda r: r["seed"])
@@ -304,7 +305,7 @@ def quality_table(records, settings_key=None):
             f"| {','.join(str(r['seed']) for r in recs)} | {PAPERS.get(row, '')} |"
         )
     missing = []
-    for row, n_wanted in ((name, r.seeds) for name, r in ROWS.items()):
+    for row, n_wanted in ((name, r.seeds) for name, r in QUALITY_ROWS.items()):
         have = sum(len(v) for (r, _), v in groups.items() if r == row)
         if have < n_wanted:
             missing.append(f"{row} ({have} of {n_wanted} seeds)")

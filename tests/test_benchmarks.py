@@ -44,7 +44,7 @@ def test_speed_worker_measures_a_round_in_one_process(tiny_bin):
     spec = {"data": str(tiny_bin), "device": "cpu", "size": [1, 16, 32, 2], "threads": 1, "warmup": 1,
             "updates": 1, "max_tokens": 300, "dtype": "fp32", "decode_sentences": 4, "decode_batch": 4,
             "decode_len": 3}
-    proc = run_cli([sys.executable, BENCH / "speed.py", "--worker",
+    proc = run_cli([sys.executable, BENCH / "speed_measure.py",
                     json.dumps([dict(spec, config="transformer"), dict(spec, config="sas_gate64")])], timeout=300)
     first, second = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (first["config"], second["config"]) == ("transformer", "sas_gate64")
@@ -75,7 +75,7 @@ def test_speed_half_precision_optimizer_keeps_float32_masters():
     import torch
 
     sys.path.insert(0, str(BENCH))
-    from common import FP16_LOSS_SCALE, Optimizer
+    from eager_training import FP16_LOSS_SCALE, Optimizer
 
     torch.manual_seed(0)
     for dtype, scale in ((torch.bfloat16, 1.0), (torch.float16, FP16_LOSS_SCALE)):
@@ -116,7 +116,7 @@ def test_plot_curves_leaves_single_budgets_out_of_the_figures(monkeypatch):
 
 def test_fp16_check_reads_fairseq_logs_and_compares_with_post_ln():
     sys.path.insert(0, str(BENCH))
-    from common import fp16_log_record, fp16_verdicts
+    from verdicts import fp16_log_record, fp16_verdicts
 
     from resnmt.experiment.steps import FairseqLog
 
@@ -149,8 +149,8 @@ def test_fp16_headroom_takes_fairseq_trains_first_step(tiny_bin, tmp_path):
     """--headroom's step is fairseq-train's first update: same loss and gradient norm (as
     logged, base 2 per token), so its largest gradient is the one fp16 would have to hold."""
     sys.path.insert(0, str(BENCH))
-    import fp16
-    from common import benchmark_train_argv
+    import headroom
+    from runs import benchmark_train_argv
 
     from resnmt.experiment.presets import SIZES
 
@@ -161,13 +161,13 @@ def test_fp16_headroom_takes_fairseq_trains_first_step(tiny_bin, tmp_path):
                   timeout=300).stdout
     first = next(line for line in log.splitlines() if "| train_inner |" in line)
     logged = {key: re.search(rf"[ |]{key}=([^,\s]+)", first).group(1) for key in ("loss", "gnorm")}
-    step = fp16.first_step(argv)
+    step = headroom.first_step(argv)
     # fairseq logs each value rounded to 3 decimals (12.140 as 12.14)
     assert (round(step["loss"], 3), round(step["grad_norm"], 3)) == (float(logged["loss"]), float(logged["gnorm"]))
     assert step["updates"] == 0 and step["max_fp16_loss_scale"] == pytest.approx(65504 / step["largest_grad"])
     # fairseq's first update runs at the warm-up's initial learning rate, 0: the checkpoint
     # after it holds the initial weights, and measuring it gives the same step again
-    trained = fp16.first_step(None, tmp_path / "run" / "checkpoint_last.pt", data=tiny_bin)
+    trained = headroom.first_step(None, tmp_path / "run" / "checkpoint_last.pt", data=tiny_bin)
     assert trained["updates"] == 1
     assert {k: trained[k] for k in ("loss", "grad_norm", "largest_grad")} == {
         k: step[k] for k in ("loss", "grad_norm", "largest_grad")}
@@ -279,7 +279,9 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
 
 def default_settings_key(curves) -> str:
     """The settings key of curves.py's default settings (what its --list reads lines by)."""
-    return curves.common.settings_key(curves.settings_of(curves.parser().parse_args([])))
+    import records
+
+    return records.settings_key(curves.study_settings(curves.parser().parse_args([])))
 
 
 def test_curves_keeps_gpu_runs_apart_from_cpu_runs(tmp_path, monkeypatch, capsys):
@@ -362,10 +364,10 @@ def test_a_control_is_dashed_in_the_color_of_the_row_it_changes(monkeypatch):
 
 def test_a_control_is_compared_with_post_ln_in_the_same_setting(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
-    from study_tables import difference_table, reference_of
+    from study_tables import difference_table, reference_row
 
-    assert reference_of("sas") == "post_ln" and reference_of("post_ln (warm-up 1000)") == "post_ln"
-    assert reference_of("rskip_ln (λ=2, warm-up 1000)") == "post_ln (warm-up 1000)"
+    assert reference_row("sas") == "post_ln" and reference_row("post_ln (warm-up 1000)") == "post_ln"
+    assert reference_row("rskip_ln (λ=2, warm-up 1000)") == "post_ln (warm-up 1000)"
     record = lambda bleu: {"bleu": bleu}
     runs = {("cpu", "deep"): {"post_ln": {1: {600: record(7.0)}}, "post_ln (warm-up 1000)": {1: {600: record(5.0)}},
                               "rskip_ln (λ=2, warm-up 1000)": {1: {600: record(9.0)}}}}
@@ -554,7 +556,7 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
     assert set(families) == {"cross-layer", "gen2025"} and "hyper" not in study[("cpu", "deep")]
     assert set(families["gen2025"][("cpu", "deep")]) == {"post_ln", "pre_ln", "hyper"}
     assert "| hyper | " in study_tables.cross_layer_table(runs, rows=("hyper",))
-    # Mix-LN at 2+2 is pre-LN's run bit for bit (common.SAME_RUN): read from it and marked
+    # Mix-LN at 2+2 is pre-LN's run bit for bit (rows.SAME_RUN): read from it and marked
     runs[("cpu", "small")]["pre_ln"][1][2400] = dict(lines[2], row="pre_ln", bleu=29.5)
     assert ("| mix_ln | -0.50 @ 2400 (= pre_ln: the same run) |  |  | yes | — |"
             in study_tables.cross_layer_table(runs, rows=("mix_ln",)))
@@ -568,9 +570,9 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
 def test_a_run_that_is_another_rows_run_is_not_queued(monkeypatch):
     """The study does not train Mix-LN at 2+2 again (it is pre-LN's run), but does at 6+6."""
     monkeypatch.syspath_prepend(str(BENCH))
-    import common
-    import curves
+    import rows
+    import study
 
-    assert common.SAME_RUN == {("small", "mix_ln"): "pre_ln"}
-    assert ("small", "mix_ln", 1) not in curves.STUDY_ORDER and ("deep", "mix_ln", 1) in curves.STUDY_ORDER
-    assert ("small", "pre_ln", 1) in curves.STUDY_ORDER
+    assert rows.SAME_RUN == {("small", "mix_ln"): "pre_ln"}
+    assert ("small", "mix_ln", 1) not in study.STUDY_ORDER and ("deep", "mix_ln", 1) in study.STUDY_ORDER
+    assert ("small", "pre_ln", 1) in study.STUDY_ORDER

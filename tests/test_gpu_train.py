@@ -89,17 +89,18 @@ def test_timed_updates_fit_the_time_left(monkeypatch):
     priced at the median warm-up update; never under 10, never over --updates."""
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
     import gpu_train
+    import trainer_rounds
 
     a = gpu_train.parser().parse_args(["--data", "x", "--out", "y", "--warmup", "10", "--updates", "100",
                                        "--rounds", "3"])
-    configs = [gpu_train.Config(n, "post_ln", "bf16", warmup_s=w, warmup_updates=u) for n, w, u in
+    configs = [trainer_rounds.Config(n, "post_ln", "bf16", warmup_s=w, warmup_updates=u) for n, w, u in
                (("a", 16.0, 64), ("b", 2.5, 10), ("compiled", 150.0, 10))]
     # 0.25 s per update (the first configuration warmed up over 64 batches); one compiled in its warm-up
-    monkeypatch.setattr(gpu_train.time, "monotonic", lambda: 1000.0)
-    assert gpu_train.fit_updates(a, configs, float("inf")) == 100
-    assert gpu_train.fit_updates(a, configs, 1000.0 + 90) == 40  # 3 rounds x 3 configurations x 0.25 s x 40 = 90 s
-    assert gpu_train.fit_updates(a, configs, 1000.0 + 1000) == 100
-    assert gpu_train.fit_updates(a, configs, 1000.0 + 5) == 10
+    monkeypatch.setattr(trainer_rounds.time, "monotonic", lambda: 1000.0)
+    assert trainer_rounds.fit_updates(a, configs, float("inf")) == 100
+    assert trainer_rounds.fit_updates(a, configs, 1000.0 + 90) == 40  # 3 rounds x 3 configurations x 0.25 s x 40 = 90 s
+    assert trainer_rounds.fit_updates(a, configs, 1000.0 + 1000) == 100
+    assert trainer_rounds.fit_updates(a, configs, 1000.0 + 5) == 10
 
 
 def test_gpu_tables_take_each_configurations_fullest_line():
@@ -165,15 +166,16 @@ def test_a_failing_configuration_is_recorded_and_the_others_measured(tiny_bin, t
     """(in-process) e.g. a compiler error in one row: an error record, the other rows measured."""
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
     import gpu_train
+    import trainer_rounds
 
-    real = gpu_train.count_flops
+    real = trainer_rounds.count_flops
 
     def count_flops(trainer, sample):
         if type(trainer.model).__name__ == "ResidualTransformerModel":
             raise RuntimeError("planted failure")
         return real(trainer, sample)
 
-    monkeypatch.setattr(gpu_train, "count_flops", count_flops)
+    monkeypatch.setattr(trainer_rounds, "count_flops", count_flops)
     out = tmp_path / "rows.jsonl"
     gpu_train.main(["--smoke", "--cpu", "--data", str(tiny_bin), "--out", str(out), "--rows", "transformer,post_ln",
                     "--no-recipe", "--tokens", "600", "--warmup", "1", "--updates", "1", "--rounds", "1",
@@ -193,19 +195,20 @@ def test_the_gpu_job_measures_every_named_arch():
     import re
 
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    import gpu_train
+    import rows
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     import resnmt  # noqa: F401  (registers the archs)
 
     named = {a for a, m in ARCH_MODEL_REGISTRY.items() if m.__module__.startswith("resnmt") and a.endswith("_base")}
-    measured = {gpu_train.CONFIGS[r.config][0] for r in gpu_train.ROWS.values()}
+    measured = {rows.CONFIGS[r.config][0] for r in rows.TRAINER_ROWS.values()}
     assert named and named <= measured, named - measured
     job = (REPO_ROOT / "benchmarks" / "gpu_job.sh").read_text()
     part4 = set(re.search(r'elif \[ "\$PART" = 4 \].*?--rows (\S+)', job, re.S).group(1).split(","))
-    extra = set(gpu_train.CROSS_LAYER_ROWS)
-    references = {gpu_train.ROWS[r].reference for r in extra}
-    assert part4 == extra | references | {gpu_train.ROWS[r].reference for r in references if gpu_train.ROWS[r].reference}
+    extra = set(rows.CROSS_LAYER_ROWS)
+    references = {rows.TRAINER_ROWS[r].reference for r in extra}
+    assert part4 == extra | references | {rows.TRAINER_ROWS[r].reference for r in references
+                                          if rows.TRAINER_ROWS[r].reference}
 
 
 def test_the_cuda_graph_recipe_and_its_rehearsal():
@@ -213,14 +216,15 @@ def test_the_cuda_graph_recipe_and_its_rehearsal():
     the compiled recipe on a GPU; the CPU rehearsal's eager backend takes no mode, so it drops
     it there (resnmt would refuse the pair), and the GPU job's part 3 measures it."""
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    import gpu_train
+    import rows
+    import trainer_rounds
 
-    row, recipe = gpu_train.ROWS["post_ln"], gpu_train.RECIPES["recipe_graphs"]
-    gpu = gpu_train.train_argv("bin", row, "bf16", 4096, recipe, smoke=False, cpu=False)
+    row, recipe = rows.TRAINER_ROWS["post_ln"], rows.RECIPES["recipe_graphs"]
+    gpu = trainer_rounds.train_argv("bin", row, "bf16", 4096, recipe, smoke=False, cpu=False)
     tail = gpu[gpu.index("adam_fused") - 1:]
     assert tail == ["--optimizer", "adam_fused", "--task", "resnmt_translation", "--compile-layers", "--compile-mode",
                     "reduce-overhead", "--required-seq-len-multiple", "8", "--compile-backend", "inductor"]
-    rehearsal = gpu_train.train_argv("bin", row, "fp32", 600, recipe, smoke=True, cpu=True, compile_backend="eager")
+    rehearsal = trainer_rounds.train_argv("bin", row, "fp32", 600, recipe, smoke=True, cpu=True, compile_backend="eager")
     assert "--compile-mode" not in rehearsal and rehearsal[-3:] == ["--compile-backend", "eager", "--cpu"]
     assert "--required-seq-len-multiple" in rehearsal
     job = (REPO_ROOT / "benchmarks" / "gpu_job.sh").read_text()
@@ -233,16 +237,17 @@ def test_the_flash_attention_and_fused_sync_recipes():
     process, which part 2 of the GPU job runs; recipe_fused: the recipe with the master
     weights' copies in multi-tensor kernels, which part 1 times and profiles."""
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    import gpu_train
+    import rows
+    import trainer_rounds
 
-    argv = gpu_train.train_argv("bin", gpu_train.ROWS["post_ln"], "bf16", 4096, gpu_train.RECIPES["recipe_flash"],
-                                smoke=False, cpu=False)
+    argv = trainer_rounds.train_argv("bin", rows.TRAINER_ROWS["post_ln"], "bf16", 4096, rows.RECIPES["recipe_flash"],
+                                     smoke=False, cpu=False)
     assert argv[argv.index("adam_fused") - 1:] == ["--optimizer", "adam_fused", "--task", "resnmt_translation",
                                                    "--sdpa-backends", "flash,efficient,math"]
     job = (REPO_ROOT / "benchmarks" / "gpu_job.sh").read_text()
-    assert "resnmt_train_recipe_flash_bf16" in job and "resnmt_train_recipe_flash_bf16" in gpu_train.WHOLE_RUN_NAMES
-    fused = gpu_train.train_argv("bin", gpu_train.ROWS["post_ln"], "bf16", 4096, gpu_train.RECIPES["recipe_fused"],
-                                 smoke=False, cpu=False)
+    assert "resnmt_train_recipe_flash_bf16" in job and "resnmt_train_recipe_flash_bf16" in rows.WHOLE_RUN_NAMES
+    fused = trainer_rounds.train_argv("bin", rows.TRAINER_ROWS["post_ln"], "bf16", 4096, rows.RECIPES["recipe_fused"],
+                                      smoke=False, cpu=False)
     assert fused[fused.index("adam_fused") - 1:] == ["--optimizer", "adam_fused", "--task", "resnmt_translation",
                                                      "--fused-master-weights"]
     assert "--recipes recipe,recipe_fused --profile" in job  # part 1 times and profiles it
@@ -258,26 +263,27 @@ def test_process_wide_switches_follow_each_configuration(tiny_bin):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    import gpu_train
+    import rows
+    import trainer_rounds
     from resnmt.training import master_sync
     from resnmt.training.attention import sdpa_backends_enabled, use_sdpa_backends
 
     def config(recipe):
         """The configuration with its command line parsed as fairseq-train parses it."""
-        argv = gpu_train.train_argv(tiny_bin, gpu_train.ROWS["post_ln"], "bf16", 600, gpu_train.RECIPES[recipe],
-                                    smoke=True, cpu=True)
+        argv = trainer_rounds.train_argv(tiny_bin, rows.TRAINER_ROWS["post_ln"], "bf16", 600, rows.RECIPES[recipe],
+                                         smoke=True, cpu=True)
         cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
-        return gpu_train.Config(recipe, "post_ln", "bf16", recipe=gpu_train.RECIPES[recipe],
-                                trainer=SimpleNamespace(task=SimpleNamespace(cfg=cfg.task)))
+        return trainer_rounds.Config(recipe, "post_ln", "bf16", recipe=rows.RECIPES[recipe],
+                                     trainer=SimpleNamespace(task=SimpleNamespace(cfg=cfg.task)))
 
     default = sdpa_backends_enabled()
     try:
         plain, flash, fused = (config(n) for n in ("recipe", "recipe_flash", "recipe_fused"))
-        gpu_train.process_wide(flash, default)
+        trainer_rounds.process_wide(flash, default)
         assert sdpa_backends_enabled() == ("flash", "efficient", "math") and not master_sync.installed()
-        gpu_train.process_wide(fused, default)
+        trainer_rounds.process_wide(fused, default)
         assert sdpa_backends_enabled() == default and master_sync.installed()
-        gpu_train.process_wide(plain, default)
+        trainer_rounds.process_wide(plain, default)
         assert sdpa_backends_enabled() == default and not master_sync.installed()
     finally:
         use_sdpa_backends(default)
