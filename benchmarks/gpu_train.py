@@ -20,6 +20,11 @@ Method (docs/benchmarks.md, "GPU training through fairseq's trainer"):
   configurations run interleaved, the order reversed every other round; ``--rounds``
   rounds; a row reports the median tokens/s with min and max, and its ratio to its
   reference as the median (min-max) of the per-round ratios (each round's values kept);
+* the noise floor: where no two configurations of a token setting are the same command
+  line, the first is measured twice (``NAME_twin``); identical configurations' largest
+  per-round ratio (less 1) is stated beside every ratio. A same-math pair resolves 2 %
+  only over at least 4 rounds with its ratios' range, its spread and the noise floor all
+  under 2 % (``verdicts.pair_resolution``: one round never resolves);
 * model FLOPs per update are counted with ``torch.utils.flop_counter`` over one forward
   and backward of the first batch (matrix products and attention; what the matrix units
   do) and reported as a fraction of the card's matrix rate in the dtype the row trained in
@@ -35,7 +40,8 @@ Method (docs/benchmarks.md, "GPU training through fairseq's trainer"):
   recipe through resnmt-train (also with ``--sdpa-backends flash,efficient,math``),
   fairseq's own ``wps`` parsed from its json log (the median over the logged intervals,
   and separately over the first epoch, where every batch shape is new, and the later
-  ones) and the per-update losses compared.
+  ones) and the per-update losses compared; a run named twice in ``--whole-runs`` is
+  repeated, the repeats' difference the noise floor of the processes' ratios.
 
 Rows are written to ``--out`` as JSON lines after every round (the line with the most
 rounds of a job counts; make_tables.py), the profile as soon as it is taken; the markdown
@@ -100,7 +106,8 @@ def parser() -> argparse.ArgumentParser:
                    "JSON file")
     p.add_argument("--whole-process", action="store_true", help="also time whole fairseq-train processes")
     p.add_argument("--whole-runs", default=WHOLE_RUNS, help=f"comma-separated whole-process runs, of "
-                   f"{', '.join(WHOLE_RUN_NAMES)} (default: {WHOLE_RUNS})")
+                   f"{', '.join(WHOLE_RUN_NAMES)}, in the order given; a run named again is repeated, and the "
+                   f"repeats' difference is the noise floor of the ratios (default: {WHOLE_RUNS})")
     p.add_argument("--whole-timeout", type=float, default=300, help="seconds a whole-process run may take (default: 300)")
     p.add_argument("--whole-updates", type=int, default=300, help="updates per whole-process run (default: 300)")
     p.add_argument("--whole-tokens", type=int, default=4096, help="--max-tokens of the whole-process runs (default: 4096)")

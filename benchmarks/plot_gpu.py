@@ -38,7 +38,9 @@ def plot(device, runs, path: Path):
     fig, ax = plt.subplots(figsize=(8, 4))
     for r in runs:
         xs = [i["num_updates"] for i in r["intervals"]]
-        ax.plot(xs, [i["wps"] / 1000 for i in r["intervals"]], marker="o", ms=3, label=f"{r['run']} ({r['precision']})")
+        again = f", repeat {r['repeat']}" if r.get("repeat", 1) > 1 else ""
+        ax.plot(xs, [i["wps"] / 1000 for i in r["intervals"]], marker="o", ms=3,
+                label=f"{r['run']} ({r['precision']}{again})")
     ends = sorted({i["num_updates"] for r in runs for a, i in zip(r["intervals"], r["intervals"][1:])
                    if a.get("epoch") is not None and i.get("epoch", a["epoch"]) > a["epoch"]})
     for x in ends[:1]:

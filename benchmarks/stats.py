@@ -38,7 +38,26 @@ def middle_half(values: Sequence[float]) -> Optional[Tuple[float, float]]:
 
 
 def noise_floor(ratios: Sequence[float]) -> float:
-    """How far apart two identical configurations measured in the same rounds came out:
-    the largest of their per-round ratios' distances from 1. A ratio of two different
-    configurations cannot be told from 1 (or from another ratio) by less than this."""
-    return max(abs(r - 1.0) for r in ratios)
+    """How far apart two identical configurations measured in the same rounds came out: the
+    largest per-round ratio of the faster over the slower, less 1 (0.125: 12.5 %). A ratio
+    of two different configurations cannot be told from 1 (or from another ratio) by less."""
+    return max(max(r, 1.0 / r) for r in ratios) - 1.0
+
+
+def identical_noise(records: Sequence[dict]) -> Optional[float]:
+    """The noise floor of gpu_train.py's rows of one job at one token setting: the largest
+    :func:`noise_floor` of any two rows with the same command line (arch, flags, dtype),
+    from their tokens/s round by round (the same rounds, the same batches); None where no
+    two rows are identical, or their rounds were not kept."""
+    groups: Dict[tuple, List[dict]] = {}
+    for r in records:
+        if "arch" in r:  # (a line that does not say its command line is no one's twin)
+            groups.setdefault((r["arch"], tuple(r["flags"]), r["dtype"]), []).append(r)
+    floors = []
+    for same in groups.values():
+        for i, a in enumerate(same):
+            for b in same[i + 1:]:
+                rates_a, rates_b = a.get("tokens_per_s_rounds"), b.get("tokens_per_s_rounds")
+                if rates_a and rates_b and len(rates_a) == len(rates_b):
+                    floors.append(noise_floor([x / y for x, y in zip(rates_a, rates_b)]))
+    return max(floors) if floors else None

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 from fairseq_trainer import (build_trainer, compiled_graphs, count_flops, first_batches, profile_update, run_updates,
                              synchronize)
 from rows import CONFIGS, RECIPE_TARGET, RECIPES, STOCK, TRAINER_ROWS, Comparison, fairseq_argv
-from stats import median_min_max, middle_half, round_ratios
+from stats import identical_noise, median_min_max, middle_half, round_ratios
 from verdicts import trainer_verdict
 
 from resnmt.experiment.presets import SIZES, ModelSize
@@ -44,6 +44,7 @@ class Config:
     warmup_s: float = 0.0  # the warm-up updates, compilation included
     warmup_updates: int = 0
     samples: list = field(default_factory=list)  # (seconds, target tokens) per round
+    twin_of: Optional[str] = None  # the key of the configuration this one repeats (the noise floor)
 
     @property
     def key(self):
@@ -86,10 +87,11 @@ def process_wide(c: Config, torch_default_kernels) -> None:
 
 
 def trainer_records(configs: List[Config], tokens_setting: int, peak_tflops: Dict[str, float]) -> List[dict]:
-    """A record per configuration: tokens/s median (min-max), ratio to its reference, and
-    MFU against ``peak_tflops`` of the dtype the configuration trained in."""
+    """A record per configuration: tokens/s median (min-max), ratio to its reference, MFU
+    against ``peak_tflops`` of the dtype the configuration trained in; beside each ratio the
+    noise floor of these rounds (identical configurations' ratio) and the verdict."""
     by_key = {c.key: c for c in configs}
-    rows = []
+    rows, judged = [], []
     for c in configs:
         rates = [tok / sec for sec, tok in c.samples]
         if not rates:
@@ -118,23 +120,40 @@ def trainer_records(configs: List[Config], tokens_setting: int, peak_tflops: Dic
                 rec.update(ratio_q1=quartiles[0], ratio_q3=quartiles[1])
             if c.flops_per_update and ref.flops_per_update:
                 rec["flops_ratio"] = ref.flops_per_update / c.flops_per_update  # the speed ratio FLOPs predict
-            rec.update(trainer_verdict(RECIPE_TARGET if c.name in RECIPES else TRAINER_ROWS[c.row], rec))
+            judged.append((c, rec))
         rows.append(rec)
+    noise = identical_noise(rows)
+    for c, rec in judged:
+        rec["noise_floor"] = noise
+        if c.twin_of:
+            rec.update(twin_of=c.twin_of, target="identical: the noise floor")
+        else:
+            rec.update(trainer_verdict(RECIPE_TARGET if c.name in RECIPES else TRAINER_ROWS[c.row], rec, noise))
     return rows
 
 
 def reference_key(c: Config, configs: List[Config]) -> Optional[str]:
-    """The key of the configuration ``c`` is compared with: stock fp16 for a recipe, else
-    its row's reference at its own precision (None for a reference row)."""
+    """The key of the configuration ``c`` is compared with: the one a twin repeats, stock
+    fp16 for a recipe, else its row's reference at its own precision (None for a reference row)."""
+    if c.twin_of:
+        return c.twin_of
     if c.name in RECIPES:
         return next((s.key for s in configs if s.name == STOCK), None)
     ref = TRAINER_ROWS[c.row].reference
     return f"{ref}/{c.dtype}" if ref else None
 
 
+def identity(c: Config) -> tuple:
+    """What makes two configurations the same command line: the measured model, the
+    precision and the recipe's flags (stock fp16 is the transformer row in fp16)."""
+    return TRAINER_ROWS[c.row].config, c.dtype, c.recipe
+
+
 def configs_at(a, max_tokens: int, rows, dtypes, limits) -> List[Config]:
     """The configurations measured at ``max_tokens``: each row at each precision (within
-    ``limits``), then stock fp16 and the recipes."""
+    ``limits``), then stock fp16 and the recipes; then, where no two of them are the same
+    command line, the first again (``NAME_twin``: the last, so that within each round the two
+    run farthest apart), so that every job measures its noise floor."""
     configs = []
     allowed_tokens = limits.get(("tokens", str(max_tokens)), rows)
     for dtype in dtypes:
@@ -146,6 +165,9 @@ def configs_at(a, max_tokens: int, rows, dtypes, limits) -> List[Config]:
         configs.append(Config(STOCK, "transformer", "fp32" if a.cpu else "fp16"))
         for name in a.recipes.split(","):
             configs.append(Config(name, "post_ln", "fp32" if a.cpu else "bf16", recipe=RECIPES[name]))
+    if configs and len({identity(c) for c in configs}) == len(configs):
+        first = configs[0]
+        configs.append(Config(f"{first.name}_twin", first.row, first.dtype, recipe=first.recipe, twin_of=first.key))
     return configs
 
 

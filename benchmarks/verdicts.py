@@ -1,8 +1,9 @@
 """The benchmarks' verdicts, each named for what it judges: a measured ratio against its
 target (``target_verdict``: pass or MISS), gpu_train.py's rows against their targets
-(``trainer_verdict``), whether a kind trains in half precision (``fp16_verdicts``, from what
-``fp16_log_record`` reads of fairseq's log), and a paper's claim against the seeds of the
-curves study (``claim_verdict``: yes, no or mixed).
+(``trainer_verdict``) and whether a same-math pair resolves 2 % (``pair_resolution``),
+whether a kind trains in half precision (``fp16_verdicts``, from what ``fp16_log_record``
+reads of fairseq's log), and a paper's claim against the seeds of the curves study
+(``claim_verdict``: yes, no or mixed).
 """
 from rows import Comparison
 
@@ -21,17 +22,47 @@ def target_verdict(value, target, higher_is_better=True):
     return "pass" if ok else "MISS"
 
 
-def trainer_verdict(c: Comparison, rec: dict) -> dict:
+# A same-math pair resolves 2 % (issue 55): its ratio over at least RESOLVE_ROUNDS rounds,
+# the ratios' range and the row's own spread under RESOLUTION, and two identical
+# configurations of the same job within RESOLUTION of each other (the noise floor): a
+# ratio from one round has a spread of 0 by construction, and resolves nothing.
+RESOLUTION = 0.02
+RESOLVE_ROUNDS = 4
+
+
+def pair_resolution(rec: dict, noise) -> list:
+    """Why a same-math pair's ratio (``rec``: a gpu_train.py row with ``ratio_min``,
+    ``ratio_max``, ``spread``, ``rounds`` and, from four rounds on, ``ratio_q1``/``ratio_q3``)
+    does not resolve :data:`RESOLUTION`, given the job's noise floor ``noise`` (None: not
+    measured): a list of reasons, empty when it resolves."""
+    reasons = []
+    width = rec["ratio_max"] - rec["ratio_min"]
+    if width >= RESOLUTION:
+        reasons.append(f"rows within {100 * width:.1f} % of each other cannot be separated"
+                       + (f"; the middle half of the {rec['rounds']} rounds lies within {rec['ratio_q1']:.3f}-"
+                          f"{rec['ratio_q3']:.3f}" if "ratio_q1" in rec else ""))
+    elif rec["spread"] >= RESOLUTION:
+        reasons.append(f"its tokens/s spread {100 * rec['spread']:.1f} % over the rounds")
+    if rec["rounds"] < RESOLVE_ROUNDS:
+        reasons.append(f"{rec['rounds']} round{'s' if rec['rounds'] > 1 else ''} ({RESOLVE_ROUNDS} needed)")
+    if noise is None:
+        reasons.append("no noise floor: no two identical configurations in the job")
+    elif noise >= RESOLUTION:
+        reasons.append(f"identical configurations in the job differed by up to {100 * noise:.1f} %")
+    return reasons
+
+
+def trainer_verdict(c: Comparison, rec: dict, noise=None) -> dict:
     """gpu_train.py's verdict on a row's training ratio to its reference (``rec``: its
     ``ratio`` with min, max and spread over rounds, and ``flops_ratio``): the ``target`` as
     text and whether it ``meets`` it; for a same-math pair also whether the measurement
-    ``resolves`` 2 % (spread and ratio range under 2 %)."""
+    ``resolves`` 2 % (:func:`pair_resolution`, with the job's noise floor ``noise``)."""
     if c.times:
         return {"target": f">= {c.times:g}x {c.reference.replace('_', ' ')}", "meets": rec["ratio"] >= c.times}
     if c.band:
         lo, hi = c.band
-        resolves = rec["spread"] < 0.02 and rec["ratio_max"] - rec["ratio_min"] < 0.02
-        return {"target": f"{lo}-{hi}", "meets": lo <= rec["ratio"] <= hi, "resolves": resolves}
+        return {"target": f"{lo}-{hi}", "meets": lo <= rec["ratio"] <= hi,
+                "resolves": not pair_resolution(rec, noise)}
     if c.flops and "flops_ratio" in rec:
         goal = c.flops * rec["flops_ratio"]
         return {"target": f">= {c.flops} x FLOPs ratio = {goal:.3f}", "meets": rec["ratio"] >= goal}

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from records import REPO_ROOT
@@ -20,13 +21,20 @@ from trainer_rounds import SMOKE_SIZE, record
 from resnmt.experiment.steps import FairseqLog
 
 
+STOCK_RUN = "stock_fairseq_train_fp16"
+
+
 def time_whole_processes(a, out: Path, deadline: float, env: dict):
     """The whole processes ``--whole-runs`` names, in its order, each recorded as it ends (a
-    run that fails or times out: its error) until ``deadline``."""
-    losses = {}
+    run that fails or times out: its error) until ``deadline``. A run named again is
+    recorded with its ``repeat`` (2, 3, ...): identical processes of one job, whose
+    difference is the noise floor of the ratios between the others."""
+    losses, repeats = {}, Counter()
     # fairseq-train makes its --save-dir even with --no-save: a scratch one, not ./checkpoints
     with tempfile.TemporaryDirectory(prefix="gpu_train-") as scratch:
         for name in a.whole_runs.split(","):  # in the order given
+            repeats[name] += 1
+            run = {"kind": "whole_process", "run": name, "repeat": repeats[name]}
             module, flags = WHOLE_PROCESSES[name]
             if "--compile-layers" in flags:
                 flags += ("--compile-backend", a.compile_backend)
@@ -54,12 +62,12 @@ def time_whole_processes(a, out: Path, deadline: float, env: dict):
                                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(
                                           [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])))
             except subprocess.TimeoutExpired:
-                record(out, {"kind": "whole_process", "run": name, "error": f"timed out after {a.whole_timeout} s"})
+                record(out, {**run, "error": f"timed out after {a.whole_timeout} s"})
                 continue
             wall = time.perf_counter() - t0
             inner = [r for r in FairseqLog.parse(proc.stdout + proc.stderr).inner if "num_updates" in r]
             if proc.returncode != 0 or not inner:
-                record(out, {"kind": "whole_process", "run": name, "error": (proc.stderr or proc.stdout)[-2000:]})
+                record(out, {**run, "error": (proc.stderr or proc.stdout)[-2000:]})
                 continue
             # fairseq's own per-interval figures after the warm-up: train_wall (time inside
             # train_step) against wall says whether the time goes to the update or around it;
@@ -71,19 +79,19 @@ def time_whole_processes(a, out: Path, deadline: float, env: dict):
             wps = [i["wps"] for i in intervals]
             by_epoch = {"first_epoch": [i["wps"] for i in intervals if i.get("epoch") == 1],
                         "later_epochs": [i["wps"] for i in intervals if i.get("epoch", 1) > 1]}
-            losses[name] = {int(r["num_updates"]): float(r["loss"]) for r in inner}
-            rec = {"kind": "whole_process", "run": name, "device": env["device"], "job": env["time"],
+            mine = losses[(name, repeats[name])] = {int(r["num_updates"]): float(r["loss"]) for r in inner}
+            rec = {**run, "device": env["device"], "job": env["time"],
                    "precision": "fp32" if a.cpu else precision,
                    "argv": argv[1:], "wall_s": wall,
-                   "updates": max(losses[name]),
+                   "updates": max(mine),
                    **dict(zip(("wps_median", "wps_min", "wps_max"), median_min_max(wps) if wps else (None,) * 3)),
                    "wps_intervals": len(wps), "intervals": intervals,
                    **{f"wps_median_{part}": statistics.median(v) if v else None for part, v in by_epoch.items()},
                    **{f"wps_intervals_{part}": len(v) for part, v in by_epoch.items()}}
-            if "stock_fairseq_train_fp16" in losses and name != "stock_fairseq_train_fp16":
-                ref = losses["stock_fairseq_train_fp16"]
-                shared = sorted(set(ref) & set(losses[name]))
-                rec["max_abs_loss_diff_vs_stock"] = max(abs(ref[u] - losses[name][u]) for u in shared)
+            stock = losses.get((STOCK_RUN, 1))
+            if stock is not None and mine is not stock:
+                shared = sorted(set(stock) & set(mine))
+                rec["max_abs_loss_diff_vs_stock"] = max(abs(stock[u] - mine[u]) for u in shared)
                 rec["loss_diff_updates"] = len(shared)
             record(out, rec)
             print(json.dumps(rec), flush=True)

@@ -18,8 +18,8 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     proc = run_cli([sys.executable, SCRIPT, "--smoke", "--cpu", "--data", tiny_bin, "--out", out,
                     "--rows", "transformer,post_ln", "--tokens", "600", "--warmup", "2", "--updates", "2",
                     "--rounds", "2", "--batches", "3", "--profile", profile, "--compile-backend", "eager", "--whole-process",
-                    "--whole-runs", "stock_fairseq_train_fp16", "--whole-updates", "4", "--whole-interval", "1",
-                    "--whole-skip", "1", "--whole-tokens", "600"])
+                    "--whole-runs", "stock_fairseq_train_fp16,stock_fairseq_train_fp16", "--whole-updates", "4",
+                    "--whole-interval", "1", "--whole-skip", "1", "--whole-tokens", "600"])
     records = [json.loads(line) for line in out.read_text().splitlines()]
     env = records[0]
     # the peak of the dtype that trained: fp32 on the CPU (bf16 may be emulated there, far slower)
@@ -59,6 +59,13 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     # the same model, the same math: the same FLOPs
     assert post_ln["flops_per_update"] == rows[("transformer", "fp32")]["flops_per_update"]
     assert "| post_ln | fp32 | 600 |" in proc.stdout and "same-math pair post_ln/transformer" in proc.stdout
+    # the noise floor: on the CPU stock fp16 is the transformer row's command line, so no twin
+    # is added, and the two give the largest per-round ratio (faster over slower) less 1,
+    # stated beside every ratio; two rounds never resolve 2 % (four are needed)
+    same = zip(rows[("transformer", "fp32")]["tokens_per_s_rounds"], rows[("stock_fp16", "fp32")]["tokens_per_s_rounds"])
+    noise = max(max(x / y, y / x) for x, y in same) - 1
+    assert all(r["noise_floor"] == pytest.approx(noise) for r in rows.values() if "ratio" in r)
+    assert post_ln["resolves"] is False and "2 rounds (4 needed)" in proc.stdout
 
     prof = json.loads(profile.read_text())["profiles"]
     assert set(prof) == {"stock_fp16/fp32", "recipe/fp32", "recipe_compiled/fp32"}
@@ -73,7 +80,11 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
         assert all(r["device"] == "cpu" and r["per_update"] > 0 for r in p["host_reads"])
 
     whole = [r for r in records if r["kind"] == "whole_process"]
-    assert len(whole) == 1 and "error" not in whole[0], whole
+    assert len(whole) == 2 and not any("error" in r for r in whole), whole
+    # stock again: the same command line, its losses stock's to the last digit logged (the CPU
+    # is deterministic), its wps against the first stock's the noise floor under the table
+    assert [r["repeat"] for r in whole] == [1, 2] and whole[1]["argv"] == whole[0]["argv"]
+    assert whole[1]["max_abs_loss_diff_vs_stock"] == 0 and whole[1]["loss_diff_updates"] == 4
     assert whole[0]["run"] == "stock_fairseq_train_fp16" and whole[0]["updates"] == 4 and whole[0]["wps_median"] > 0
     assert whole[0]["argv"][:4] == ["-m", "fairseq_cli.train", "--arch", "transformer"]
     assert whole[0]["device"] == "cpu" and whole[0]["job"] == env["time"]
@@ -139,6 +150,71 @@ def test_gpu_tables_take_each_configurations_fullest_line():
                ratio_q1=0.995, ratio_q3=1.012, ratio_rounds=[1.0] * 8, tokens_per_s_rounds=[1000.0] * 8)
     assert ("ratio 1.004, spread 15.0 %: does NOT resolve 2 %: rows within 15.0 % of each other cannot be separated; "
             "the middle half of the 8 rounds lies within 0.995-1.012") in gpu_tables([pair])
+    # beside every ratio the noise floor of its job and token setting: two identical command
+    # lines' largest per-round ratio, faster over slower (here 1,100 against 1,000 in round 2)
+    ref = row("transformer", 2, 1000.0, arch="transformer", flags=[], tokens_per_s_rounds=[1000.0, 1000.0])
+    twin = row("transformer_twin", 2, 1000.0, arch="transformer", flags=[], tokens_per_s_rounds=[1000.0, 1100.0],
+               ratio=1.05, ratio_min=1.0, ratio_max=1.1, ratio_rounds=[1.0, 1.1], reference="transformer/bf16")
+    other = row("rezero", 2, 900.0, arch="transformer_rezero_base", flags=[], tokens_per_s_rounds=[900.0, 900.0],
+                ratio=0.9, ratio_min=0.9, ratio_max=0.9, ratio_rounds=[0.9, 0.9], reference="transformer/bf16")
+    text = gpu_tables([ref, twin, other])
+    assert "| rezero | bf16 | 4096 | 3000 | 900 (900 · 900) | 0.900 (0.900 · 0.900) | ±10.0 % | transformer/bf16 |" in text
+    assert "| transformer | bf16 | 4096 | 3000 | 1,000 (1,000 · 1,000) |  |  | " in text  # no ratio, no floor
+    assert "| 0.900 (0.900 · 0.900) | not measured |" in gpu_tables([ref, other])
+    # whole processes: a run repeated in its job against its first is the floor of their ratios
+    again = whole("stock_fairseq_train_fp16", 13500.0, repeat=2, **later, wps_median_later_epochs=42000.0,
+                  wps_intervals_later_epochs=6)
+    text = gpu_tables([whole("stock_fairseq_train_fp16", 15000.0, **later, wps_median_later_epochs=40000.0,
+                             wps_intervals_later_epochs=6), again])
+    assert "| stock_fairseq_train_fp16 (repeat 2) | fp16 | 13,500 (6,750-27,000) | 0.90 |" in text
+    assert "the ratios (a run repeated in its job against its first): ±11.1 % in the median wps, ±5.0 %" in text
+    assert "Noise floor of the ratios: not measured (no run repeated in its job)" in gpu_tables(
+        [whole("stock_fairseq_train_fp16", 15000.0)])
+
+
+def test_a_same_math_pair_resolves_only_over_four_rounds_above_its_noise_floor():
+    """issue 55's honest harness: a ratio from one round (spread 0 by construction) never
+    resolves; four rounds whose ratios, spread and the job's noise floor all stay under 2 %
+    do; a noise floor not measured, or of 2 % or more, keeps any pair from resolving."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    from rows import TRAINER_ROWS
+    from verdicts import pair_resolution, trainer_verdict
+
+    one = {"ratio": 1.122, "ratio_min": 1.122, "ratio_max": 1.122, "spread": 0.0, "rounds": 1}
+    assert pair_resolution(one, 0.001) == ["1 round (4 needed)"]
+    assert trainer_verdict(TRAINER_ROWS["post_ln"], one, 0.001) == {"target": "0.98-1.02", "meets": False,
+                                                                     "resolves": False}
+    four = {"ratio": 1.004, "ratio_min": 0.999, "ratio_max": 1.012, "spread": 0.015, "rounds": 4,
+            "ratio_q1": 1.0, "ratio_q3": 1.01}
+    assert pair_resolution(four, 0.008) == [] and trainer_verdict(TRAINER_ROWS["post_ln"], four, 0.008)["resolves"]
+    assert pair_resolution(four, None) == ["no noise floor: no two identical configurations in the job"]
+    assert pair_resolution(four, 0.125) == ["identical configurations in the job differed by up to 12.5 %"]
+    assert pair_resolution(dict(four, spread=0.03), 0.008) == ["its tokens/s spread 3.0 % over the rounds"]
+    wide = dict(four, ratio_max=1.05)
+    assert pair_resolution(wide, 0.008) == ["rows within 5.1 % of each other cannot be separated; the middle half "
+                                            "of the 4 rounds lies within 1.000-1.010"]
+
+
+def test_every_job_measures_its_noise_floor():
+    """Where no two configurations of a token setting share a command line, the first is
+    measured again (its twin, listed last); where two do (stock fp16 is the transformer row
+    in fp16, which the CPU runs in fp32), no twin is added."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import gpu_train
+    import trainer_rounds
+
+    def configs(*argv):
+        a, rows, dtypes, tokens, limits = gpu_train.parse(["--data", "x", "--out", "y", "--cpu", *argv])
+        return [c.key for c in trainer_rounds.configs_at(a, tokens[0], rows, dtypes, limits)]
+
+    assert configs("--rows", "transformer,post_ln", "--no-recipe") == ["transformer/fp32", "post_ln/fp32",
+                                                                       "transformer_twin/fp32"]
+    assert configs("--rows", "transformer,post_ln", "--recipes", "recipe") == [  # stock fp16 is fp32 on the CPU
+        "transformer/fp32", "post_ln/fp32", "stock_fp16/fp32", "recipe/fp32"]
+    a = gpu_train.parser().parse_args(["--data", "x", "--out", "y", "--rows", "post_ln", "--recipes", "recipe"])
+    gpu = trainer_rounds.configs_at(a, 4096, ["post_ln"], ["bf16"], {})
+    assert [c.key for c in gpu] == ["post_ln/bf16", "stock_fp16/fp16", "recipe/bf16", "post_ln_twin/bf16"]
+    assert gpu[-1].twin_of == "post_ln/bf16" and trainer_rounds.reference_key(gpu[-1], gpu) == "post_ln/bf16"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -185,7 +261,10 @@ def test_a_failing_configuration_is_recorded_and_the_others_measured(tiny_bin, t
     assert [(e["config"], e["stage"]) for e in errors] == [("post_ln/fp32", "build and warm-up")]
     assert "RuntimeError: planted failure" in errors[0]["error"]
     rows = [r for r in records if r["kind"] == "row"]
-    assert [r["config"] for r in rows] == ["transformer"] and rows[0]["warmup_s"] > 0
+    # (and transformer's twin, the noise floor: no two configurations of this job were the same)
+    assert [r["config"] for r in rows] == ["transformer", "transformer_twin"] and rows[0]["warmup_s"] > 0
+    assert rows[1]["reference"] == "transformer/fp32" and rows[1]["noise_floor"] == pytest.approx(
+        max(max(r, 1 / r) for r in rows[1]["ratio_rounds"]) - 1)
 
 
 def test_the_gpu_job_measures_every_named_arch():
