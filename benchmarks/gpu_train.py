@@ -68,6 +68,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import flags  # noqa: E402
 from fairseq_trainer import peak_rates  # noqa: E402
+from records import portable_path  # noqa: E402
 from result_tables import gpu_training_table  # noqa: E402
 from rows import (CROSS_LAYER_ROWS, DEFAULT_RECIPES, RECIPES, TRAINER_DEFAULT_ROWS, TRAINER_ROWS,  # noqa: E402
                   WHOLE_RUN_NAMES, WHOLE_RUNS)
@@ -158,6 +159,16 @@ def parse(argv=None):
     return a, rows, dtypes, tokens, limits
 
 
+def portable_settings(a) -> dict:
+    """The command line's settings as the environment line records them: its paths
+    (``--data``, ``--out``, ``--profile``) holding no machine's folders."""
+    settings = dict(vars(a))
+    for name in ("data", "out", "profile"):
+        if settings[name]:
+            settings[name] = portable_path(settings[name], Path(a.data).parent)
+    return settings
+
+
 def main(argv=None):
     a, rows, dtypes, tokens, limits = parse(argv)
     import fairseq
@@ -173,7 +184,7 @@ def main(argv=None):
     device = "cpu" if a.cpu else torch.cuda.get_device_name(0)
     env = {"kind": "environment", "device": device, "torch": torch.__version__, "python": platform.python_version(),
            "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "settings": dict(vars(a)), "fairseq": fairseq.__version__}
+           "settings": portable_settings(a), "fairseq": fairseq.__version__}
     # the peak of each dtype that will train (the smoke test: fp32 on the CPU)
     trained = sorted({c.dtype for t in tokens for c in configs_at(a, t, rows, dtypes, limits)})
     env.update(peak_rates(a.cpu, 512 if a.smoke else a.matmul_size, trained))

@@ -8,7 +8,7 @@ import os
 import platform
 import socket
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,11 +28,18 @@ def portable_path(path, dataset: Optional[Path] = None, root: Path = REPO_ROOT) 
     the repository ``root`` when inside it; else, inside the prepared ``dataset`` folder,
     relative to that folder's parent (``multi30k/bin``: the dataset's name leads); else
     its name alone."""
-    path = Path(path).resolve()
-    for base in (Path(root).resolve(), Path(dataset).resolve().parent if dataset is not None else None):
-        if base is not None and path.is_relative_to(base):
-            return str(path.relative_to(base))
+    path, root = Path(path).resolve(), Path(root).resolve()
+    if path.is_relative_to(root):
+        return str(path.relative_to(root))
+    if dataset is not None and path.is_relative_to(Path(dataset).resolve()):
+        return str(path.relative_to(Path(dataset).resolve().parent))
     return path.name
+
+
+def portable_argv(argv: Sequence[str], dataset: Optional[Path] = None) -> List[str]:
+    """A command line as a committed result records it: each absolute path in it portable
+    (:func:`portable_path`; a temporary folder: its name)."""
+    return [portable_path(x, dataset) if os.path.isabs(str(x)) else str(x) for x in argv]
 
 
 def cpu_description() -> Dict[str, str]:

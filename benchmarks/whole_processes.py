@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from records import REPO_ROOT
+from records import REPO_ROOT, portable_argv
 from rows import WHOLE_PROCESSES
 from stats import median_min_max
 from trainer_rounds import SMOKE_SIZE, record
@@ -82,7 +82,7 @@ def time_whole_processes(a, out: Path, deadline: float, env: dict):
             mine = losses[(name, repeats[name])] = {int(r["num_updates"]): float(r["loss"]) for r in inner}
             rec = {**run, "device": env["device"], "job": env["time"],
                    "precision": "fp32" if a.cpu else precision,
-                   "argv": argv[1:], "wall_s": wall,
+                   "argv": portable_argv(argv[1:], Path(a.data).parent), "wall_s": wall,
                    "updates": max(mine),
                    **dict(zip(("wps_median", "wps_min", "wps_max"), median_min_max(wps) if wps else (None,) * 3)),
                    "wps_intervals": len(wps), "intervals": intervals,

@@ -210,6 +210,9 @@ def test_quality_tiny_and_resume(tiny_bin, tmp_path):
     (rec,) = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert rec["row"] == "post_ln" and rec["seed"] == 1 and rec["n_sentences"] == 60
     assert math.isfinite(rec["bleu"]) and rec["bleu"] >= 0
+    # no machine's folders in the record: the corpus outside the repository, led by its name
+    corpus = tiny_bin.parent.name
+    assert (rec["data"], rec["ref"]) == (f"{corpus}/bin", f"{corpus}/text/test.de")
     listing = run_cli([*argv, "--list"]).stdout
     assert "done     post_ln  seed 1" in listing
     run_cli(argv)  # resumable: a finished (row, seed, settings) is not run again
@@ -262,6 +265,7 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
         assert "threads" not in r["settings"] and r["torch_threads"] == 1  # execution, not a setting
         assert len(r["analysis"]["statistics"]["grad_norm"]["encoder"]["output"]) == r["size"]["layers"]
         assert len(r["averaged"]) == 2
+        assert (r["data"], r["ref"]) == (f"{tiny_bin.parent.name}/bin", f"{tiny_bin.parent.name}/text/test.de")
     assert records[1]["train_seconds"] >= records[0]["train_seconds"] > 0
     assert "partial" not in run_cli([*argv, "--list"]).stdout
     run_cli(argv)
@@ -576,3 +580,36 @@ def test_a_run_that_is_another_rows_run_is_not_queued(monkeypatch):
     assert rows.SAME_RUN == {("small", "mix_ln"): "pre_ln"}
     assert ("small", "mix_ln", 1) not in study.STUDY_ORDER and ("deep", "mix_ln", 1) in study.STUDY_ORDER
     assert ("small", "pre_ln", 1) in study.STUDY_ORDER
+
+
+def test_recorded_paths_hold_no_machines_folders(tmp_path, monkeypatch):
+    """A path in a results line is relative to the repository, else led by its dataset's
+    name, else its name alone; every committed results file holds none of a machine's folders."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    from records import portable_argv, portable_path
+
+    assert portable_path(REPO_ROOT / "data" / "multi30k" / "bin") == "data/multi30k/bin"
+    corpus = tmp_path / "multi30k"
+    assert portable_path(corpus / "raw" / "test.de", corpus) == "multi30k/raw/test.de"
+    assert portable_path(tmp_path / "elsewhere" / "test.de", corpus) == "test.de"
+    assert portable_argv(["-m", "fairseq_cli.train", "--user-dir", str(REPO_ROOT / "resnmt"), str(corpus / "bin"),
+                          "--save-dir", str(tmp_path / "gpu_train-x1")], corpus) == [
+        "-m", "fairseq_cli.train", "--user-dir", "resnmt", "multi30k/bin", "--save-dir", "gpu_train-x1"]
+
+    def strings(value):
+        if isinstance(value, dict):
+            for v in value.values():
+                yield from strings(v)
+        elif isinstance(value, list):
+            for v in value:
+                yield from strings(v)
+        elif isinstance(value, str):
+            yield value
+
+    results = sorted((BENCH / "results").glob("*.json*"))
+    assert results
+    for path in results:
+        text = path.read_text(encoding="utf-8")
+        records = [json.loads(line) for line in text.splitlines()] if path.suffix == ".jsonl" else [json.loads(text)]
+        absolute = {s for r in records for s in strings(r) if s.startswith("/") and "/" in s[1:]}
+        assert not absolute, (path.name, sorted(absolute)[:3])

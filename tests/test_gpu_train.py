@@ -25,6 +25,10 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     # the peak of the dtype that trained: fp32 on the CPU (bf16 may be emulated there, far slower)
     assert env["kind"] == "environment" and env["device"] == "cpu" and set(env["peak_tflops"]) == {"fp32"}
     assert env["peak_tflops"]["fp32"] > 0
+    # its paths hold no machine's folders: the data led by its corpus's name, the outputs' names
+    settings = env["settings"]
+    assert (settings["data"], settings["out"], settings["profile"]) == (
+        f"{tiny_bin.parent.name}/bin", "rows.jsonl", "profile.json")
     assert all(r["benchmark"] == "gpu_train" for r in records)
     # each round's rows are written as it finishes (a job stopped from outside keeps them)
     assert [r["rounds"] for r in records if r["kind"] == "row" and r["config"] == "post_ln"] == [1, 2]
@@ -87,6 +91,7 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     assert whole[1]["max_abs_loss_diff_vs_stock"] == 0 and whole[1]["loss_diff_updates"] == 4
     assert whole[0]["run"] == "stock_fairseq_train_fp16" and whole[0]["updates"] == 4 and whole[0]["wps_median"] > 0
     assert whole[0]["argv"][:4] == ["-m", "fairseq_cli.train", "--arch", "transformer"]
+    assert whole[0]["argv"][4] == f"{tiny_bin.parent.name}/bin" and not any(a.startswith("/") for a in whole[0]["argv"])
     assert whole[0]["device"] == "cpu" and whole[0]["job"] == env["time"]
     assert [i["num_updates"] for i in whole[0]["intervals"]] == [2, 3, 4]  # fairseq's own, after --whole-skip 1
     assert all(i["train_wall"] is not None and i["ups"] is not None for i in whole[0]["intervals"])
