@@ -9,12 +9,11 @@ import argparse
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from records import REPO_ROOT
+from records import REPO_ROOT, RESULTS
 
 from resnmt.experiment.presets import SIZES
 
 CORPUS = REPO_ROOT / "data" / "multi30k"  # resnmt-prepare multi30k's OUTDIR (benchmarks/run_all.sh prepares it)
-RESULTS = REPO_ROOT / "benchmarks" / "results"
 
 
 def add_data(p: argparse.ArgumentParser, binarized: bool, required: bool = False) -> None:

@@ -62,13 +62,13 @@ import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
+from records import REPO_ROOT, portable_path  # (the standard library only: before resnmt)
+
+if str(REPO_ROOT) not in sys.path:  # resnmt, where it is not installed (the GPU machine)
     sys.path.insert(0, str(REPO_ROOT))
 
 import flags  # noqa: E402
 from fairseq_trainer import peak_rates  # noqa: E402
-from records import portable_path  # noqa: E402
 from result_tables import gpu_training_table  # noqa: E402
 from rows import (CROSS_LAYER_ROWS, DEFAULT_RECIPES, RECIPES, TRAINER_DEFAULT_ROWS, TRAINER_ROWS,  # noqa: E402
                   WHOLE_RUN_NAMES, WHOLE_RUNS)

@@ -50,7 +50,7 @@ def environment(condition: str, threads: int) -> dict:
     return env
 
 
-def measure(train_argv, updates: int, condition: str, threads: int) -> dict:
+def time_process(train_argv, updates: int, condition: str, threads: int) -> dict:
     """One fresh ``fairseq-train`` process; its times, memory, speed and final loss."""
     with tempfile.TemporaryDirectory(prefix="resnmt-malloc-") as tmp:
         log_path = Path(tmp) / "log.txt"
@@ -71,7 +71,7 @@ def measure(train_argv, updates: int, condition: str, threads: int) -> dict:
             "final_train_loss": fairseq_log.epochs[-1][2] if fairseq_log.epochs else None}
 
 
-def table(records) -> str:
+def malloc_table(records) -> str:
     """Medians per condition, and the ratio of the second to the first."""
     columns = [("wall s", "wall_seconds"), ("user CPU s", "user_seconds"), ("kernel CPU s", "kernel_seconds"),
                ("training updates/s", "updates_per_s"), ("peak RSS MiB", "peak_rss_mib")]
@@ -119,7 +119,7 @@ def main(argv=None):
         order = CONDITIONS if round_ % 2 else CONDITIONS[::-1]
         for condition in order:
             print(f"[malloc] round {round_}/{a.rounds}: {condition} ...", file=sys.stderr, flush=True)
-            result = measure(train_argv, a.updates, condition, a.threads)
+            result = time_process(train_argv, a.updates, condition, a.threads)
             record = {"benchmark": "malloc", "arch": a.arch, "size": {"name": a.size, **SIZES[a.size].as_dict()},
                       "updates": a.updates, "max_tokens": a.max_tokens, "threads": a.threads, "round": round_,
                       "run": started, **cpu_description(), "load_at_start": round(os.getloadavg()[0], 2),
@@ -129,7 +129,7 @@ def main(argv=None):
             print(f"[malloc]   {result['wall_seconds']:.1f} s wall, {result['kernel_seconds']:.1f} s kernel, "
                   f"{result['updates_per_s']} updates/s, loss {result['final_train_loss']}", file=sys.stderr, flush=True)
     losses = {r["final_train_loss"] for r in records}
-    print(table(records))
+    print(malloc_table(records))
     print(f"\nfinal training loss: {'the same in every process' if len(losses) == 1 else 'DIFFERS'} "
           f"({', '.join(str(x) for x in sorted(losses, key=str))})")
     return 0 if len(losses) == 1 else 1

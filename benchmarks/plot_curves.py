@@ -29,10 +29,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
+from records import REPO_ROOT, RESULTS  # noqa: E402
 from rows import CONTROLS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, slug  # noqa: E402
 from study_tables import SIZE_TITLES, load, ordered_keys, paired_differences, reference_row  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 # The budget chosen where post-LN's curve flattens (2+2 only: the other sizes stop where a
 # session's compute does, not at a chosen budget).
 FINAL_BUDGETS = {"small": DEFAULT_MILESTONES["small"][-1]}
@@ -345,7 +345,7 @@ def plot_learned(runs, figures: Path) -> list:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default=str(REPO_ROOT / "benchmarks" / "results" / "curves.jsonl"))
+    p.add_argument("--results", default=str(RESULTS / "curves.jsonl"), help="curves.py's JSON lines")
     p.add_argument("--figures", default=str(REPO_ROOT / "docs" / "figures"), help="output directory of the PNGs")
     a = p.parse_args(argv)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG

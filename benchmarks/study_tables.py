@@ -42,7 +42,8 @@ def ordered_keys(runs):
     return sorted(runs, key=lambda k: (k[0], list(SIZE_TITLES).index(k[1]) if k[1] in SIZE_TITLES else len(SIZE_TITLES)))
 
 
-def table(runs) -> str:
+def bleu_table(runs) -> str:
+    """sacreBLEU per row and milestone (mean ± std over seeds), per device and size."""
     lines = []
     for device, size in ordered_keys(runs):
         rows = runs[(device, size)]
@@ -291,6 +292,6 @@ def cross_layer_table(runs, rows=NEW_KINDS) -> str:
 
 def tables(runs) -> dict:
     """The study's tables as the documents hold them, by marker name (:data:`MARKERS`)."""
-    return {"curves-table": (table(runs) + "\n" + difference_table(runs)).strip() + "\n",
+    return {"curves-table": (bleu_table(runs) + "\n" + difference_table(runs)).strip() + "\n",
             "glance-table": glance_table(runs), "cross-layer-table": cross_layer_table(runs) + "\n",
             "gen2025-table": cross_layer_table(runs, rows=GEN2025_KINDS + GEN2025_VARIANTS) + "\n"}
