@@ -28,7 +28,7 @@ def add_data(p: argparse.ArgumentParser, binarized: bool, required: bool = False
         p.add_argument("--data", default=str(default), help=f"{what} (default: {default.relative_to(REPO_ROOT)})")
 
 
-def binarized(p: argparse.ArgumentParser, data, prepared: bool = False) -> Path:
+def binarized_folder(p: argparse.ArgumentParser, data, prepared: bool = False) -> Path:
     """The binarized folder of ``--data`` (``prepared``: its ``bin/``), checked: it must
     hold a fairseq dictionary."""
     data = Path(data)
@@ -60,7 +60,7 @@ def add_reference(p: argparse.ArgumentParser) -> None:
 def scored_corpus(p: argparse.ArgumentParser, data, ref) -> Tuple[Path, Path]:
     """The binarized folder of the prepared corpus ``--data`` and the reference file
     (``--ref``, else the corpus's raw test set), both checked."""
-    bin_dir = binarized(p, data, prepared=True)
+    bin_dir = binarized_folder(p, data, prepared=True)
     ref = Path(ref) if ref else Path(data) / "raw" / "test.de"
     if not ref.is_file():
         p.error(f"--ref {ref}: no such file; the prepared corpus's references are in {Path(data) / 'raw'}")

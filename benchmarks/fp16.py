@@ -100,7 +100,7 @@ def main(argv=None):
     rows = flags.chosen_rows(p, a.rows, QUALITY_ROWS, slug=slug)
     if BASELINE not in rows:
         rows.insert(0, BASELINE)
-    a.bin_dir = flags.binarized(p, a.data, prepared=True)
+    a.bin_dir = flags.binarized_folder(p, a.data, prepared=True)
     if a.checkpoint and not a.headroom:
         p.error("--checkpoint is read by --headroom only")
     missing = [c for c in a.checkpoint if not Path(c).is_file()]

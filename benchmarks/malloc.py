@@ -106,7 +106,7 @@ def main(argv=None):
     for name in ("updates", "rounds", "threads", "max_tokens"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} {getattr(a, name)}: must be a positive integer")
-    data = flags.binarized(p, a.data)
+    data = flags.binarized_folder(p, a.data)
     if not shutil.which("fairseq-train", path=tool_env()["PATH"]):
         p.error("fairseq-train is not on PATH (make venv installs it)")
 

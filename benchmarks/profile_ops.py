@@ -60,7 +60,7 @@ def main(argv=None):
     flags.add_threads(p, per="process")
     p.add_argument("--top", type=int, default=20, help="ops listed, largest differences first (default: 20)")
     a = p.parse_args(argv)
-    a.data = flags.binarized(p, a.data)
+    a.data = flags.binarized_folder(p, a.data)
     import torch
 
     torch.set_num_threads(a.threads)

@@ -74,7 +74,7 @@ def main(argv=None):
     size_name = a.size or ("base" if a.device == "cuda" else "cpu")
     size = SIZES[size_name]
     rows = flags.chosen_rows(p, a.rows, SPEED_ROWS)
-    data = flags.binarized(p, a.data)
+    data = flags.binarized_folder(p, a.data)
     base_spec = {
         "data": str(data.resolve()), "device": a.device, "size": list(size), "threads": a.threads,
         "warmup": a.warmup, "updates": a.updates, "max_tokens": a.max_tokens or (4096 if a.device == "cuda" else 1024),
