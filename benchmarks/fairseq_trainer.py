@@ -8,7 +8,7 @@ import re
 import time
 from typing import Sequence
 
-import common
+from eager_training import TORCH_DTYPES, training_batches
 
 
 def fairseq_training(argv: Sequence[str]):
@@ -41,10 +41,10 @@ def build_trainer(argv: Sequence[str]):
     return Trainer(cfg, task, model, criterion), task, cfg
 
 
-def training_batches(task, cfg, n: int):
-    """The first ``n`` batches of epoch 1 as fairseq-train builds them (seed 1)."""
+def first_batches(task, cfg, n: int):
+    """The first ``n`` batches of epoch 1 as fairseq-train builds them from ``cfg`` (seed 1)."""
     task.load_dataset("train", combine=False, epoch=1)
-    return common.training_batches(task, cfg.dataset.max_tokens, n)
+    return training_batches(task, cfg.dataset.max_tokens, n)
 
 
 def synchronize(cpu: bool):
@@ -91,13 +91,15 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def matmul_rate(cpu: bool, size: int, reps: int = 10) -> dict:
-    """The card's bf16 matrix-product rate, measured: ``size``-cubed products."""
+def matmul_rate(cpu: bool, size: int, dtype: str, reps: int = 10) -> float:
+    """The device's measured matrix-product rate in ``dtype`` (TFLOP/s): ``size``-cubed
+    products. A configuration's MFU is taken against the rate of the dtype it trained in:
+    a CPU without native bf16 emulates bf16 products far below its fp32 rate."""
     import torch
 
     device = "cpu" if cpu else "cuda"
-    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    a = torch.randn(size, size, device=device, dtype=getattr(torch, TORCH_DTYPES[dtype]))
+    b = torch.randn(size, size, device=device, dtype=a.dtype)
     for _ in range(3):
         a @ b
     synchronize(cpu)
@@ -106,7 +108,13 @@ def matmul_rate(cpu: bool, size: int, reps: int = 10) -> dict:
         a @ b
     synchronize(cpu)
     seconds = (time.perf_counter() - t0) / reps
-    return {"matmul_size": size, "bf16_tflops": 2 * size ** 3 / seconds / 1e12}
+    return 2 * size ** 3 / seconds / 1e12
+
+
+def peak_rates(cpu: bool, size: int, dtypes) -> dict:
+    """What the environment line records of the device's peak: the product size and the
+    measured rate of each dtype in ``dtypes`` (``peak_tflops``: {dtype: TFLOP/s})."""
+    return {"matmul_size": size, "peak_tflops": {d: matmul_rate(cpu, size, d) for d in dtypes}}
 
 
 # the Tensor methods that read a tensor's value on the host: on a CUDA tensor each waits for

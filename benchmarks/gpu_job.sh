@@ -18,14 +18,16 @@
 #   the GPU checks: adam_fused against adam on CUDA; two ranks sharing the GPU over gloo
 #   (fp32 fairseq-train, bf16 + adam_fused resnmt-train) in lockstep;
 #   the trainer table at 4096 tokens in bf16: every row, stock fp16, the recipe and the recipe
-#   with --fused-master-weights,
+#   with --fused-master-weights (and transformer in bf16 twice: the noise floor),
 #   8 interleaved rounds of up to 30 updates (as many as the budget holds), and the
 #   profile of one update.
 # Part 2 (default 300 s): the attention kernels on CUDA (cuDNN's against FlashAttention's);
 #   whole fairseq-train processes of 320 updates (the first epoch, about 130 updates, meets
 #   every batch shape first): stock --arch transformer --fp16, the recipe with
-#   --sdpa-backends flash,efficient,math, the recipe, --user-dir resnmt --arch
-#   transformer_postln_base --fp16 (fairseq's own wps, per epoch).
+#   --sdpa-backends flash,efficient,math, stock again (the two stock processes' difference
+#   is the noise floor of the ratios), the recipe, --user-dir resnmt --arch
+#   transformer_postln_base --fp16 (fairseq's own wps, per epoch; what the deadline leaves
+#   out is not started).
 # Part 3 (default 420 s): --compile-layers' inductor kernels and its CUDA graphs
 #   (--compile-mode reduce-overhead) against eager on CUDA; the same-math pair in fp16 at
 #   4096 tokens with stock fp16, the compiled recipe and the compiled recipe with CUDA graphs
@@ -91,7 +93,7 @@ elif [ "$PART" = 2 ]; then
         tests/test_sdpa_backends.py::test_on_cuda_kernels_compute_the_same_in_bf16 2>&1 | tail -n 20 > "$OUT/gpu_tests2.txt"
     tail -n 1 "$OUT/gpu_tests2.txt"
     bench --tokens "" --no-recipe --whole-process --whole-updates 320 --whole-interval 10 --whole-skip 20 \
-        --whole-runs stock_fairseq_train_fp16,resnmt_train_recipe_flash_bf16,resnmt_train_recipe_bf16,resnmt_postln_fp16 \
+        --whole-runs stock_fairseq_train_fp16,resnmt_train_recipe_flash_bf16,stock_fairseq_train_fp16,resnmt_train_recipe_bf16,resnmt_postln_fp16 \
         --whole-timeout 80 --deadline $(( $(left) - 70 )) "${SMOKE[@]}"
     echo "[gpu_job] whole processes done at $((SECONDS - T0)) s"
 else

@@ -27,18 +27,18 @@ from pathlib import Path
 
 import result_tables
 import study_tables
+from records import RESULTS
 from result_tables import (fp16_tables, gpu_tables, headroom_tables, quality_table, replace_between, speed_glance,
                            speed_tables)
 
 from resnmt.shared import read_jsonl
 
-HERE = Path(__file__).resolve().parent
 MARKERS = {**result_tables.MARKERS, **study_tables.MARKERS}  # table name -> the comments around it in a document
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default=str(HERE / "results"), help="directory of *.jsonl (default: benchmarks/results)")
+    p.add_argument("--results", default=str(RESULTS), help="directory of *.jsonl (default: benchmarks/results)")
     p.add_argument("--quality-settings", metavar="KEY",
                    help="settings key of the quality runs to tabulate (default: the key with the most runs)")
     p.add_argument("--write", metavar="MD", action="append", default=[],

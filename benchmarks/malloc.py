@@ -29,16 +29,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
+import flags
+import runs
+from records import cpu_description, run_id
 
 from resnmt.experiment.presets import SIZES
 from resnmt.experiment.runtime import KEEP_FREED_MEMORY_ENV, tool_env
 from resnmt.experiment.steps import FairseqLog
 from resnmt.shared import append_jsonl
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = REPO_ROOT / "data" / "multi30k" / "bin"
-DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "malloc.jsonl"
 CONDITIONS = ("glibc default", "keep freed memory")
 
 
@@ -52,7 +50,7 @@ def environment(condition: str, threads: int) -> dict:
     return env
 
 
-def measure(train_argv, updates: int, condition: str, threads: int) -> dict:
+def time_process(train_argv, updates: int, condition: str, threads: int) -> dict:
     """One fresh ``fairseq-train`` process; its times, memory, speed and final loss."""
     with tempfile.TemporaryDirectory(prefix="resnmt-malloc-") as tmp:
         log_path = Path(tmp) / "log.txt"
@@ -73,7 +71,7 @@ def measure(train_argv, updates: int, condition: str, threads: int) -> dict:
             "final_train_loss": fairseq_log.epochs[-1][2] if fairseq_log.epochs else None}
 
 
-def table(records) -> str:
+def malloc_table(records) -> str:
     """Medians per condition, and the ratio of the second to the first."""
     columns = [("wall s", "wall_seconds"), ("user CPU s", "user_seconds"), ("kernel CPU s", "kernel_seconds"),
                ("training updates/s", "updates_per_s"), ("peak RSS MiB", "peak_rss_mib")]
@@ -95,47 +93,43 @@ def table(records) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=str(DEFAULT_DATA), help="binarized Multi30k (default: data/multi30k/bin)")
+    flags.add_data(p, binarized=True)
     p.add_argument("--arch", default="transformer",
                    help="the arch trained (default: fairseq's own transformer, at --size)")
-    p.add_argument("--size", default="small", choices=sorted(SIZES),
-                   help="small = 2+2 layers d=128 FFN 512 4 heads (default); tiny = tests")
+    flags.add_size(p, "small", "small = 2+2 layers d=128 FFN 512 4 heads (default); tiny = tests")
     p.add_argument("--updates", type=int, default=100, help="updates per process (default: 100)")
     p.add_argument("--max-tokens", type=int, default=4096, help="default: 4096")
     p.add_argument("--rounds", type=int, default=3, help="processes per condition (default: 3)")
-    p.add_argument("--threads", type=int, default=1, help="OMP/MKL threads per process (default: 1)")
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON lines appended here (default: %(default)s)")
+    flags.add_threads(p, per="process")
+    flags.add_out(p, "malloc.jsonl")
     a = p.parse_args(argv)
     for name in ("updates", "rounds", "threads", "max_tokens"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} {getattr(a, name)}: must be a positive integer")
-    data = Path(a.data)
-    if not (data / "dict.en.txt").exists():
-        p.error(f"{data}/dict.en.txt is missing; run bash data-prep/prepare-multi30k.sh data/multi30k "
-                "(with --mirror DIR on a machine without network)")
+    data = flags.binarized_folder(p, a.data)
     if not shutil.which("fairseq-train", path=tool_env()["PATH"]):
         p.error("fairseq-train is not on PATH (make venv installs it)")
 
-    train_argv = common.benchmark_train_argv(data.resolve(), a.arch, [], SIZES[a.size], seed=1,
-                                         max_tokens=a.max_tokens, lr=1e-3, warmup=300, dropout=0.3,
-                                         save_every=10 ** 9, keep=1, validate=False)
-    started = common.run_id()
+    train_argv = runs.benchmark_train_argv(data.resolve(), a.arch, [], SIZES[a.size], seed=1,
+                                           max_tokens=a.max_tokens, lr=1e-3, warmup=300, dropout=0.3,
+                                           save_every=10 ** 9, keep=1, validate=False)
+    started = run_id()
     records = []
     for round_ in range(1, a.rounds + 1):
         order = CONDITIONS if round_ % 2 else CONDITIONS[::-1]
         for condition in order:
             print(f"[malloc] round {round_}/{a.rounds}: {condition} ...", file=sys.stderr, flush=True)
-            result = measure(train_argv, a.updates, condition, a.threads)
+            result = time_process(train_argv, a.updates, condition, a.threads)
             record = {"benchmark": "malloc", "arch": a.arch, "size": {"name": a.size, **SIZES[a.size].as_dict()},
                       "updates": a.updates, "max_tokens": a.max_tokens, "threads": a.threads, "round": round_,
-                      "run": started, **common.cpu_description(), "load_at_start": round(os.getloadavg()[0], 2),
+                      "run": started, **cpu_description(), "load_at_start": round(os.getloadavg()[0], 2),
                       **result}
             append_jsonl(Path(a.out), record)
             records.append(record)
             print(f"[malloc]   {result['wall_seconds']:.1f} s wall, {result['kernel_seconds']:.1f} s kernel, "
                   f"{result['updates_per_s']} updates/s, loss {result['final_train_loss']}", file=sys.stderr, flush=True)
     losses = {r["final_train_loss"] for r in records}
-    print(table(records))
+    print(malloc_table(records))
     print(f"\nfinal training loss: {'the same in every process' if len(losses) == 1 else 'DIFFERS'} "
           f"({', '.join(str(x) for x in sorted(losses, key=str))})")
     return 0 if len(losses) == 1 else 1

@@ -14,7 +14,7 @@ what the models that learn a mixing learned by their newest milestone (DLCL's co
 weights, HC/mHC's mixings, DenseFormer's weights, DyT's alpha: ``curves-learned-*.png``,
 drawn by resnmt-analyze's own plotting from the milestone's analysis).
 Each row keeps one color throughout; a control (a row with one shared setting changed,
-``common.CONTROLS``) is dashed with open markers, in the color of the row it changes.
+``rows.CONTROLS``) is dashed with open markers, in the color of the row it changes.
 """
 import argparse
 import logging
@@ -29,10 +29,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from common import CONTROLS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, slug  # noqa: E402
-from study_tables import SIZE_TITLES, load, ordered_keys, paired_differences, reference_of  # noqa: E402
+from records import REPO_ROOT, RESULTS  # noqa: E402
+from rows import CONTROLS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, slug  # noqa: E402
+from study_tables import SIZE_TITLES, load, ordered_keys, paired_differences, reference_row  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 # The budget chosen where post-LN's curve flattens (2+2 only: the other sizes stop where a
 # session's compute does, not at a chosen budget).
 FINAL_BUDGETS = {"small": DEFAULT_MILESTONES["small"][-1]}
@@ -49,7 +49,7 @@ def with_curves(runs):
 
 def row_styles(runs) -> dict:
     """``{row: plot keywords}``: one color per row, the same in every panel and figure; a
-    control (``common.CONTROLS``) is dashed, in the color of the row it changes."""
+    control (``rows.CONTROLS``) is dashed, in the color of the row it changes."""
     rows = sorted({row for rows in runs.values() for row in rows})
     plain = [row for row in rows if row not in CONTROLS or CONTROLS[row].row not in rows]
     styles = {row: {"color": f"C{i}", "linestyle": "-"} for i, row in enumerate(plain)}
@@ -148,7 +148,7 @@ def plot_bleu(runs, out: Path) -> None:
 
 
 def plot_bleu_difference(runs, out: Path, baseline: str = "post_ln") -> None:
-    """Each row's sacreBLEU minus its reference row's (:func:`reference_of`), paired by seed:
+    """Each row's sacreBLEU minus its reference row's (:func:`reference_row`), paired by seed:
     the gaps the verdicts are about, which the BLEU figure's scale hides at 2+2 layers."""
     fig, cells = panels(runs)
     styles = row_styles(runs)
@@ -157,7 +157,7 @@ def plot_bleu_difference(runs, out: Path, baseline: str = "post_ln") -> None:
         for row in sorted(rows):
             diffs = paired_differences(rows, row, baseline)
             if row != baseline and diffs:
-                _mean_and_seed_lines(ax, diffs, styles[row], f"{row} − {reference_of(row, baseline)}")
+                _mean_and_seed_lines(ax, diffs, styles[row], f"{row} − {reference_row(row, baseline)}")
         ax.axhline(0.0, color="gray", linewidth=0.8)
         label_panel(ax, device, size, "sacreBLEU difference, paired by seed")
     save(fig, f"BLEU minus {baseline}'s in the same setting (thick: mean over seeds; thin: each seed)", out)
@@ -345,7 +345,7 @@ def plot_learned(runs, figures: Path) -> list:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default=str(REPO_ROOT / "benchmarks" / "results" / "curves.jsonl"))
+    p.add_argument("--results", default=str(RESULTS / "curves.jsonl"), help="curves.py's JSON lines")
     p.add_argument("--figures", default=str(REPO_ROOT / "docs" / "figures"), help="output directory of the PNGs")
     a = p.parse_args(argv)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG

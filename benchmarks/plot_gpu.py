@@ -10,9 +10,10 @@ import re
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-if str(HERE.parent) not in sys.path:
-    sys.path.insert(0, str(HERE.parent))
+from records import REPO_ROOT, RESULTS  # (the standard library only: before resnmt)
+
+if str(REPO_ROOT) not in sys.path:  # resnmt, where it is not installed (the GPU machine)
+    sys.path.insert(0, str(REPO_ROOT))
 
 from resnmt.shared import read_jsonl  # noqa: E402
 
@@ -38,7 +39,9 @@ def plot(device, runs, path: Path):
     fig, ax = plt.subplots(figsize=(8, 4))
     for r in runs:
         xs = [i["num_updates"] for i in r["intervals"]]
-        ax.plot(xs, [i["wps"] / 1000 for i in r["intervals"]], marker="o", ms=3, label=f"{r['run']} ({r['precision']})")
+        again = f", repeat {r['repeat']}" if r.get("repeat", 1) > 1 else ""
+        ax.plot(xs, [i["wps"] / 1000 for i in r["intervals"]], marker="o", ms=3,
+                label=f"{r['run']} ({r['precision']}{again})")
     ends = sorted({i["num_updates"] for r in runs for a, i in zip(r["intervals"], r["intervals"][1:])
                    if a.get("epoch") is not None and i.get("epoch", a["epoch"]) > a["epoch"]})
     for x in ends[:1]:
@@ -56,8 +59,8 @@ def plot(device, runs, path: Path):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", default=str(HERE / "results" / "gpu_train.jsonl"), help="gpu_train.py's JSON lines")
-    p.add_argument("--out-dir", default=str(HERE.parent / "docs" / "figures"), help="where the figures go")
+    p.add_argument("--results", default=str(RESULTS / "gpu_train.jsonl"), help="gpu_train.py's JSON lines")
+    p.add_argument("--out-dir", default=str(REPO_ROOT / "docs" / "figures"), help="where the figures go")
     a = p.parse_args(argv)
     if not Path(a.results).exists():
         p.error(f"--results {a.results}: no such file (benchmarks/gpu_train.py writes it)")

@@ -1,24 +1,24 @@
 #!/usr/bin/env python
 """Where a config's extra training time goes: torch.profiler op totals of a config and
-of its reference, side by side (same batches, same size as speed.py; benchmarks/common.py holds both).
+of its reference, side by side (same batches, same size as speed.py; rows.py names both).
 
     python benchmarks/profile_ops.py --config rskip_ln2 --reference transformer
     python benchmarks/profile_ops.py --config nswish --reference swish --top 25
 
 Prints, per op, the summed self CPU time (ms) over ``--updates`` training updates of
 each model and the difference, largest differences first. Configs are speed.py's
-(``common.CONFIGS``). Op times under a profiler on a shared machine are noisy: read the
+(``rows.CONFIGS``). Op times under a profiler on a shared machine are noisy: read the
 large differences, not the small ones.
 """
 import argparse
 import sys
 from collections import defaultdict
 
-from common import CONFIGS, Optimizer, fairseq_argv, train_step, training_batches
+import flags
+from eager_training import Optimizer, train_step, training_batches
+from rows import CONFIGS, fairseq_argv
 
 from resnmt.experiment.presets import SIZES
-
-DEFAULT_DATA = "data/multi30k/bin"
 
 
 def profile(config, a):
@@ -53,13 +53,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, choices=sorted(CONFIGS))
     p.add_argument("--reference", default="transformer", choices=sorted(CONFIGS))
-    p.add_argument("--data", default=str(DEFAULT_DATA))
-    p.add_argument("--size", default="cpu", choices=sorted(SIZES))
-    p.add_argument("--max-tokens", type=int, default=1024)
-    p.add_argument("--updates", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--top", type=int, default=20)
+    flags.add_data(p, binarized=True)
+    flags.add_size(p, "cpu", "speed.py's on the CPU (default: cpu = 6+6 layers d=256 FFN 1024 4 heads)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="tokens per training batch (default: 1024)")
+    p.add_argument("--updates", type=int, default=3, help="profiled training updates (default: 3)")
+    flags.add_threads(p, per="process")
+    p.add_argument("--top", type=int, default=20, help="ops listed, largest differences first (default: 20)")
     a = p.parse_args(argv)
+    a.data = flags.binarized_folder(p, a.data)
     import torch
 
     torch.set_num_threads(a.threads)

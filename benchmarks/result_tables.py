@@ -8,7 +8,9 @@ import math
 import statistics
 from collections import Counter, OrderedDict
 
-from common import PREDICTION_TARGET_DEFAULT, PREDICTION_TARGETS, ROWS, verdict
+from rows import QUALITY_ROWS
+from stats import identical_noise, noise_floor
+from verdicts import PREDICTION_TARGET_DEFAULT, PREDICTION_TARGETS, pair_resolution, target_verdict
 
 
 def fmt_ratio(x):
@@ -26,11 +28,11 @@ def speed_table(rows):
         out.append(
             f"| {r['row']} (vs {r['reference']}) "
             f"| {fmt_ratio(t['median'])} [{fmt_ratio(t['min'])}–{fmt_ratio(t['max'])}] ({r['target_train'] or '—'}) "
-            f"| {verdict(t['median'], r['target_train'])} "
+            f"| {target_verdict(t['median'], r['target_train'])} "
             f"| {fmt_ratio(d['median'])} [{fmt_ratio(d['min'])}–{fmt_ratio(d['max'])}] ({r['target_decode'] or '—'}) "
-            f"| {verdict(d['median'], r['target_decode'])} "
+            f"| {target_verdict(d['median'], r['target_decode'])} "
             f"| {fmt_ratio(m['median'])} ({('≤ %s' % r['target_memory']) if r['target_memory'] else '—'}) "
-            f"| {verdict(m['median'], r['target_memory'], higher_is_better=False)} "
+            f"| {target_verdict(m['median'], r['target_memory'], higher_is_better=False)} "
             f"| {r['params_ratio']:.3f} | {r['rounds']} |"
         )
     return "\n".join(out)
@@ -62,26 +64,52 @@ def headroom_table(records):
 
 
 def gpu_training_table(rows) -> str:
-    """gpu_train.py's table: tokens/s of each configuration, its ratio to its reference and the verdict."""
+    """gpu_train.py's table: tokens/s of each configuration, its ratio to its reference with
+    the noise floor of its job beside it (two identical configurations' ratio, rounds the
+    same), and the verdict; then whether the same-math pair resolves 2 %."""
+    noise = noise_floors(rows)
     lines = ["| config | dtype | max tokens | target tok/update | tokens/s median (each round) | ratio median "
-             "(each round) | reference | target | meets | MFU |", "|" + "---|" * 10]
+             "(each round) | noise floor | reference | target | meets | MFU |", "|" + "---|" * 11]
     for r in rows:
         tokens = f"{r['tokens_per_s']:,.0f} ({each_round(r, 'tokens_per_s', '{:,.0f}')})"
         ratio = f"{r['ratio']:.3f} ({each_round(r, 'ratio', '{:.3f}')})" if "ratio" in r else ""
-        mfu = f"{100 * r['mfu']:.1f} %" if "mfu" in r else ""
         lines.append(f"| {r['config']} | {r['dtype']} | {r['max_tokens']} | {r['target_tokens_per_update']:.0f} | "
-                     f"{tokens} | {ratio} | {r.get('reference', '')} | {r.get('target', '')} | {r.get('meets', '')} "
-                     f"| {mfu} |")
-    pair = [r for r in rows if r["config"] == "post_ln" and "resolves" in r]
-    for r in pair:
+                     f"{tokens} | {ratio} | {noise_cell(noise[setting_of(r)]) if ratio else ''} | "
+                     f"{r.get('reference', '')} | {r.get('target', '')} | {r.get('meets', '')} | {mfu_cell(r)} |")
+    for r in (r for r in rows if r["config"] == "post_ln" and "resolves" in r):
+        reasons = pair_resolution(r, noise[setting_of(r)])
+        verdict = ("does NOT resolve 2 %: " + "; ".join(reasons) if reasons else
+                   f"resolves (within 2 %, spread under 2 %, over {r['rounds']} rounds, identical configurations "
+                   f"within {100 * noise[setting_of(r)]:.1f} %)")
         lines.append(f"\nsame-math pair post_ln/transformer ({r['dtype']}, {r['max_tokens']}): ratio {r['ratio']:.3f}, "
-                     f"spread {100 * r['spread']:.1f} %: " + ("resolves (within 2 %, spread under 2 %)" if r["resolves"]
-                                                                  else "does NOT resolve 2 %: rows within "
-                                                                  f"{100 * (r['ratio_max'] - r['ratio_min']):.1f} % of "
-                                                                  "each other cannot be separated")
-                     + (f"; the middle half of the {r['rounds']} rounds lies within {r['ratio_q1']:.3f}-"
-                        f"{r['ratio_q3']:.3f}" if "ratio_q1" in r else ""))
+                     f"spread {100 * r['spread']:.1f} %: {verdict}")
     return "\n".join(lines)
+
+
+def setting_of(r) -> tuple:
+    """The job and token setting of a gpu_train.py row: what one noise floor covers."""
+    return r.get("job"), r["max_tokens"]
+
+
+def noise_floors(rows) -> dict:
+    """{(job, max tokens): the noise floor of its rows (None: not measured)}."""
+    settings = OrderedDict()
+    for r in rows:
+        settings.setdefault(setting_of(r), []).append(r)
+    return {key: identical_noise(same) for key, same in settings.items()}
+
+
+def noise_cell(noise) -> str:
+    return "not measured" if noise is None else f"±{100 * noise:.1f} %"
+
+
+def mfu_cell(r) -> str:
+    """A row's MFU, naming the peak's dtype where it is not the dtype the row trained in
+    (lines written before the peak was measured per dtype took every row's against bf16's)."""
+    if "mfu" not in r:
+        return ""
+    peak = r.get("peak_dtype", "bf16")
+    return f"{100 * r['mfu']:.1f} %" + ("" if peak == r["dtype"] else f" (of the {peak} peak)")
 
 
 def each_round(r, key, fmt) -> str:
@@ -121,41 +149,63 @@ def gpu_tables(records) -> str:
             if old is None or (r["job"], r["rounds"]) >= (old["job"], old["rounds"]):
                 rows[key] = with_rounds_of_two(r, first_rounds.get(key + (r["job"],)))
         elif r.get("kind") == "whole_process" and "error" not in r:
-            whole[(r["device"], r["run"])] = r  # the newest run of each
+            whole[(r["device"], r["run"], r.get("repeat", 1))] = r  # the newest run of each
     parts = []
     for device in OrderedDict.fromkeys([k[0] for k in rows] + [k[0] for k in whole]):
         mine = [r for k, r in rows.items() if k[0] == device]
         if mine:
             parts.append(f"**{device}, fairseq's Trainer** (jobs {', '.join(sorted({r['job'] for r in mine}))})\n\n"
                          + gpu_training_table(mine))
-        runs = [r for k, r in whole.items() if k[0] == device]
+        firsts = {k[1]: r for k, r in whole.items() if k[0] == device and k[2] == 1}
+        # a repeated run beside the newest first run of its name, from the same job
+        runs = [r for k, r in whole.items() if k[0] == device and k[1] in firsts and r["job"] == firsts[k[1]]["job"]]
         if runs:
-            stock = next((r for r in runs if r["run"] == "stock_fairseq_train_fp16"), None)
-            lines = [f"**{device}, whole fairseq-train processes** (base size, 4096 tokens per update, "
-                     f"{runs[0]['updates']} updates each; fairseq's own wps per logged interval, median (min-max) "
-                     f"of the {runs[0]['wps_intervals']} intervals after the warm-up; one process each, one after "
-                     "the other; the first epoch, where every batch shape is new, and the later ones apart "
-                     "where the run logged its epochs; jobs " + ", ".join(sorted({r["job"] for r in runs})) + ")",
-                     "", "| run | precision | wps median (min-max) | median / stock's | first epoch | later epochs "
-                     "| later / stock's | losses against stock's | process s |",
-                     "|---|---|---|---:|---:|---:|---:|---|---:|"]
-
-            def by_epoch(r, part):
-                v = r.get(f"wps_median_{part}")
-                return f"{v:,.0f} ({r[f'wps_intervals_{part}']})" if v else ""
-
-            for r in runs:
-                ratio = f"{r['wps_median'] / stock['wps_median']:.2f}" if stock and r is not stock else ""
-                later = (f"{r['wps_median_later_epochs'] / stock['wps_median_later_epochs']:.2f}"
-                         if stock and r is not stock and r.get("wps_median_later_epochs")
-                         and stock.get("wps_median_later_epochs") else "")
-                diff = (f"max abs difference {r['max_abs_loss_diff_vs_stock']:.3g} at {r['loss_diff_updates']} "
-                        "logged intervals" if "max_abs_loss_diff_vs_stock" in r else "")
-                lines.append(f"| {r['run']} | {r['precision']} | {r['wps_median']:,.0f} ({r['wps_min']:,.0f}-"
-                             f"{r['wps_max']:,.0f}) | {ratio} | {by_epoch(r, 'first_epoch')} | "
-                             f"{by_epoch(r, 'later_epochs')} | {later} | {diff} | {r['wall_s']:.0f} |")
-            parts.append("\n".join(lines))
+            parts.append(whole_process_table(device, runs))
     return "\n\n".join(parts) if parts else "_no GPU training results yet_"
+
+
+def whole_process_table(device, runs) -> str:
+    """The whole fairseq-train processes of one device: each run's wps against stock's, and
+    under the table the noise floor (a run repeated in its job against its first)."""
+    stock = next((r for r in runs if r["run"] == "stock_fairseq_train_fp16" and r.get("repeat", 1) == 1), None)
+    repeated = any(r.get("repeat", 1) > 1 for r in runs)
+    lines = [f"**{device}, whole fairseq-train processes** (base size, 4096 tokens per update, "
+             f"{runs[0]['updates']} updates each; fairseq's own wps per logged interval, median (min-max) "
+             f"of the {runs[0]['wps_intervals']} intervals after the warm-up; one process each"
+             + (" (a run named again: the same command line repeated)" if repeated else "") + ", one after "
+             "the other; the first epoch, where every batch shape is new, and the later ones apart "
+             "where the run logged its epochs; jobs " + ", ".join(sorted({r["job"] for r in runs})) + ")",
+             "", "| run | precision | wps median (min-max) | median / stock's | first epoch | later epochs "
+             "| later / stock's | losses against stock's | process s |",
+             "|---|---|---|---:|---:|---:|---:|---|---:|"]
+
+    def by_epoch(r, part):
+        v = r.get(f"wps_median_{part}")
+        return f"{v:,.0f} ({r[f'wps_intervals_{part}']})" if v else ""
+
+    def over_stock(r, key):
+        return (f"{r[key] / stock[key]:.2f}" if stock and r is not stock and r.get(key) and stock.get(key) else "")
+
+    for r in runs:
+        diff = (f"max abs difference {r['max_abs_loss_diff_vs_stock']:.3g} at {r['loss_diff_updates']} "
+                "logged intervals" if "max_abs_loss_diff_vs_stock" in r else "")
+        name = r["run"] + (f" (repeat {r['repeat']})" if r.get("repeat", 1) > 1 else "")
+        lines.append(f"| {name} | {r['precision']} | {r['wps_median']:,.0f} ({r['wps_min']:,.0f}-"
+                     f"{r['wps_max']:,.0f}) | {over_stock(r, 'wps_median')} | {by_epoch(r, 'first_epoch')} | "
+                     f"{by_epoch(r, 'later_epochs')} | {over_stock(r, 'wps_median_later_epochs')} | {diff} | "
+                     f"{r['wall_s']:.0f} |")
+    floors = {key: [noise_floor([r[key] / first[key]]) for first in runs if first.get("repeat", 1) == 1
+                    for r in runs if r is not first and r["run"] == first["run"] and r["job"] == first["job"]
+                    and r.get(key) and first.get(key)]
+              for key in ("wps_median", "wps_median_later_epochs")}
+    if floors["wps_median"]:
+        lines.append("\nNoise floor of the ratios (a run repeated in its job against its first): "
+                     f"±{100 * max(floors['wps_median']):.1f} % in the median wps"
+                     + (f", ±{100 * max(floors['wps_median_later_epochs']):.1f} % in the later epochs'"
+                        if floors["wps_median_later_epochs"] else ""))
+    else:
+        lines.append("\nNoise floor of the ratios: not measured (no run repeated in its job)")
+    return "\n".join(lines)
 
 
 def replace_between(text, begin, end, body, required=True):
@@ -235,7 +285,7 @@ def speed_tables(records):
                 parts.append(
                     f"| {r['row']} | {o['gate_dim']} | {o['gate_params']:,} | {r['params_ratio']:.3f} "
                     f"| {o['mac_overhead']:.3f} | {o['predicted_train_ratio']:.3f} "
-                    f"| {r['train_ratio']['median']:.3f} | {mp:.3f} (≥ {target:g}: {verdict(mp, target)}) |"
+                    f"| {r['train_ratio']['median']:.3f} | {mp:.3f} (≥ {target:g}: {target_verdict(mp, target)}) |"
                 )
         parts.append("")
     return "\n".join(parts) if parts else "_no speed results yet_"
@@ -283,7 +333,7 @@ def quality_table(records, settings_key=None):
         "| row | n | sacreBLEU mean | std | min–max | seeds | papers' direction |",
         "|---|---|---|---|---|---|---|",
     ]
-    order = {row: i for i, row in enumerate(ROWS)}
+    order = {row: i for i, row in enumerate(QUALITY_ROWS)}
     settings_seen = OrderedDict()
     for (row, key), recs in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1])):
         recs = sorted(recs, key=lambda r: r["seed"])
@@ -296,7 +346,7 @@ def quality_table(records, settings_key=None):
             f"| {','.join(str(r['seed']) for r in recs)} | {PAPERS.get(row, '')} |"
         )
     missing = []
-    for row, n_wanted in ((name, r.seeds) for name, r in ROWS.items()):
+    for row, n_wanted in ((name, r.seeds) for name, r in QUALITY_ROWS.items()):
         have = sum(len(v) for (r, _), v in groups.items() if r == row)
         if have < n_wanted:
             missing.append(f"{row} ({have} of {n_wanted} seeds)")

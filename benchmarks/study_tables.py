@@ -9,7 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-from common import CONTROLS, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, SAME_RUN
+from rows import CONTROLS, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, SAME_RUN
+from verdicts import claim_verdict
 
 from resnmt.shared import read_jsonl
 
@@ -41,7 +42,8 @@ def ordered_keys(runs):
     return sorted(runs, key=lambda k: (k[0], list(SIZE_TITLES).index(k[1]) if k[1] in SIZE_TITLES else len(SIZE_TITLES)))
 
 
-def table(runs) -> str:
+def bleu_table(runs) -> str:
+    """sacreBLEU per row and milestone (mean ± std over seeds), per device and size."""
     lines = []
     for device, size in ordered_keys(runs):
         rows = runs[(device, size)]
@@ -71,7 +73,7 @@ def _mean_std(values, count: bool = True) -> str:
     return f"{text} ({len(values)})" if count else text
 
 
-def reference_of(row: str, baseline: str = "post_ln") -> str:
+def reference_row(row: str, baseline: str = "post_ln") -> str:
     """The row that ``row`` is compared with: ``baseline`` in the shared settings; for a
     control, ``baseline``'s control with the same changed flags (rSkip with a 1000-update
     warm-up against post-LN with a 1000-update warm-up), where there is one."""
@@ -83,22 +85,22 @@ def reference_of(row: str, baseline: str = "post_ln") -> str:
 def paired_differences(rows: dict, row: str, baseline: str = "post_ln") -> dict:
     """{seed: {updates: row's sacreBLEU minus its reference's}} for the seeds and budgets
     that both have (empty when the reference row is missing)."""
-    base = rows.get(reference_of(row, baseline), {})
+    base = rows.get(reference_row(row, baseline), {})
     diffs = {seed: {u: r["bleu"] - base[seed][u]["bleu"] for u, r in recs.items() if u in base.get(seed, {})}
              for seed, recs in rows.get(row, {}).items()}
     return {seed: per_update for seed, per_update in diffs.items() if per_update}
 
 
 def difference_table(runs, baseline: str = "post_ln") -> str:
-    """Each row's sacreBLEU minus its reference's (:func:`reference_of`), per milestone,
+    """Each row's sacreBLEU minus its reference's (:func:`reference_row`), per milestone,
     paired by seed (only seeds that both have at that milestone): mean ± std over seeds (n)."""
     lines = []
     for device, size in ordered_keys(runs):
         rows = runs[(device, size)]
-        others = [r for r in sorted(rows) if r != baseline and reference_of(r, baseline) in rows]
+        others = [r for r in sorted(rows) if r != baseline and reference_row(r, baseline) in rows]
         if not others:
             continue
-        milestones = sorted({u for r in {baseline, *map(reference_of, others)} for recs in rows.get(r, {}).values()
+        milestones = sorted({u for r in {baseline, *map(reference_row, others)} for recs in rows.get(r, {}).values()
                              for u in recs})
         lines += [f"**{SIZE_TITLES.get(size, size)} ({device})**: sacreBLEU minus the reference row's, paired by seed, "
                   "mean ± std (n seeds)", "",
@@ -108,20 +110,15 @@ def difference_table(runs, baseline: str = "post_ln") -> str:
             diffs = paired_differences(rows, row, baseline)
             cells = [_mean_std([d[u] for d in diffs.values() if u in d]) if any(u in d for d in diffs.values()) else ""
                      for u in milestones]
-            lines.append(f"| {row} | {reference_of(row, baseline)} | " + " | ".join(cells) + " |")
+            lines.append(f"| {row} | {reference_row(row, baseline)} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
 
-# A claim of matching (≥) holds for a seed within this many BLEU below its reference: the
-# spread of one row's own seeds at 2+2 (0.3-0.6), as the cross-layer table counts level.
-LEVEL = 0.5
-
-
 class Claim(NamedTuple):
     """One row of the results-at-a-glance table: a paper's claim, measured as ``row`` minus
-    its reference row (``reference``, else :func:`reference_of`), paired by seed, at
-    ``updates`` updates; a claim of matching (``at_least``) holds within :data:`LEVEL`."""
+    its reference row (``reference``, else :func:`reference_row`), paired by seed, at
+    ``updates`` updates; a claim of matching (``at_least``) holds within :data:`verdicts.LEVEL`."""
     claim: str
     papers: str
     device: str
@@ -186,7 +183,7 @@ CLAIMS = (
       for place, row in (("pre-LN", "pre_ln"), ("post-LN", "post_ln"))
       for size, budget in (("small", 2400), ("deep", 1200))),
     # The 2025 generation: each paper reports a gain over pre-LN in language models (or
-    # vision), none in translation. Mix-LN at 2+2 is pre-LN's run (common.SAME_RUN).
+    # vision), none in translation. Mix-LN at 2+2 is pre-LN's run (rows.SAME_RUN).
     *(Claim(f"{name} > pre-LN", papers, "cpu", size, row, budget, reference="pre_ln", method=name)
       for name, row, papers in (("Hyper-Connections", "hyper", "— (OLMo-1B loss 2.811 → 2.791, static ×4)"),
                                 ("mHC", "mhc", "— (27B MoE loss −0.021)"),
@@ -198,28 +195,18 @@ CLAIMS = (
 )
 
 
-def verdict(diffs: list, at_least: bool = False) -> str:
-    """``yes`` when every seed is ahead (a claim of matching: no seed more than
-    :data:`LEVEL` behind), ``no`` when every seed is behind (by more than :data:`LEVEL`),
-    else ``mixed``; ``(1 seed)`` where one seed is all there is."""
-    holds = [d >= -LEVEL if at_least else d > 0 for d in diffs]
-    fails = [d < -LEVEL if at_least else d < 0 for d in diffs]
-    word = "yes" if all(holds) else "no" if all(fails) else "mixed"
-    return word + (" (1 seed)" if len(diffs) == 1 else "")
-
-
 def glance_table(runs, claims=CLAIMS, baseline: str = "post_ln") -> str:
     """Results at a glance, one row per method: per claim (a line of the row), the setting,
     the paper's number, the row's and its reference's sacreBLEU over the seeds both have at
     the claim's budget (mean ± std), their paired difference with n, and a verdict from
-    the seeds' signs (:func:`verdict`). Claims not measured yet are left out."""
+    the seeds' signs (:func:`verdicts.claim_verdict`). Claims not measured yet are left out."""
     lines = ["| method | claim | setting | papers | measured (Multi30k EN-DE): row vs reference, difference "
              "(n seeds) | holds? |", "|---|---|---|---|---|---|"]
     methods = {}
     for c in claims:
         rows = runs.get((c.device, c.size), {})
         base = c.reference or baseline
-        ref = reference_of(c.row, base)  # the row paired_differences subtracts
+        ref = reference_row(c.row, base)  # the row paired_differences subtracts
         diffs = {seed: d[c.updates] for seed, d in paired_differences(rows, c.row, base).items() if c.updates in d}
         if not diffs:
             continue
@@ -233,7 +220,7 @@ def glance_table(runs, claims=CLAIMS, baseline: str = "post_ln") -> str:
 
         measured = f"{mean_std(own)} vs {mean_std(other)}, {_mean_std([diffs[s] for s in seeds])}"
         setting = f"{SIZE_SHORT.get(c.size, c.size)}, {c.updates} updates{', GPU' if c.device == 'cuda' else ''}"
-        answer = verdict([diffs[s] for s in seeds], c.at_least) + (f"; {c.note}" if c.note else "")
+        answer = claim_verdict([diffs[s] for s in seeds], c.at_least) + (f"; {c.note}" if c.note else "")
         methods.setdefault(c.method or c.claim, []).append((c.claim, setting, c.papers, measured, answer))
     for method, cells in methods.items():
         columns = [list(column) for column in zip(*cells)]
@@ -273,11 +260,11 @@ def cross_layer_table(runs, rows=NEW_KINDS) -> str:
     verdict budget, so that every method is judged at the same one; paired by seed over
     every seed both have there): does it get post-LN's quality at 2+2 layers
     (sacreBLEU minus post-LN's) and pre-LN's stability at 6+6 (minus pre-LN's, and minus
-    post-LN's)? A gap within :data:`LEVEL` BLEU counts as level: one seed cannot resolve
-    less (the 2+2 seeds of one row differ by 0.3-0.6); with several seeds the verdict is
-    :func:`verdict`'s (``mixed`` where the seeds disagree). Before ``VERDICT_BUDGETS`` the
-    verdict is "not yet". A row whose run is another row's, bit for bit
-    (``common.SAME_RUN``), is read from that run and says so."""
+    post-LN's)? A gap within :data:`verdicts.LEVEL` BLEU counts as level: one seed cannot
+    resolve less (the 2+2 seeds of one row differ by 0.3-0.6); with several seeds the verdict
+    is :func:`verdicts.claim_verdict`'s (``mixed`` where the seeds disagree). Before
+    ``VERDICT_BUDGETS`` the verdict is "not yet". A row whose run is another row's, bit for bit
+    (``rows.SAME_RUN``), is read from that run and says so."""
     small, deep = runs.get(("cpu", "small"), {}), runs.get(("cpu", "deep"), {})
     lines = ["| method | 2+2: − post-LN | 6+6: − pre-LN | 6+6: − post-LN | post-LN's 2+2 quality? | "
              "pre-LN's 6+6 stability? |", "|---|---:|---:|---:|---|---|"]
@@ -287,7 +274,7 @@ def cross_layer_table(runs, rows=NEW_KINDS) -> str:
             return "—"
         if u < VERDICT_BUDGETS[size]:
             return "not yet"
-        return verdict(diffs, at_least=True).replace(" (1 seed)", "")
+        return claim_verdict(diffs, at_least=True).replace(" (1 seed)", "")
 
     for row in rows:
         same = SAME_RUN.get(("small", row)) if row not in small else None
@@ -305,6 +292,6 @@ def cross_layer_table(runs, rows=NEW_KINDS) -> str:
 
 def tables(runs) -> dict:
     """The study's tables as the documents hold them, by marker name (:data:`MARKERS`)."""
-    return {"curves-table": (table(runs) + "\n" + difference_table(runs)).strip() + "\n",
+    return {"curves-table": (bleu_table(runs) + "\n" + difference_table(runs)).strip() + "\n",
             "glance-table": glance_table(runs), "cross-layer-table": cross_layer_table(runs) + "\n",
             "gen2025-table": cross_layer_table(runs, rows=GEN2025_KINDS + GEN2025_VARIANTS) + "\n"}

@@ -44,7 +44,7 @@ def test_speed_worker_measures_a_round_in_one_process(tiny_bin):
     spec = {"data": str(tiny_bin), "device": "cpu", "size": [1, 16, 32, 2], "threads": 1, "warmup": 1,
             "updates": 1, "max_tokens": 300, "dtype": "fp32", "decode_sentences": 4, "decode_batch": 4,
             "decode_len": 3}
-    proc = run_cli([sys.executable, BENCH / "speed.py", "--worker",
+    proc = run_cli([sys.executable, BENCH / "speed_measure.py",
                     json.dumps([dict(spec, config="transformer"), dict(spec, config="sas_gate64")])], timeout=300)
     first, second = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (first["config"], second["config"]) == ("transformer", "sas_gate64")
@@ -75,7 +75,7 @@ def test_speed_half_precision_optimizer_keeps_float32_masters():
     import torch
 
     sys.path.insert(0, str(BENCH))
-    from common import FP16_LOSS_SCALE, Optimizer
+    from eager_training import FP16_LOSS_SCALE, Optimizer
 
     torch.manual_seed(0)
     for dtype, scale in ((torch.bfloat16, 1.0), (torch.float16, FP16_LOSS_SCALE)):
@@ -116,7 +116,7 @@ def test_plot_curves_leaves_single_budgets_out_of_the_figures(monkeypatch):
 
 def test_fp16_check_reads_fairseq_logs_and_compares_with_post_ln():
     sys.path.insert(0, str(BENCH))
-    from common import fp16_log_record, fp16_verdicts
+    from verdicts import fp16_log_record, fp16_verdicts
 
     from resnmt.experiment.steps import FairseqLog
 
@@ -149,8 +149,8 @@ def test_fp16_headroom_takes_fairseq_trains_first_step(tiny_bin, tmp_path):
     """--headroom's step is fairseq-train's first update: same loss and gradient norm (as
     logged, base 2 per token), so its largest gradient is the one fp16 would have to hold."""
     sys.path.insert(0, str(BENCH))
-    import fp16
-    from common import benchmark_train_argv
+    import headroom
+    from runs import benchmark_train_argv
 
     from resnmt.experiment.presets import SIZES
 
@@ -161,13 +161,13 @@ def test_fp16_headroom_takes_fairseq_trains_first_step(tiny_bin, tmp_path):
                   timeout=300).stdout
     first = next(line for line in log.splitlines() if "| train_inner |" in line)
     logged = {key: re.search(rf"[ |]{key}=([^,\s]+)", first).group(1) for key in ("loss", "gnorm")}
-    step = fp16.first_step(argv)
+    step = headroom.first_step(argv)
     # fairseq logs each value rounded to 3 decimals (12.140 as 12.14)
     assert (round(step["loss"], 3), round(step["grad_norm"], 3)) == (float(logged["loss"]), float(logged["gnorm"]))
     assert step["updates"] == 0 and step["max_fp16_loss_scale"] == pytest.approx(65504 / step["largest_grad"])
     # fairseq's first update runs at the warm-up's initial learning rate, 0: the checkpoint
     # after it holds the initial weights, and measuring it gives the same step again
-    trained = fp16.first_step(None, tmp_path / "run" / "checkpoint_last.pt", data=tiny_bin)
+    trained = headroom.first_step(None, tmp_path / "run" / "checkpoint_last.pt", data=tiny_bin)
     assert trained["updates"] == 1
     assert {k: trained[k] for k in ("loss", "grad_norm", "largest_grad")} == {
         k: step[k] for k in ("loss", "grad_norm", "largest_grad")}
@@ -210,6 +210,9 @@ def test_quality_tiny_and_resume(tiny_bin, tmp_path):
     (rec,) = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert rec["row"] == "post_ln" and rec["seed"] == 1 and rec["n_sentences"] == 60
     assert math.isfinite(rec["bleu"]) and rec["bleu"] >= 0
+    # no machine's folders in the record: the corpus outside the repository, led by its name
+    corpus = tiny_bin.parent.name
+    assert (rec["data"], rec["ref"]) == (f"{corpus}/bin", f"{corpus}/text/test.de")
     listing = run_cli([*argv, "--list"]).stdout
     assert "done     post_ln  seed 1" in listing
     run_cli(argv)  # resumable: a finished (row, seed, settings) is not run again
@@ -262,6 +265,7 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
         assert "threads" not in r["settings"] and r["torch_threads"] == 1  # execution, not a setting
         assert len(r["analysis"]["statistics"]["grad_norm"]["encoder"]["output"]) == r["size"]["layers"]
         assert len(r["averaged"]) == 2
+        assert (r["data"], r["ref"]) == (f"{tiny_bin.parent.name}/bin", f"{tiny_bin.parent.name}/text/test.de")
     assert records[1]["train_seconds"] >= records[0]["train_seconds"] > 0
     assert "partial" not in run_cli([*argv, "--list"]).stdout
     run_cli(argv)
@@ -279,7 +283,9 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
 
 def default_settings_key(curves) -> str:
     """The settings key of curves.py's default settings (what its --list reads lines by)."""
-    return curves.common.settings_key(curves.settings_of(curves.parser().parse_args([])))
+    import records
+
+    return records.settings_key(curves.study_settings(curves.parser().parse_args([])))
 
 
 def test_curves_keeps_gpu_runs_apart_from_cpu_runs(tmp_path, monkeypatch, capsys):
@@ -362,10 +368,10 @@ def test_a_control_is_dashed_in_the_color_of_the_row_it_changes(monkeypatch):
 
 def test_a_control_is_compared_with_post_ln_in_the_same_setting(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
-    from study_tables import difference_table, reference_of
+    from study_tables import difference_table, reference_row
 
-    assert reference_of("sas") == "post_ln" and reference_of("post_ln (warm-up 1000)") == "post_ln"
-    assert reference_of("rskip_ln (λ=2, warm-up 1000)") == "post_ln (warm-up 1000)"
+    assert reference_row("sas") == "post_ln" and reference_row("post_ln (warm-up 1000)") == "post_ln"
+    assert reference_row("rskip_ln (λ=2, warm-up 1000)") == "post_ln (warm-up 1000)"
     record = lambda bleu: {"bleu": bleu}
     runs = {("cpu", "deep"): {"post_ln": {1: {600: record(7.0)}}, "post_ln (warm-up 1000)": {1: {600: record(5.0)}},
                               "rskip_ln (λ=2, warm-up 1000)": {1: {600: record(9.0)}}}}
@@ -554,7 +560,7 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
     assert set(families) == {"cross-layer", "gen2025"} and "hyper" not in study[("cpu", "deep")]
     assert set(families["gen2025"][("cpu", "deep")]) == {"post_ln", "pre_ln", "hyper"}
     assert "| hyper | " in study_tables.cross_layer_table(runs, rows=("hyper",))
-    # Mix-LN at 2+2 is pre-LN's run bit for bit (common.SAME_RUN): read from it and marked
+    # Mix-LN at 2+2 is pre-LN's run bit for bit (rows.SAME_RUN): read from it and marked
     runs[("cpu", "small")]["pre_ln"][1][2400] = dict(lines[2], row="pre_ln", bleu=29.5)
     assert ("| mix_ln | -0.50 @ 2400 (= pre_ln: the same run) |  |  | yes | — |"
             in study_tables.cross_layer_table(runs, rows=("mix_ln",)))
@@ -568,9 +574,42 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
 def test_a_run_that_is_another_rows_run_is_not_queued(monkeypatch):
     """The study does not train Mix-LN at 2+2 again (it is pre-LN's run), but does at 6+6."""
     monkeypatch.syspath_prepend(str(BENCH))
-    import common
-    import curves
+    import rows
+    import study
 
-    assert common.SAME_RUN == {("small", "mix_ln"): "pre_ln"}
-    assert ("small", "mix_ln", 1) not in curves.STUDY_ORDER and ("deep", "mix_ln", 1) in curves.STUDY_ORDER
-    assert ("small", "pre_ln", 1) in curves.STUDY_ORDER
+    assert rows.SAME_RUN == {("small", "mix_ln"): "pre_ln"}
+    assert ("small", "mix_ln", 1) not in study.STUDY_ORDER and ("deep", "mix_ln", 1) in study.STUDY_ORDER
+    assert ("small", "pre_ln", 1) in study.STUDY_ORDER
+
+
+def test_recorded_paths_hold_no_machines_folders(tmp_path, monkeypatch):
+    """A path in a results line is relative to the repository, else led by its dataset's
+    name, else its name alone; every committed results file holds none of a machine's folders."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    from records import portable_argv, portable_path
+
+    assert portable_path(REPO_ROOT / "data" / "multi30k" / "bin") == "data/multi30k/bin"
+    corpus = tmp_path / "multi30k"
+    assert portable_path(corpus / "raw" / "test.de", corpus) == "multi30k/raw/test.de"
+    assert portable_path(tmp_path / "elsewhere" / "test.de", corpus) == "test.de"
+    assert portable_argv(["-m", "fairseq_cli.train", "--user-dir", str(REPO_ROOT / "resnmt"), str(corpus / "bin"),
+                          "--save-dir", str(tmp_path / "gpu_train-x1")], corpus) == [
+        "-m", "fairseq_cli.train", "--user-dir", "resnmt", "multi30k/bin", "--save-dir", "gpu_train-x1"]
+
+    def strings(value):
+        if isinstance(value, dict):
+            for v in value.values():
+                yield from strings(v)
+        elif isinstance(value, list):
+            for v in value:
+                yield from strings(v)
+        elif isinstance(value, str):
+            yield value
+
+    results = sorted((BENCH / "results").glob("*.json*"))
+    assert results
+    for path in results:
+        text = path.read_text(encoding="utf-8")
+        records = [json.loads(line) for line in text.splitlines()] if path.suffix == ".jsonl" else [json.loads(text)]
+        absolute = {s for r in records for s in strings(r) if s.startswith("/") and "/" in s[1:]}
+        assert not absolute, (path.name, sorted(absolute)[:3])

@@ -1,7 +1,7 @@
 """resnmt.experiment's pieces that the end-to-end runs rely on: the names of decoding
 settings, the one reader of fairseq's log, the checkpoint selection, the presets' batch
 arithmetic in-process, the options' checks, and the subprocesses' environment; and the
-benchmarks' shared helpers (benchmarks/common.py) for training to a budget."""
+benchmarks' training to a budget (benchmarks/runs.py)."""
 import json
 import os
 import platform
@@ -17,7 +17,7 @@ from resnmt.experiment.pipeline import ExperimentRequest
 from resnmt.experiment.steps import FairseqLog
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-import common  # noqa: E402  (benchmarks/common.py)
+import runs  # noqa: E402  (benchmarks/runs.py)
 
 # what fairseq-train --log-format simple printed over two runs of one save dir
 LOG = """\
@@ -58,12 +58,12 @@ def test_checkpoints_until_an_update(tmp_path):
     for name in ("checkpoint1.pt", "checkpoint_1_40.pt", "checkpoint_1_80.pt", "checkpoint_2_120.pt",
                  "checkpoint_last.pt", "checkpoint.avg5.pt"):
         (tmp_path / name).write_bytes(b"")
-    assert [p.name for p in common.checkpoints_until(tmp_path, 2, 80)] == ["checkpoint_1_40.pt", "checkpoint_1_80.pt"]
+    assert [p.name for p in runs.checkpoints_until(tmp_path, 2, 80)] == ["checkpoint_1_40.pt", "checkpoint_1_80.pt"]
     # training stopped at 136 (an epoch end: no checkpoint_E_136.pt) -> checkpoint_last.pt is that model
-    common.atomic_write_text(tmp_path / common.TRAINED_STAMP, '{"updates": 136}\n')
-    assert [p.name for p in common.checkpoints_until(tmp_path, 2, 136)] == ["checkpoint_2_120.pt", "checkpoint_last.pt"]
+    runs.atomic_write_text(tmp_path / runs.TRAINED_STAMP, '{"updates": 136}\n')
+    assert [p.name for p in runs.checkpoints_until(tmp_path, 2, 136)] == ["checkpoint_2_120.pt", "checkpoint_last.pt"]
     with pytest.raises(ExperimentError, match="1 checkpoints up to update 40, 2 wanted"):
-        common.checkpoints_until(tmp_path, 2, 40)
+        runs.checkpoints_until(tmp_path, 2, 40)
 
 
 def test_train_to_counts_every_call_and_a_stopped_one_up_to_the_checkpoint_it_resumes_from(tmp_path, monkeypatch):
@@ -71,7 +71,7 @@ def test_train_to_counts_every_call_and_a_stopped_one_up_to_the_checkpoint_it_re
     in full, and a call stopped mid-way (a session's end) up to checkpoint_last.pt, where the
     next call resumes; the updates after that checkpoint are counted when trained again."""
     now = [1000.0]
-    monkeypatch.setattr(common, "time", type("FakeTime", (), {"time": staticmethod(lambda: now[0])}))
+    monkeypatch.setattr(runs, "time", type("FakeTime", (), {"time": staticmethod(lambda: now[0])}))
     save_dir = tmp_path / "checkpoints"
     calls = []
 
@@ -86,17 +86,17 @@ def test_train_to_counts_every_call_and_a_stopped_one_up_to_the_checkpoint_it_re
             raise KeyboardInterrupt
         now[0] += {1: 50.0, 3: 40.0}[len(calls)]
 
-    monkeypatch.setattr(common, "run_logged", fake_fairseq_train)
-    assert common.trained_seconds(save_dir) == 0.0 and common.trained_updates(save_dir) == 0
-    assert common.train_to(200, ["fairseq-train"], save_dir, None, {}) == pytest.approx(50.0)
+    monkeypatch.setattr(runs, "run_logged", fake_fairseq_train)
+    assert runs.trained_seconds(save_dir) == 0.0 and runs.trained_updates(save_dir) == 0
+    assert runs.train_to(200, ["fairseq-train"], save_dir, None, {}) == pytest.approx(50.0)
     with pytest.raises(KeyboardInterrupt):
-        common.train_to(400, ["fairseq-train"], save_dir, None, {})
-    assert common.trained_updates(save_dir) == 200 and common.trained_seconds(save_dir) == pytest.approx(120.0)
-    assert common.train_to(400, ["fairseq-train"], save_dir, None, {}) == pytest.approx(160.0)
+        runs.train_to(400, ["fairseq-train"], save_dir, None, {})
+    assert runs.trained_updates(save_dir) == 200 and runs.trained_seconds(save_dir) == pytest.approx(120.0)
+    assert runs.train_to(400, ["fairseq-train"], save_dir, None, {}) == pytest.approx(160.0)
     assert [c[c.index("--max-update") + 1] for c in calls] == [200, 400, 400]
-    assert common.train_to(400, ["fairseq-train"], save_dir, None, {}) == pytest.approx(160.0)  # done: not run again
+    assert runs.train_to(400, ["fairseq-train"], save_dir, None, {}) == pytest.approx(160.0)  # done: not run again
     assert len(calls) == 3
-    assert json.loads((save_dir / common.TRAINED_STAMP).read_text()) == {"updates": 400, "seconds": pytest.approx(160.0)}
+    assert json.loads((save_dir / runs.TRAINED_STAMP).read_text()) == {"updates": 400, "seconds": pytest.approx(160.0)}
 
 
 @pytest.mark.parametrize("gpus, nodes, tokens, expected", [
@@ -180,7 +180,7 @@ def test_a_benchmark_rows_flags_override_the_shared_settings(tmp_path):
     """benchmarks/curves.py's control rows change one shared setting through their flags."""
     from fairseq import options
 
-    argv = common.benchmark_train_argv(tmp_path, "transformer_postln_base", ["--warmup-updates", "1000", "--dropout", "0.1"],
+    argv = runs.benchmark_train_argv(tmp_path, "transformer_postln_base", ["--warmup-updates", "1000", "--dropout", "0.1"],
                                        presets.SIZES["small"], seed=1, max_tokens=4096, lr=1e-3, warmup=300,
                                        dropout=0.3, save_every=40, keep=5, validate=True)
     args = options.parse_args_and_arch(options.get_training_parser(), argv[1:])

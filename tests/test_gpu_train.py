@@ -3,6 +3,7 @@ command lines and trained through fairseq's Trainer, interleaved rounds, ratios 
 reference rows, FLOPs counted, a profile of one update, and a whole fairseq-train
 process whose wps is read from fairseq's own log. (The GPU run: benchmarks/gpu_job.sh.)"""
 import json
+import statistics
 import sys
 
 import pytest
@@ -17,11 +18,17 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     proc = run_cli([sys.executable, SCRIPT, "--smoke", "--cpu", "--data", tiny_bin, "--out", out,
                     "--rows", "transformer,post_ln", "--tokens", "600", "--warmup", "2", "--updates", "2",
                     "--rounds", "2", "--batches", "3", "--profile", profile, "--compile-backend", "eager", "--whole-process",
-                    "--whole-runs", "stock_fairseq_train_fp16", "--whole-updates", "4", "--whole-interval", "1",
-                    "--whole-skip", "1", "--whole-tokens", "600"])
+                    "--whole-runs", "stock_fairseq_train_fp16,stock_fairseq_train_fp16", "--whole-updates", "4",
+                    "--whole-interval", "1", "--whole-skip", "1", "--whole-tokens", "600"])
     records = [json.loads(line) for line in out.read_text().splitlines()]
     env = records[0]
-    assert env["kind"] == "environment" and env["device"] == "cpu" and env["bf16_tflops"] > 0
+    # the peak of the dtype that trained: fp32 on the CPU (bf16 may be emulated there, far slower)
+    assert env["kind"] == "environment" and env["device"] == "cpu" and set(env["peak_tflops"]) == {"fp32"}
+    assert env["peak_tflops"]["fp32"] > 0
+    # its paths hold no machine's folders: the data led by its corpus's name, the outputs' names
+    settings = env["settings"]
+    assert (settings["data"], settings["out"], settings["profile"]) == (
+        f"{tiny_bin.parent.name}/bin", "rows.jsonl", "profile.json")
     assert all(r["benchmark"] == "gpu_train" for r in records)
     # each round's rows are written as it finishes (a job stopped from outside keeps them)
     assert [r["rounds"] for r in records if r["kind"] == "row" and r["config"] == "post_ln"] == [1, 2]
@@ -45,12 +52,24 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     assert compiled["flags"] == ["--optimizer", "adam_fused", "--task", "resnmt_translation", "--compile-layers"]
     for r in rows.values():
         assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"] and r["tokens_per_s"] > 0
-        assert 0 < r["mfu"] < 1 and r["flops_per_update"] > 0 and r["target_tokens_per_update"] > 0
+        assert r["flops_per_update"] > 0 and r["target_tokens_per_update"] > 0
+        # MFU: the model FLOPs per second of the median update over the measured peak of the
+        # dtype that trained (no bound below 1 asserted: a loaded CPU can time its peak low)
+        seconds_per_update = statistics.median(r["target_tokens_per_update"] / tps for tps in r["tokens_per_s_rounds"])
+        assert r["peak_dtype"] == r["dtype"] == "fp32" and r["peak_tflops"] == env["peak_tflops"]["fp32"]
+        assert r["mfu"] == pytest.approx(r["flops_per_update"] / seconds_per_update / (r["peak_tflops"] * 1e12))
     # the compiled recipe compiled during its warm-up only (which saw every batch shape)
     assert 0 < compiled["compiled_graphs_after_warmup"] == compiled["compiled_graphs_at_end"]
     # the same model, the same math: the same FLOPs
     assert post_ln["flops_per_update"] == rows[("transformer", "fp32")]["flops_per_update"]
     assert "| post_ln | fp32 | 600 |" in proc.stdout and "same-math pair post_ln/transformer" in proc.stdout
+    # the noise floor: on the CPU stock fp16 is the transformer row's command line, so no twin
+    # is added, and the two give the largest per-round ratio (faster over slower) less 1,
+    # stated beside every ratio; two rounds never resolve 2 % (four are needed)
+    same = zip(rows[("transformer", "fp32")]["tokens_per_s_rounds"], rows[("stock_fp16", "fp32")]["tokens_per_s_rounds"])
+    noise = max(max(x / y, y / x) for x, y in same) - 1
+    assert all(r["noise_floor"] == pytest.approx(noise) for r in rows.values() if "ratio" in r)
+    assert post_ln["resolves"] is False and "2 rounds (4 needed)" in proc.stdout
 
     prof = json.loads(profile.read_text())["profiles"]
     assert set(prof) == {"stock_fp16/fp32", "recipe/fp32", "recipe_compiled/fp32"}
@@ -65,9 +84,14 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
         assert all(r["device"] == "cpu" and r["per_update"] > 0 for r in p["host_reads"])
 
     whole = [r for r in records if r["kind"] == "whole_process"]
-    assert len(whole) == 1 and "error" not in whole[0], whole
+    assert len(whole) == 2 and not any("error" in r for r in whole), whole
+    # stock again: the same command line, its losses stock's to the last digit logged (the CPU
+    # is deterministic), its wps against the first stock's the noise floor under the table
+    assert [r["repeat"] for r in whole] == [1, 2] and whole[1]["argv"] == whole[0]["argv"]
+    assert whole[1]["max_abs_loss_diff_vs_stock"] == 0 and whole[1]["loss_diff_updates"] == 4
     assert whole[0]["run"] == "stock_fairseq_train_fp16" and whole[0]["updates"] == 4 and whole[0]["wps_median"] > 0
     assert whole[0]["argv"][:4] == ["-m", "fairseq_cli.train", "--arch", "transformer"]
+    assert whole[0]["argv"][4] == f"{tiny_bin.parent.name}/bin" and not any(a.startswith("/") for a in whole[0]["argv"])
     assert whole[0]["device"] == "cpu" and whole[0]["job"] == env["time"]
     assert [i["num_updates"] for i in whole[0]["intervals"]] == [2, 3, 4]  # fairseq's own, after --whole-skip 1
     assert all(i["train_wall"] is not None and i["ups"] is not None for i in whole[0]["intervals"])
@@ -81,17 +105,18 @@ def test_timed_updates_fit_the_time_left(monkeypatch):
     priced at the median warm-up update; never under 10, never over --updates."""
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
     import gpu_train
+    import trainer_rounds
 
     a = gpu_train.parser().parse_args(["--data", "x", "--out", "y", "--warmup", "10", "--updates", "100",
                                        "--rounds", "3"])
-    configs = [gpu_train.Config(n, "post_ln", "bf16", warmup_s=w, warmup_updates=u) for n, w, u in
+    configs = [trainer_rounds.Config(n, "post_ln", "bf16", warmup_s=w, warmup_updates=u) for n, w, u in
                (("a", 16.0, 64), ("b", 2.5, 10), ("compiled", 150.0, 10))]
     # 0.25 s per update (the first configuration warmed up over 64 batches); one compiled in its warm-up
-    monkeypatch.setattr(gpu_train.time, "monotonic", lambda: 1000.0)
-    assert gpu_train.fit_updates(a, configs, float("inf")) == 100
-    assert gpu_train.fit_updates(a, configs, 1000.0 + 90) == 40  # 3 rounds x 3 configurations x 0.25 s x 40 = 90 s
-    assert gpu_train.fit_updates(a, configs, 1000.0 + 1000) == 100
-    assert gpu_train.fit_updates(a, configs, 1000.0 + 5) == 10
+    monkeypatch.setattr(trainer_rounds.time, "monotonic", lambda: 1000.0)
+    assert trainer_rounds.fit_updates(a, configs, float("inf")) == 100
+    assert trainer_rounds.fit_updates(a, configs, 1000.0 + 90) == 40  # 3 rounds x 3 configurations x 0.25 s x 40 = 90 s
+    assert trainer_rounds.fit_updates(a, configs, 1000.0 + 1000) == 100
+    assert trainer_rounds.fit_updates(a, configs, 1000.0 + 5) == 10
 
 
 def test_gpu_tables_take_each_configurations_fullest_line():
@@ -130,6 +155,71 @@ def test_gpu_tables_take_each_configurations_fullest_line():
                ratio_q1=0.995, ratio_q3=1.012, ratio_rounds=[1.0] * 8, tokens_per_s_rounds=[1000.0] * 8)
     assert ("ratio 1.004, spread 15.0 %: does NOT resolve 2 %: rows within 15.0 % of each other cannot be separated; "
             "the middle half of the 8 rounds lies within 0.995-1.012") in gpu_tables([pair])
+    # beside every ratio the noise floor of its job and token setting: two identical command
+    # lines' largest per-round ratio, faster over slower (here 1,100 against 1,000 in round 2)
+    ref = row("transformer", 2, 1000.0, arch="transformer", flags=[], tokens_per_s_rounds=[1000.0, 1000.0])
+    twin = row("transformer_twin", 2, 1000.0, arch="transformer", flags=[], tokens_per_s_rounds=[1000.0, 1100.0],
+               ratio=1.05, ratio_min=1.0, ratio_max=1.1, ratio_rounds=[1.0, 1.1], reference="transformer/bf16")
+    other = row("rezero", 2, 900.0, arch="transformer_rezero_base", flags=[], tokens_per_s_rounds=[900.0, 900.0],
+                ratio=0.9, ratio_min=0.9, ratio_max=0.9, ratio_rounds=[0.9, 0.9], reference="transformer/bf16")
+    text = gpu_tables([ref, twin, other])
+    assert "| rezero | bf16 | 4096 | 3000 | 900 (900 · 900) | 0.900 (0.900 · 0.900) | ±10.0 % | transformer/bf16 |" in text
+    assert "| transformer | bf16 | 4096 | 3000 | 1,000 (1,000 · 1,000) |  |  | " in text  # no ratio, no floor
+    assert "| 0.900 (0.900 · 0.900) | not measured |" in gpu_tables([ref, other])
+    # whole processes: a run repeated in its job against its first is the floor of their ratios
+    again = whole("stock_fairseq_train_fp16", 13500.0, repeat=2, **later, wps_median_later_epochs=42000.0,
+                  wps_intervals_later_epochs=6)
+    text = gpu_tables([whole("stock_fairseq_train_fp16", 15000.0, **later, wps_median_later_epochs=40000.0,
+                             wps_intervals_later_epochs=6), again])
+    assert "| stock_fairseq_train_fp16 (repeat 2) | fp16 | 13,500 (6,750-27,000) | 0.90 |" in text
+    assert "the ratios (a run repeated in its job against its first): ±11.1 % in the median wps, ±5.0 %" in text
+    assert "Noise floor of the ratios: not measured (no run repeated in its job)" in gpu_tables(
+        [whole("stock_fairseq_train_fp16", 15000.0)])
+
+
+def test_a_same_math_pair_resolves_only_over_four_rounds_above_its_noise_floor():
+    """issue 55's honest harness: a ratio from one round (spread 0 by construction) never
+    resolves; four rounds whose ratios, spread and the job's noise floor all stay under 2 %
+    do; a noise floor not measured, or of 2 % or more, keeps any pair from resolving."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    from rows import TRAINER_ROWS
+    from verdicts import pair_resolution, trainer_verdict
+
+    one = {"ratio": 1.122, "ratio_min": 1.122, "ratio_max": 1.122, "spread": 0.0, "rounds": 1}
+    assert pair_resolution(one, 0.001) == ["1 round (4 needed)"]
+    assert trainer_verdict(TRAINER_ROWS["post_ln"], one, 0.001) == {"target": "0.98-1.02", "meets": False,
+                                                                     "resolves": False}
+    four = {"ratio": 1.004, "ratio_min": 0.999, "ratio_max": 1.012, "spread": 0.015, "rounds": 4,
+            "ratio_q1": 1.0, "ratio_q3": 1.01}
+    assert pair_resolution(four, 0.008) == [] and trainer_verdict(TRAINER_ROWS["post_ln"], four, 0.008)["resolves"]
+    assert pair_resolution(four, None) == ["no noise floor: no two identical configurations in the job"]
+    assert pair_resolution(four, 0.125) == ["identical configurations in the job differed by up to 12.5 %"]
+    assert pair_resolution(dict(four, spread=0.03), 0.008) == ["its tokens/s spread 3.0 % over the rounds"]
+    wide = dict(four, ratio_max=1.05)
+    assert pair_resolution(wide, 0.008) == ["rows within 5.1 % of each other cannot be separated; the middle half "
+                                            "of the 4 rounds lies within 1.000-1.010"]
+
+
+def test_every_job_measures_its_noise_floor():
+    """Where no two configurations of a token setting share a command line, the first is
+    measured again (its twin, listed last); where two do (stock fp16 is the transformer row
+    in fp16, which the CPU runs in fp32), no twin is added."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import gpu_train
+    import trainer_rounds
+
+    def configs(*argv):
+        a, rows, dtypes, tokens, limits = gpu_train.parse(["--data", "x", "--out", "y", "--cpu", *argv])
+        return [c.key for c in trainer_rounds.configs_at(a, tokens[0], rows, dtypes, limits)]
+
+    assert configs("--rows", "transformer,post_ln", "--no-recipe") == ["transformer/fp32", "post_ln/fp32",
+                                                                       "transformer_twin/fp32"]
+    assert configs("--rows", "transformer,post_ln", "--recipes", "recipe") == [  # stock fp16 is fp32 on the CPU
+        "transformer/fp32", "post_ln/fp32", "stock_fp16/fp32", "recipe/fp32"]
+    a = gpu_train.parser().parse_args(["--data", "x", "--out", "y", "--rows", "post_ln", "--recipes", "recipe"])
+    gpu = trainer_rounds.configs_at(a, 4096, ["post_ln"], ["bf16"], {})
+    assert [c.key for c in gpu] == ["post_ln/bf16", "stock_fp16/fp16", "recipe/bf16", "post_ln_twin/bf16"]
+    assert gpu[-1].twin_of == "post_ln/bf16" and trainer_rounds.reference_key(gpu[-1], gpu) == "post_ln/bf16"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -157,15 +247,16 @@ def test_a_failing_configuration_is_recorded_and_the_others_measured(tiny_bin, t
     """(in-process) e.g. a compiler error in one row: an error record, the other rows measured."""
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
     import gpu_train
+    import trainer_rounds
 
-    real = gpu_train.count_flops
+    real = trainer_rounds.count_flops
 
     def count_flops(trainer, sample):
         if type(trainer.model).__name__ == "ResidualTransformerModel":
             raise RuntimeError("planted failure")
         return real(trainer, sample)
 
-    monkeypatch.setattr(gpu_train, "count_flops", count_flops)
+    monkeypatch.setattr(trainer_rounds, "count_flops", count_flops)
     out = tmp_path / "rows.jsonl"
     gpu_train.main(["--smoke", "--cpu", "--data", str(tiny_bin), "--out", str(out), "--rows", "transformer,post_ln",
                     "--no-recipe", "--tokens", "600", "--warmup", "1", "--updates", "1", "--rounds", "1",
@@ -175,7 +266,10 @@ def test_a_failing_configuration_is_recorded_and_the_others_measured(tiny_bin, t
     assert [(e["config"], e["stage"]) for e in errors] == [("post_ln/fp32", "build and warm-up")]
     assert "RuntimeError: planted failure" in errors[0]["error"]
     rows = [r for r in records if r["kind"] == "row"]
-    assert [r["config"] for r in rows] == ["transformer"] and rows[0]["warmup_s"] > 0
+    # (and transformer's twin, the noise floor: no two configurations of this job were the same)
+    assert [r["config"] for r in rows] == ["transformer", "transformer_twin"] and rows[0]["warmup_s"] > 0
+    assert rows[1]["reference"] == "transformer/fp32" and rows[1]["noise_floor"] == pytest.approx(
+        max(max(r, 1 / r) for r in rows[1]["ratio_rounds"]) - 1)
 
 
 def test_the_gpu_job_measures_every_named_arch():
@@ -185,19 +279,20 @@ def test_the_gpu_job_measures_every_named_arch():
     import re
 
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    import gpu_train
+    import rows
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     import resnmt  # noqa: F401  (registers the archs)
 
     named = {a for a, m in ARCH_MODEL_REGISTRY.items() if m.__module__.startswith("resnmt") and a.endswith("_base")}
-    measured = {gpu_train.CONFIGS[r.config][0] for r in gpu_train.ROWS.values()}
+    measured = {rows.CONFIGS[r.config][0] for r in rows.TRAINER_ROWS.values()}
     assert named and named <= measured, named - measured
     job = (REPO_ROOT / "benchmarks" / "gpu_job.sh").read_text()
     part4 = set(re.search(r'elif \[ "\$PART" = 4 \].*?--rows (\S+)', job, re.S).group(1).split(","))
-    extra = set(gpu_train.CROSS_LAYER_ROWS)
-    references = {gpu_train.ROWS[r].reference for r in extra}
-    assert part4 == extra | references | {gpu_train.ROWS[r].reference for r in references if gpu_train.ROWS[r].reference}
+    extra = set(rows.CROSS_LAYER_ROWS)
+    references = {rows.TRAINER_ROWS[r].reference for r in extra}
+    assert part4 == extra | references | {rows.TRAINER_ROWS[r].reference for r in references
+                                          if rows.TRAINER_ROWS[r].reference}
 
 
 def test_the_cuda_graph_recipe_and_its_rehearsal():
@@ -205,14 +300,15 @@ def test_the_cuda_graph_recipe_and_its_rehearsal():
     the compiled recipe on a GPU; the CPU rehearsal's eager backend takes no mode, so it drops
     it there (resnmt would refuse the pair), and the GPU job's part 3 measures it."""
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    import gpu_train
+    import rows
+    import trainer_rounds
 
-    row, recipe = gpu_train.ROWS["post_ln"], gpu_train.RECIPES["recipe_graphs"]
-    gpu = gpu_train.train_argv("bin", row, "bf16", 4096, recipe, smoke=False, cpu=False)
+    row, recipe = rows.TRAINER_ROWS["post_ln"], rows.RECIPES["recipe_graphs"]
+    gpu = trainer_rounds.train_argv("bin", row, "bf16", 4096, recipe, smoke=False, cpu=False)
     tail = gpu[gpu.index("adam_fused") - 1:]
     assert tail == ["--optimizer", "adam_fused", "--task", "resnmt_translation", "--compile-layers", "--compile-mode",
                     "reduce-overhead", "--required-seq-len-multiple", "8", "--compile-backend", "inductor"]
-    rehearsal = gpu_train.train_argv("bin", row, "fp32", 600, recipe, smoke=True, cpu=True, compile_backend="eager")
+    rehearsal = trainer_rounds.train_argv("bin", row, "fp32", 600, recipe, smoke=True, cpu=True, compile_backend="eager")
     assert "--compile-mode" not in rehearsal and rehearsal[-3:] == ["--compile-backend", "eager", "--cpu"]
     assert "--required-seq-len-multiple" in rehearsal
     job = (REPO_ROOT / "benchmarks" / "gpu_job.sh").read_text()
@@ -225,16 +321,17 @@ def test_the_flash_attention_and_fused_sync_recipes():
     process, which part 2 of the GPU job runs; recipe_fused: the recipe with the master
     weights' copies in multi-tensor kernels, which part 1 times and profiles."""
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    import gpu_train
+    import rows
+    import trainer_rounds
 
-    argv = gpu_train.train_argv("bin", gpu_train.ROWS["post_ln"], "bf16", 4096, gpu_train.RECIPES["recipe_flash"],
-                                smoke=False, cpu=False)
+    argv = trainer_rounds.train_argv("bin", rows.TRAINER_ROWS["post_ln"], "bf16", 4096, rows.RECIPES["recipe_flash"],
+                                     smoke=False, cpu=False)
     assert argv[argv.index("adam_fused") - 1:] == ["--optimizer", "adam_fused", "--task", "resnmt_translation",
                                                    "--sdpa-backends", "flash,efficient,math"]
     job = (REPO_ROOT / "benchmarks" / "gpu_job.sh").read_text()
-    assert "resnmt_train_recipe_flash_bf16" in job and "resnmt_train_recipe_flash_bf16" in gpu_train.WHOLE_RUN_NAMES
-    fused = gpu_train.train_argv("bin", gpu_train.ROWS["post_ln"], "bf16", 4096, gpu_train.RECIPES["recipe_fused"],
-                                 smoke=False, cpu=False)
+    assert "resnmt_train_recipe_flash_bf16" in job and "resnmt_train_recipe_flash_bf16" in rows.WHOLE_RUN_NAMES
+    fused = trainer_rounds.train_argv("bin", rows.TRAINER_ROWS["post_ln"], "bf16", 4096, rows.RECIPES["recipe_fused"],
+                                      smoke=False, cpu=False)
     assert fused[fused.index("adam_fused") - 1:] == ["--optimizer", "adam_fused", "--task", "resnmt_translation",
                                                      "--fused-master-weights"]
     assert "--recipes recipe,recipe_fused --profile" in job  # part 1 times and profiles it
@@ -250,26 +347,27 @@ def test_process_wide_switches_follow_each_configuration(tiny_bin):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    import gpu_train
+    import rows
+    import trainer_rounds
     from resnmt.training import master_sync
     from resnmt.training.attention import sdpa_backends_enabled, use_sdpa_backends
 
     def config(recipe):
         """The configuration with its command line parsed as fairseq-train parses it."""
-        argv = gpu_train.train_argv(tiny_bin, gpu_train.ROWS["post_ln"], "bf16", 600, gpu_train.RECIPES[recipe],
-                                    smoke=True, cpu=True)
+        argv = trainer_rounds.train_argv(tiny_bin, rows.TRAINER_ROWS["post_ln"], "bf16", 600, rows.RECIPES[recipe],
+                                         smoke=True, cpu=True)
         cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
-        return gpu_train.Config(recipe, "post_ln", "bf16", recipe=gpu_train.RECIPES[recipe],
-                                trainer=SimpleNamespace(task=SimpleNamespace(cfg=cfg.task)))
+        return trainer_rounds.Config(recipe, "post_ln", "bf16", recipe=rows.RECIPES[recipe],
+                                     trainer=SimpleNamespace(task=SimpleNamespace(cfg=cfg.task)))
 
     default = sdpa_backends_enabled()
     try:
         plain, flash, fused = (config(n) for n in ("recipe", "recipe_flash", "recipe_fused"))
-        gpu_train.process_wide(flash, default)
+        trainer_rounds.process_wide(flash, default)
         assert sdpa_backends_enabled() == ("flash", "efficient", "math") and not master_sync.installed()
-        gpu_train.process_wide(fused, default)
+        trainer_rounds.process_wide(fused, default)
         assert sdpa_backends_enabled() == default and master_sync.installed()
-        gpu_train.process_wide(plain, default)
+        trainer_rounds.process_wide(plain, default)
         assert sdpa_backends_enabled() == default and not master_sync.installed()
     finally:
         use_sdpa_backends(default)

@@ -1,0 +1,315 @@
+"""What the benchmarks train and measure, each named once: the rows the quality and curves
+benchmarks train (named records of an arch and its flags), the curves study's controls and
+milestones; the measured model configurations (``CONFIGS``: what speed.py, gpu_train.py and
+profile_ops.py build), fairseq's command line of each, and the rows each of speed.py
+(``SPEED_ROWS``) and gpu_train.py (``TRAINER_ROWS``, its recipes and whole processes)
+compares with a reference.
+"""
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from resnmt.experiment.presets import ModelSize
+from resnmt.experiment.runtime import USER_DIR
+
+# ------------------------------------------------------------ the rows quality.py and curves.py train
+
+
+@dataclass(frozen=True)
+class Row:
+    """A connection kind as the quality and curves benchmarks train it."""
+
+    arch: str
+    flags: Tuple[str, ...] = ()
+    seeds: int = 2  # seeds the quality table wants
+
+
+QUALITY_ROWS: Dict[str, Row] = {
+    "transformer": Row("transformer"),
+    "post_ln": Row("transformer_postln_base", seeds=3),
+    "pre_ln": Row("transformer_preln_base"),
+    "xskip (λ=1)": Row("transformer_postln_base", ("--residual", "xskip", "--skip-lambda", "1")),
+    "xskip_ln (λ=2)": Row("transformer_xskip_base", ("--skip-lambda", "2")),
+    "rskip_ln (λ=2)": Row("transformer_rskip_base", ("--skip-lambda", "2"), seeds=3),
+    "rskip_ln (λ=3)": Row("transformer_rskip_base", ("--skip-lambda", "3")),
+    "sas": Row("transformer_sas_base", seeds=3),
+    "highway": Row("transformer_highway_base"),
+    "rskip_ln (λ=2) + nswish": Row("transformer_rskip_base",
+                                   ("--skip-lambda", "2", "--normalized-activation", "nswish")),
+    "xskip_ln (learned λ from 2)": Row("transformer_xskip_base", ("--skip-lambda", "2", "--skip-lambda-learned")),
+    "deepnorm": Row("transformer_deepnorm_base"),
+    "rezero": Row("transformer_rezero_base"),
+    "admin": Row("transformer_admin_base"),
+    # the methods that cross layers, Peri-LN and the normalization (one seed each so far)
+    "peri_ln": Row("transformer_periln_base", seeds=1),
+    "b2t": Row("transformer_b2t_base", seeds=1),
+    "resi_dual": Row("transformer_resi_dual_base", seeds=1),
+    "dlcl": Row("transformer_dlcl_base", seeds=1),
+    "dlcl_post": Row("transformer_dlcl_post_base", seeds=1),
+    "pre_ln + rms_norm": Row("transformer_preln_base", ("--normalization", "rms_norm"), seeds=1),
+    "post_ln + rms_norm": Row("transformer_postln_base", ("--normalization", "rms_norm"), seeds=1),
+    "pre_ln + dyt": Row("transformer_preln_base", ("--normalization", "dyt"), seeds=1),
+    "post_ln + dyt": Row("transformer_postln_base", ("--normalization", "dyt"), seeds=1),
+    # the 2025 kinds (issue 44), one seed each so far
+    "hyper": Row("transformer_hyper_base", seeds=1),
+    "mhc": Row("transformer_mhc_base", seeds=1),
+    "mix_ln": Row("transformer_mix_ln_base", seeds=1),
+    "ln_scaling": Row("transformer_ln_scaling_base", seeds=1),
+    "hybrid_norm": Row("transformer_hybrid_norm_base", seeds=1),
+    "denseformer": Row("transformer_denseformer_base", seeds=1),
+    "hybrid_norm_star": Row("transformer_hybrid_norm_base", ("--hybrid-norm-star",), seeds=1),
+}
+# the rows above that the quality table (benchmarks/quality.py) does not train: the
+# methods that cross layers and the normalizations, then the 2025 kinds (studied after them)
+NEW_KINDS = ("b2t", "resi_dual", "dlcl", "peri_ln", "dlcl_post", "pre_ln + rms_norm", "post_ln + rms_norm",
+             "pre_ln + dyt", "post_ln + dyt")
+GEN2025_KINDS = ("hyper", "mhc", "mix_ln", "ln_scaling", "hybrid_norm", "denseformer")
+# their papers' variants, asked where the kind itself fails: HybridNorm* (pre-LN in each
+# stack's first layer, the paper's best) at 6+6, where HybridNorm trains as post-LN does
+GEN2025_VARIANTS = ("hybrid_norm_star",)
+# (size, row) -> the row whose run it is, bit for bit (same weights, same computation), so
+# the study reads that run instead of training it again: Mix-LN's post-LN layers are the
+# lowest int(0.25 * 2) = 0 of 2 (tests/test_gen2025_kinds.py::test_mix_ln_at_two_layers_is_pre_ln)
+SAME_RUN = {("small", "mix_ln"): "pre_ln"}
+
+
+@dataclass(frozen=True)
+class Control:
+    """A control of the curves study: one shared setting changed for one row (its flags
+    come last on fairseq-train's command line, so they win)."""
+
+    row: str
+    flags: Tuple[str, ...]
+
+
+# The shared 300 warm-up updates at lr 1e-3 are harsh for a 6+6 post-LN model; these runs
+# say whether post-LN's slow start at 6+6 is that setting, and whether rSkip's lead
+# survives a gentler one.
+CONTROLS: Dict[str, Control] = {
+    "post_ln (warm-up 1000)": Control("post_ln", ("--warmup-updates", "1000")),
+    "rskip_ln (λ=2, warm-up 1000)": Control("rskip_ln (λ=2)", ("--warmup-updates", "1000")),
+    "b2t (warm-up 1000)": Control("b2t", ("--warmup-updates", "1000")),
+    "resi_dual (warm-up 1000)": Control("resi_dual", ("--warmup-updates", "1000")),
+}
+CONTROL_ROWS: Dict[str, Row] = {
+    name: Row(QUALITY_ROWS[c.row].arch, (*QUALITY_ROWS[c.row].flags, *c.flags), seeds=1)
+    for name, c in CONTROLS.items()}
+CURVES_ROWS: Dict[str, Row] = {**QUALITY_ROWS, **CONTROL_ROWS}
+
+# Each size's milestones in the curves study (updates): the last is the run's length. The
+# 2+2 final budget is where post-LN's curve flattens: seed 2 gained 1.00 BLEU from 9600 to
+# 12000 updates, 0.19 to 14400, then 0.01 and 0.15 over the next two 2400-update steps
+# (36.79, 36.80, 36.95), its validation loss 0.035, then 0.015 and 0.012 (4.118 at 14400).
+# A 6+6 run costs about 3 times as much per update: 2400 updates is what two of them side
+# by side (1 thread each) reach within one 3-hour session on this CPU.
+DEFAULT_MILESTONES = {
+    "small": (200, 600, 1200, 1800, 2400, 3600, 4800, 7200, 9600, 12000, 14400),
+    "deep": (200, 600, 1200, 1800, 2400),
+    "base": (200, 600, 1200, 1800, 2400, 3600, 4800),
+}
+
+
+def slug(row: str) -> str:
+    """A row's name as a file name and a command-line word: "rskip_ln (λ=2)" -> "rskip_ln_2"."""
+    return re.sub(r"[^a-z0-9]+", "_", row.lower()).strip("_")
+
+
+# ------------------------------------------------------------------- the measured configurations
+
+# measurement name -> (arch, extra flags); {L} is replaced by the number of layers
+CONFIGS = {
+    "transformer": ("transformer", []),
+    "transformer_prenorm": ("transformer", ["--encoder-normalize-before", "--decoder-normalize-before"]),
+    "post_ln": ("transformer_postln_base", []),
+    "pre_ln": ("transformer_preln_base", []),
+    "xskip_ln2": ("transformer_xskip_base", ["--skip-lambda", "2"]),
+    "rskip_ln2": ("transformer_rskip_base", ["--skip-lambda", "2"]),
+    "sas": ("transformer_sas_base", []),
+    "sas_gate64": ("transformer_sas_base", ["--sas-gate-dim", "64"]),
+    "highway": ("transformer_highway_base", []),
+    "deepnorm": ("transformer_deepnorm_base", []),
+    "rezero": ("transformer_rezero_base", []),
+    "admin": ("transformer_admin_base", []),
+    # plain Swish: nswish with every FFN kept unnormalized (fairseq has no swish --activation-fn)
+    "swish": ("transformer_postln_base", ["--normalized-activation", "nswish",
+                                          "--encoder-unnormalized-top-layers", "{L}",
+                                          "--decoder-unnormalized-top-layers", "{L}"]),
+    "nswish": ("transformer_postln_base", ["--normalized-activation", "nswish"]),
+    "nrelu": ("transformer_postln_base", ["--normalized-activation", "nrelu"]),
+    # --fused-connections: SAS's combination and NReLU/NSwish compiled (resnmt/modules/fused.py)
+    "sas_fused": ("transformer_sas_base", ["--fused-connections"]),
+    "sas_gate64_fused": ("transformer_sas_base", ["--sas-gate-dim", "64", "--fused-connections"]),
+    "nswish_fused": ("transformer_postln_base", ["--normalized-activation", "nswish", "--fused-connections"]),
+    "nrelu_fused": ("transformer_postln_base", ["--normalized-activation", "nrelu", "--fused-connections"]),
+    "peri_ln": ("transformer_periln_base", []),
+    "b2t": ("transformer_b2t_base", []),
+    "resi_dual": ("transformer_resi_dual_base", []),
+    "dlcl": ("transformer_dlcl_base", []),
+    "dlcl_post": ("transformer_dlcl_post_base", []),
+    "pre_ln_rms_norm": ("transformer_preln_base", ["--normalization", "rms_norm"]),
+    "post_ln_rms_norm": ("transformer_postln_base", ["--normalization", "rms_norm"]),
+    "pre_ln_dyt": ("transformer_preln_base", ["--normalization", "dyt"]),
+    "post_ln_dyt": ("transformer_postln_base", ["--normalization", "dyt"]),
+    "hyper": ("transformer_hyper_base", []),
+    "mhc": ("transformer_mhc_base", []),
+    "mix_ln": ("transformer_mix_ln_base", []),
+    "ln_scaling": ("transformer_ln_scaling_base", []),
+    "hybrid_norm": ("transformer_hybrid_norm_base", []),
+    "denseformer": ("transformer_denseformer_base", []),
+}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A config of ``CONFIGS`` measured against its reference, and the ratios to the
+    reference it should reach (None: no fixed target)."""
+
+    config: str
+    reference: Optional[str] = None  # None: a reference itself
+    train: Optional[float] = None  # training throughput over the reference's, at least
+    decode: Optional[float] = None  # decoding throughput over the reference's, at least
+    memory: Optional[float] = None  # peak memory over the reference's, at most
+    flops: Optional[float] = None  # training ratio: at least this fraction of the one its FLOPs predict
+    band: Optional[Tuple[float, float]] = None  # same-math pairs: the training ratio lies in this band
+    times: Optional[float] = None  # training ratio: at least this many times the reference's
+
+
+def fairseq_argv(data, config, size, max_tokens) -> List[str]:
+    """fairseq's training command line (without the program) for ``config`` at ``size``
+    ((layers, dim, ffn, heads)): label-smoothed cross-entropy, dropout 0.1, seed 1."""
+    arch, extra = CONFIGS[config]
+    extra = [e.replace("{L}", str(size[0])) for e in extra]
+    return [
+        str(data), "--arch", arch, "--user-dir", str(USER_DIR), *ModelSize(*size).fairseq_flags(),
+        "--share-all-embeddings", "--dropout", "0.1", "--max-tokens", str(max_tokens),
+        "--seed", "1", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        *extra,
+    ]
+
+
+# speed.py's rows: a config against its reference, the train, decode and memory targets
+SPEED_ROWS: Dict[str, Comparison] = {
+    "post_ln": Comparison("post_ln", "transformer", 0.98, 0.98, 1.05),
+    "pre_ln": Comparison("pre_ln", "transformer_prenorm", 0.98, 0.98, 1.05),
+    "xskip_ln (λ=2)": Comparison("xskip_ln2", "transformer", 0.97, 0.97, 1.05),
+    "rskip_ln (λ=2)": Comparison("rskip_ln2", "transformer", 0.93, 0.93, 1.05),
+    "sas (gate h)": Comparison("sas", "transformer", None, None, None),
+    "sas (gate 64)": Comparison("sas_gate64", "transformer", 0.90, 0.90, None),
+    "highway": Comparison("highway", "transformer", None, None, 1.05),
+    # targets by analogy (set before measuring): deepnorm and admin cost what xskip_ln costs
+    # (plus a per-dimension multiply for admin); rezero is post-LN's work without the LayerNorm
+    "deepnorm": Comparison("deepnorm", "transformer", 0.97, 0.97, 1.05),
+    "admin": Comparison("admin", "transformer", 0.97, 0.97, 1.05),
+    "rezero": Comparison("rezero", "transformer", 0.98, 0.98, 1.05),
+    "nswish vs swish": Comparison("nswish", "swish", 0.93, 0.93, 1.05),
+    "nrelu vs relu": Comparison("nrelu", "post_ln", 0.93, 0.93, 1.05),
+    # issue #15's targets for --fused-connections (SAS with the paper's gate: >= 1.0 of
+    # its MAC prediction, reported as sas_overhead.measured_over_predicted)
+    "sas (gate h) fused": Comparison("sas_fused", "transformer", None, None, None),
+    "sas (gate 64) fused": Comparison("sas_gate64_fused", "transformer", 0.86, None, None),
+    "nswish vs swish (fused)": Comparison("nswish_fused", "swish", 0.97, 0.95, 1.05),
+    "nrelu vs relu (fused)": Comparison("nrelu_fused", "post_ln", 0.97, 0.95, 1.05),
+    # targets by analogy, set before measuring: B2T adds one sum per layer; ResiDual one sum
+    # per sublayer and a final LN; Peri-LN one LN per sublayer over pre-LN; DLCL a weighted
+    # sum of up to N+1 tensors and an LN per layer; RMSNorm and DyT do what a LayerNorm does
+    "peri_ln": Comparison("peri_ln", "transformer_prenorm", 0.93, 0.93, 1.05),
+    "b2t": Comparison("b2t", "transformer", 0.98, 0.98, 1.05),
+    "resi_dual": Comparison("resi_dual", "transformer", 0.97, 0.97, 1.05),
+    "dlcl": Comparison("dlcl", "transformer_prenorm", 0.93, 0.93, 1.05),
+    "dlcl_post": Comparison("dlcl_post", "transformer", 0.93, 0.93, 1.05),
+    "pre_ln + rms_norm": Comparison("pre_ln_rms_norm", "pre_ln", 0.98, 0.98, 1.05),
+    "post_ln + rms_norm": Comparison("post_ln_rms_norm", "post_ln", 0.98, 0.98, 1.05),
+    "pre_ln + dyt": Comparison("pre_ln_dyt", "pre_ln", 0.98, 0.98, 1.05),
+    "post_ln + dyt": Comparison("post_ln_dyt", "post_ln", 0.98, 0.98, 1.05),
+    # the 2025 kinds (issue 44); targets by analogy, set before measuring: hyper and mhc
+    # carry n = 4 streams (a mix of n+1 by n per sublayer; mhc adds a (nC, n²+2n) projection
+    # and 20 Sinkhorn iterations per position), memory for the n-wide activations; mix_ln
+    # and ln_scaling are pre-LN's work; hybrid_norm adds three per-head norms per attention
+    # and one LN per FFN; denseformer a weighted sum of up to N+1 tensors per layer
+    "hyper": Comparison("hyper", "transformer_prenorm", 0.80, 0.85, 1.30),
+    "mhc": Comparison("mhc", "transformer_prenorm", 0.70, 0.75, 1.35),
+    "ln_scaling": Comparison("ln_scaling", "transformer_prenorm", 0.97, 0.97, 1.05),
+    "denseformer": Comparison("denseformer", "transformer_prenorm", 0.93, 0.93, 1.05),
+    "mix_ln vs post_ln": Comparison("mix_ln", "transformer", 0.97, 0.97, 1.05),
+    "mix_ln vs pre_ln": Comparison("mix_ln", "transformer_prenorm", 0.98, 0.98, 1.05),
+    "hybrid_norm vs post_ln": Comparison("hybrid_norm", "transformer", 0.90, 0.90, 1.10),
+    "hybrid_norm vs pre_ln": Comparison("hybrid_norm", "transformer_prenorm", 0.90, 0.90, 1.10),
+}
+
+
+# gpu_train.py's rows: a config of CONFIGS against its reference row, and the ratio to reach
+# (a same-math pair: a band; SAS: a fraction of the ratio its FLOPs predict)
+TRAINER_ROWS: Dict[str, Comparison] = {
+    "transformer": Comparison("transformer"),
+    "post_ln": Comparison("post_ln", "transformer", band=(0.98, 1.02)),
+    "transformer_prenorm": Comparison("transformer_prenorm"),
+    "pre_ln": Comparison("pre_ln", "transformer_prenorm", band=(0.98, 1.02)),
+    "xskip_ln": Comparison("xskip_ln2", "transformer", train=0.97),
+    "rskip_ln": Comparison("rskip_ln2", "transformer", train=0.97),
+    "deepnorm": Comparison("deepnorm", "transformer", train=0.97),
+    "admin": Comparison("admin", "transformer", train=0.97),
+    "rezero": Comparison("rezero", "transformer", train=0.97),
+    "sas": Comparison("sas", "transformer", flops=0.95),  # the paper's gate
+    "sas_gate64": Comparison("sas_gate64", "transformer", flops=0.95),
+    "highway": Comparison("highway", "transformer", flops=0.95),  # a gate per sublayer
+    "swish": Comparison("swish"),  # plain Swish (fairseq 0.12 has no swish --activation-fn)
+    "nswish": Comparison("nswish", "swish", train=0.95),
+    "nrelu": Comparison("nrelu", "transformer", train=0.95),
+}
+# The methods that cross layers, Peri-LN and the normalizations: measured on their own
+# (gpu_job.sh part 4, --rows), not by default, so that the rows above keep their rounds in
+# a lease. Targets set by analogy before measuring: B2T and ResiDual add sums, DLCL and
+# Peri-LN a weighted sum or a LayerNorm per sublayer, RMSNorm and DyT replace a LayerNorm.
+CROSS_LAYER_ROWS: Dict[str, Comparison] = {
+    "peri_ln": Comparison("peri_ln", "transformer_prenorm", train=0.93),
+    "b2t": Comparison("b2t", "transformer", train=0.97),
+    "resi_dual": Comparison("resi_dual", "transformer", train=0.97),
+    "dlcl": Comparison("dlcl", "transformer_prenorm", train=0.93),
+    "dlcl_post": Comparison("dlcl_post", "transformer", train=0.93),
+    "pre_ln_rms_norm": Comparison("pre_ln_rms_norm", "pre_ln", train=0.97),
+    "post_ln_rms_norm": Comparison("post_ln_rms_norm", "post_ln", train=0.97),
+    "pre_ln_dyt": Comparison("pre_ln_dyt", "pre_ln", train=0.97),
+    "post_ln_dyt": Comparison("post_ln_dyt", "post_ln", train=0.97),
+    # the 2025 kinds (issue 44), targets by analogy as in speed.py; mix_ln and hybrid_norm
+    # against pre-LN here (post-LN's row, transformer, is in the same part)
+    "hyper": Comparison("hyper", "transformer_prenorm", train=0.80),
+    "mhc": Comparison("mhc", "transformer_prenorm", train=0.70),
+    "mix_ln": Comparison("mix_ln", "transformer_prenorm", train=0.98),
+    "ln_scaling": Comparison("ln_scaling", "transformer_prenorm", train=0.97),
+    "hybrid_norm": Comparison("hybrid_norm", "transformer_prenorm", train=0.90),
+    "denseformer": Comparison("denseformer", "transformer_prenorm", train=0.93),
+}
+TRAINER_DEFAULT_ROWS = tuple(TRAINER_ROWS)
+TRAINER_ROWS.update(CROSS_LAYER_ROWS)
+# the recipe: resnmt-train --bf16 --optimizer adam_fused (and --compile-layers), against
+# stock fairseq-train --fp16 with fairseq's adam
+RECIPE_FLAGS = ("--optimizer", "adam_fused")
+RESNMT_TASK = ("--task", "resnmt_translation")
+COMPILE_FLAGS = RESNMT_TASK + ("--compile-layers",)
+# the lever for an update waiting on cuDNN's attention plans for each new batch shape
+# (Hopper's default attention kernel; resnmt/training/attention.py)
+FLASH_FLAGS = RESNMT_TASK + ("--sdpa-backends", "flash,efficient,math")
+# the lever for the per-parameter copies (533 kernels of the recipe's 1,470 on the H200) and
+# bf16 zeroings of fairseq's master weights (resnmt/training/master_sync.py)
+FUSED_SYNC_FLAGS = RESNMT_TASK + ("--fused-master-weights",)
+STOCK = "stock_fp16"
+# the next lever for an update bound by launching kernels: each compiled layer replayed as a
+# CUDA graph, batch lengths bucketed to multiples of 8 so that fewer shapes are recorded
+GRAPH_FLAGS = ("--compile-mode", "reduce-overhead", "--required-seq-len-multiple", "8")
+RECIPES = {"recipe": RECIPE_FLAGS, "recipe_compiled": RECIPE_FLAGS + COMPILE_FLAGS,
+           "recipe_graphs": RECIPE_FLAGS + COMPILE_FLAGS + GRAPH_FLAGS, "recipe_flash": RECIPE_FLAGS + FLASH_FLAGS,
+           "recipe_fused": RECIPE_FLAGS + FUSED_SYNC_FLAGS}
+DEFAULT_RECIPES = "recipe,recipe_compiled"
+RECIPE_TARGET = Comparison("post_ln", STOCK, times=3.0)
+# whole fairseq-train processes: name -> (the program's module, its model flags); the
+# precision is the name's last word
+RESNMT_POST_LN = ("--user-dir", str(USER_DIR), "--arch", "transformer_postln_base")
+WHOLE_PROCESSES = {
+    "stock_fairseq_train_fp16": ("fairseq_cli.train", ("--arch", "transformer")),
+    "resnmt_postln_fp16": ("fairseq_cli.train", RESNMT_POST_LN),
+    "resnmt_train_recipe_bf16": ("resnmt.cli.train", RESNMT_POST_LN + RECIPES["recipe"]),
+    "resnmt_train_recipe_compiled_bf16": ("resnmt.cli.train", RESNMT_POST_LN + RECIPES["recipe_compiled"]),
+    "resnmt_train_recipe_flash_bf16": ("resnmt.cli.train", RESNMT_POST_LN + RECIPES["recipe_flash"]),
+}
+WHOLE_RUN_NAMES = tuple(WHOLE_PROCESSES)
+WHOLE_RUNS = ",".join(WHOLE_RUN_NAMES[:4])
