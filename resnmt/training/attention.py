@@ -8,8 +8,8 @@ GPUs recent torch prefers cuDNN's kernel, which builds an execution plan for eve
 shape of its inputs (batch size, heads, source and target lengths) before it runs; fairseq
 batches by length, so nearly every batch of a training run's first epoch has a shape not
 seen before and waits for its plans (forward and backward), and from the second epoch on
-the batches repeat and the plans are cached (docs/benchmarks.md, "What the leases
-measured": on an H200 the first epoch ran at a third of the later ones' speed, stock
+the batches repeat and the plans are cached (docs/benchmarks.md, "GPU training
+through fairseq's trainer": on an H200 the first epoch ran at a third of the later ones' speed, stock
 fairseq's too).
 
 ``--sdpa-backends flash,efficient,math`` (a flag of the ``resnmt_translation`` task) lets
