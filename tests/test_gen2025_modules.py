@@ -1,8 +1,8 @@
 """The building blocks of the 2025 kinds (issue 44), each against its equation computed
 by hand on small tensors: Hyper-Connections (static, dynamic) and mHC
-(resnmt/modules/hyper.py), DenseFormer's depth-weighted average
-(resnmt/modules/denseformer.py), HybridNorm's per-head Q/K/V norms
-(resnmt/modules/qkv_norm_attention.py). The hand computations loop over positions and
+(resnmt/connections/hyper.py), DenseFormer's depth-weighted average
+(resnmt/connections/denseformer.py), HybridNorm's per-head Q/K/V norms
+(resnmt/connections/qkv_norm_attention.py). The hand computations loop over positions and
 streams (or use einsum) and share no code with the modules. The stack-level tests (the
 kinds wired into the models) come with the registry."""
 import math
@@ -12,8 +12,8 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import nn
 
-from resnmt.modules.denseformer import DepthWeightedAverage
-from resnmt.modules.hyper import (
+from resnmt.connections.denseformer import DepthWeightedAverage
+from resnmt.connections.hyper import (
     MHC_INIT_LEAK,
     DynamicHyperConnection,
     ManifoldHyperConnection,
@@ -23,8 +23,8 @@ from resnmt.modules.hyper import (
     reduce_streams,
     sinkhorn_knopp,
 )
-from resnmt.modules.norms import DynamicTanh, build_norm
-from resnmt.modules.qkv_norm_attention import HeadNormedLinear, has_qkv_norm, qkv_norm_attention
+from resnmt.connections.norms import DynamicTanh, build_norm
+from resnmt.connections.qkv_norm_attention import HeadNormedLinear, has_qkv_norm, qkv_norm_attention
 
 T, B, C, N = 3, 2, 5, 3  # time, batch, channels, streams
 

@@ -12,8 +12,8 @@ from model_utils import (
     randomize_norms,
     sample_batch,
 )
+from resnmt.connections import CONNECTION_KINDS
 from resnmt.models.model_spec import resolve_model
-from resnmt.modules.connections import CONNECTION_KINDS
 
 KIND_ARGS = {
     "post_ln": ["--residual", "post_ln"],
@@ -61,7 +61,7 @@ KIND_ARGS = {
 
 # parameters that get no gradient by the method's design, by KIND_ARGS name: mHC's first
 # sublayer of each stack mixes n equal copies of the embedding, which every row-stochastic
-# H_res leaves unchanged (resnmt/modules/hyper.py)
+# H_res leaves unchanged (resnmt/connections/hyper.py)
 NO_GRADIENT_BY_DESIGN = {
     name: {f"{side}.layers.0.self_attn_connection.streams.{p}" for side in ("encoder", "decoder")
            for p in ("bias_res", "alpha_res")}

@@ -1,7 +1,7 @@
 """fairseq's Transformer encoder and decoder with resnmt layers, and the one layer loop they share.
 
 Each stack is built from its side of the model's resolved choices (a
-:class:`~resnmt.modules.connections.ConnectionSpec`, ``spec``) and reads nothing else.
+:class:`~resnmt.connections.ConnectionSpec`, ``spec``) and reads nothing else.
 The layer factories are overridden, so fairseq keeps building everything else:
 embeddings, positions, LayerDrop, activation checkpointing and FSDP wrapping, the final
 norm (told by the spec through fairseq's own ``normalize_before``), incremental decoding.
@@ -9,7 +9,7 @@ norm (told by the spec through fairseq's own ``normalize_before``), incremental 
 Both stacks run their layers through :meth:`ResidualStack.run_layers`: every layer
 returns ``(x, extra, residual_sum)`` (``extra``: the encoder's fc2 output with
 ``return_fc``, the decoder's attention), and the stack's residual stream
-(:mod:`resnmt.modules.streams`; plain stacking for most kinds) decides what each layer
+(:mod:`resnmt.connections.streams`; plain stacking for most kinds) decides what each layer
 reads and what the stack returns. Around the loop the stacks compute exactly what
 fairseq's own forward computes, so post-LN equals fairseq's ``transformer``.
 """
@@ -22,11 +22,11 @@ from fairseq.models.transformer import TransformerDecoderBase, TransformerEncode
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor
 
+from resnmt.activations.ffn import build_ffn_activation
+from resnmt.connections import build_stream
+from resnmt.connections.streams import ResidualStream
+from resnmt.models.layers import ResidualDecoderLayer, ResidualEncoderLayer
 from resnmt.models.model_spec import ModelSpec
-from resnmt.modules.connections import build_stream
-from resnmt.modules.ffn_activation import build_ffn_activation
-from resnmt.modules.layers import ResidualDecoderLayer, ResidualEncoderLayer
-from resnmt.modules.streams import ResidualStream
 
 
 def wrap_layer(layer, cfg):

@@ -14,12 +14,21 @@ fairseq flags they depend on, and decides from them, in one pass:
   what is allowed.
 
 The stacks, layers, connections and streams read the :class:`ModelSpec` (each stack its
-side's :class:`~resnmt.modules.connections.ConnectionSpec`), never the flags. Nothing is
+side's :class:`~resnmt.connections.ConnectionSpec`), never the flags. Nothing is
 written back into the flags: a checkpoint keeps the flags as given, and loading it
 resolves them again, by this function.
 """
 from dataclasses import dataclass
 
+from resnmt.activations.normalized import SIDES, ActivationSpec
+from resnmt.connections import (
+    CONNECTION_CLASSES,
+    CONNECTION_FLAGS,
+    ConnectionConfigError,
+    ConnectionSpec,
+    check_flags_used,
+)
+from resnmt.fused import require_compile
 from resnmt.models.options import (
     ACTIVATION_FLAGS,
     DYT_ALPHA_INIT,
@@ -28,15 +37,6 @@ from resnmt.models.options import (
     RESIDUAL,
     SIDE_RESIDUAL,
 )
-from resnmt.modules.connections import (
-    CONNECTION_CLASSES,
-    CONNECTION_FLAGS,
-    ConnectionConfigError,
-    ConnectionSpec,
-    check_flags_used,
-)
-from resnmt.modules.fused import require_compile
-from resnmt.modules.normalized_activation import SIDES, ActivationSpec
 
 # fairseq options whose code paths the resnmt layers do not implement
 UNSUPPORTED_FAIRSEQ_FLAGS = {

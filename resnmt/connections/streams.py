@@ -1,6 +1,6 @@
 """Residual streams: what a stack carries from layer to layer besides the hidden state ``x``.
 
-A sublayer connection (:mod:`resnmt.modules.connections`) sees one sublayer's ``x`` and
+A sublayer connection (:mod:`resnmt.connections`) sees one sublayer's ``x`` and
 ``F``. Methods that cross layers need more: ResiDual adds every sublayer's ``F`` into a
 second, unnormalized stream; DLCL feeds each layer a learned combination of all earlier
 layers' outputs. Such a method is a :class:`ResidualStream`, returned by its connection
@@ -39,8 +39,8 @@ from typing import ClassVar, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from resnmt.modules.denseformer import DepthWeightedAverage
-from resnmt.modules.hyper import expand_streams, reduce_streams
+from resnmt.connections.denseformer import DepthWeightedAverage
+from resnmt.connections.hyper import expand_streams, reduce_streams
 
 State = Tuple[Tensor, ...]
 
@@ -185,7 +185,7 @@ class DenseFormerStream(ResidualStream):
     """DenseFormer (Pagliardini et al., NeurIPS 2024, arXiv:2402.02622): with X_0 the
     embedded input and X_i the output of block i, block i+1 reads
     ``Y_i = sum_{j<=i} alpha[i-1, j] X_j`` (block 1 reads X_0), the stack's output is
-    ``Y_L`` (then the final norm); alpha a :class:`~resnmt.modules.denseformer.DepthWeightedAverage`
+    ``Y_L`` (then the final norm); alpha a :class:`~resnmt.connections.denseformer.DepthWeightedAverage`
     starting at the identity (alpha_ii = 1), so the stack starts as the plain pre-LN stack."""
 
     def __init__(self, num_layers: int):
@@ -209,7 +209,7 @@ class DenseFormerStream(ResidualStream):
 
 
 class HyperStream(ResidualStream):
-    """Hyper-Connections' and mHC's n streams (:mod:`resnmt.modules.hyper`): the first layer
+    """Hyper-Connections' and mHC's n streams (:mod:`resnmt.connections.hyper`): the first layer
     reads the embedded input tiled n times, ``H^0`` (T, B, n, C); each layer reads and
     returns the streams (its connections mix and update them); the stack's output is the
     streams' sum (T, B, C), before the final norm (the HC paper's order)."""

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from fairseq import utils
 from torch import Tensor, nn
 
-from resnmt.modules.normalized_activation import ActivationSpec
+from resnmt.activations.normalized import ActivationSpec
 
 # fairseq's get_activation_fn("swish") returns the torch.nn.SiLU *class*, not a function
 FUNCTIONS_FAIRSEQ_GETS_WRONG = {"swish": F.silu}

@@ -8,7 +8,7 @@ Normalization", arXiv 2503.04598 (NeurIPS 2025), Eq. 5:
 with ``Q = X W_Q + b_Q`` and so on, and each ``Norm`` of size d_head (affine), applied to every
 head's slice of the projection (the authors' code: ``use_{query,key,value}_norm``; one norm
 per Q, K, V, shared by the heads). The norm is the stack's ``--normalization``
-(:func:`resnmt.modules.norms.build_norm`): LayerNorm as in the paper, RMSNorm or DyT.
+(:func:`resnmt.connections.norms.build_norm`): LayerNorm as in the paper, RMSNorm or DyT.
 The paper has no cross-attention; here it is normalized in the same way (methods.md: [X]).
 
 :func:`qkv_norm_attention` builds fairseq's ``MultiheadAttention`` whose ``q_proj``,
@@ -26,7 +26,7 @@ from fairseq.modules import MultiheadAttention
 from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor, nn
 
-from resnmt.modules.norms import DEFAULT_DYT_ALPHA, DEFAULT_NORMALIZATION, build_norm
+from resnmt.connections.norms import DEFAULT_DYT_ALPHA, DEFAULT_NORMALIZATION, build_norm
 
 
 class HeadNormedLinear(nn.Linear):
@@ -64,7 +64,7 @@ def qkv_norm_attention(embed_dim: int, num_heads: int, kdim: Optional[int] = Non
                        export: bool = False) -> MultiheadAttention:
     """fairseq's ``MultiheadAttention`` (same arguments, same forward and incremental state)
     with per-head normalized Q, K, V. ``normalization``/``dyt_alpha_init``/``export``: passed to
-    :func:`resnmt.modules.norms.build_norm` for the three norms of size d_head.
+    :func:`resnmt.connections.norms.build_norm` for the three norms of size d_head.
 
     Input and output as fairseq's: query (T, B, C), key/value (S, B, kdim/vdim) or None ->
     (T, B, C) and the attention weights.

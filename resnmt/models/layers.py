@@ -17,7 +17,7 @@ Kinds with n residual streams (``multi_stream``: hyper, mhc) get ``x`` as the st
 (T, B, n, C) and run each sublayer as ``h, mixed, write = connection.width(x)``,
 ``x = connection.depth(dropout(sublayer(connection.prenorm(h))), mixed, write)``; kinds
 with ``qkv_normalized`` (hybrid_norm) get attentions with per-head normalized Q, K, V
-(:func:`resnmt.modules.qkv_norm_attention.qkv_norm_attention`, built with fairseq's
+(:func:`resnmt.connections.qkv_norm_attention.qkv_norm_attention`, built with fairseq's
 arguments). Each connection is built for its layer and sublayer
 (``spec.at_layer(l).at_sublayer(s)``).
 
@@ -38,7 +38,7 @@ from fairseq.modules.transformer_layer import (
 )
 from torch import Tensor, nn
 
-from resnmt.modules.connections import (
+from resnmt.connections import (
     CONNECTION_CLASSES,
     FFN_IN,
     FFN_OUT,
@@ -49,7 +49,7 @@ from resnmt.modules.connections import (
     ConnectionSpec,
     build_connection,
 )
-from resnmt.modules.qkv_norm_attention import qkv_norm_attention
+from resnmt.connections.qkv_norm_attention import qkv_norm_attention
 
 # fairseq's LayerNorm name -> our connection name, per sublayer
 FAIRSEQ_NORM_NAMES = {

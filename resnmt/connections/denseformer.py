@@ -12,13 +12,13 @@ init, so the stack is exactly the plain stack then (``0·X_j`` adds exact zeros)
 is a (T, B, C) tensor and the average is per position, so one step of incremental
 decoding computes what the full forward computes there.
 
-Parameter layout (ours, as DLCL's in :mod:`resnmt.modules.streams`): one matrix
+Parameter layout (ours, as DLCL's in :mod:`resnmt.connections.streams`): one matrix
 ``weights`` of shape (L, L+1), row i-1 holding α_i0..α_ii; entries right of the diagonal
 (j > i) are never read and get no gradient, so the learned scalars are the paper's
 L(L+3)/2. Not here: the paper's dilation and period options (every block averages all
 earlier outputs), which the issue defers.
 
-Compared with DLCL (:class:`resnmt.modules.streams.DLCLStream`): the identity, not the
+Compared with DLCL (:class:`resnmt.connections.streams.DLCLStream`): the identity, not the
 average, at init; no norm on the stored outputs; the averaged outputs are the raw X_j.
 """
 from typing import Dict, List

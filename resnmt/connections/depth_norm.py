@@ -10,10 +10,10 @@ import math
 import torch
 from torch import Tensor
 
-from resnmt.modules.connections.base import SublayerConnection
-from resnmt.modules.connections.classic import PreLNConnection
-from resnmt.modules.connections.spec import ConnectionConfigError, ConnectionSpec, register_connection
-from resnmt.modules.flags import Flag
+from resnmt.connections.base import SublayerConnection
+from resnmt.connections.classic import PreLNConnection
+from resnmt.connections.spec import ConnectionConfigError, ConnectionSpec, register_connection
+from resnmt.flags import Flag
 
 
 def mix_ln_post_layers(layers: int, fraction: float) -> int:
@@ -103,7 +103,7 @@ class HybridNormConnection(SublayerConnection):
     pre-LN's, ``y = x + FFN(Norm(x))``.
 
     The per-head norms live in the attention (the layer builds it,
-    :func:`resnmt.modules.qkv_norm_attention.qkv_norm_attention`); the connection owns the
+    :func:`resnmt.connections.qkv_norm_attention.qkv_norm_attention`); the connection owns the
     input norm where there is one. The FFN's connection computes ``Norm(x)`` twice (once
     for the sublayer, once for the residual), as the interface gives it ``x``.
     """

@@ -1,11 +1,11 @@
 """Kinds with n residual streams: Hyper-Connections (static or dynamic) and mHC.
 
 Each sublayer's connection holds the pre-norm of pre-LN (the sublayer keeps it) and one
-stream connection of :mod:`resnmt.modules.hyper`, built for the sublayer's index k in its
+stream connection of :mod:`resnmt.connections.hyper`, built for the sublayer's index k in its
 stack (``spec.sublayer_index``). The layer hands it the streams ``H`` (T, B, n, C) and runs
 the sublayer as ``h, mixed, write = conn.width(H)``,
 ``H = conn.depth(dropout(F(conn.prenorm(h))), mixed, write)``; the stack's
-:class:`~resnmt.modules.streams.HyperStream` tiles the embedded input n times before the
+:class:`~resnmt.connections.streams.HyperStream` tiles the embedded input n times before the
 first layer and sums the streams before the final norm.
 """
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -13,11 +13,9 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from resnmt.modules.connections.base import FFN_OUT, OUTPUT
-from resnmt.modules.connections.classic import PreLNConnection
-from resnmt.modules.connections.spec import ConnectionConfigError, ConnectionSpec, register_connection
-from resnmt.modules.flags import Flag, positive_int
-from resnmt.modules.hyper import (
+from resnmt.connections.base import FFN_OUT, OUTPUT
+from resnmt.connections.classic import PreLNConnection
+from resnmt.connections.hyper import (
     DEFAULT_SINKHORN_ITERATIONS,
     DEFAULT_STREAMS,
     DynamicHyperConnection,
@@ -26,7 +24,9 @@ from resnmt.modules.hyper import (
     output_projection_init_factor,
     sinkhorn_knopp,
 )
-from resnmt.modules.streams import HyperStream, ResidualStream
+from resnmt.connections.spec import ConnectionConfigError, ConnectionSpec, register_connection
+from resnmt.connections.streams import HyperStream, ResidualStream
+from resnmt.flags import Flag, positive_int
 
 HC_STREAMS = Flag(
     "hc_streams", DEFAULT_STREAMS, check=positive_int, metavar="N",
@@ -81,7 +81,7 @@ class HyperConnection(MultiStreamConnection):
     ``--normalization``). The paper's init: pre-LN at init (every stream the pre-LN
     residual). Each sublayer's output projection (attention's ``out_proj``, the FFN's
     ``fc2``) starts with its weights times ``n^-1/2`` (the paper's "√n" read as a division,
-    :func:`~resnmt.modules.hyper.output_projection_init_factor`) unless ``--hc-no-init-scaling``."""
+    :func:`~resnmt.connections.hyper.output_projection_init_factor`) unless ``--hc-no-init-scaling``."""
 
     kind = "hyper"
     equation = "H ← A_rᵀH + Bᵀ·F(LN(A_mᵀH))"
@@ -128,7 +128,7 @@ class ManifoldHyperConnectionKind(MultiStreamConnection):
     """mHC (DeepSeek, arXiv:2512.24880): Hyper-Connections' form with ``H_pre = σ(·)``,
     ``H_post = 2σ(·)`` and the mixing matrix ``H_res`` projected by Sinkhorn-Knopp onto
     (close to) the doubly stochastic matrices, each from ``RMSNorm(vec H) φ``
-    (:class:`~resnmt.modules.hyper.ManifoldHyperConnection`; the initial b's are ours,
+    (:class:`~resnmt.connections.hyper.ManifoldHyperConnection`; the initial b's are ours,
     within ε = 0.01 of HC's init, so pre-LN at init up to rounding). fairseq's init of the
     projections is kept (the mHC paper states no scaling)."""
 

@@ -1,7 +1,7 @@
 """What every connection kind is, and the forms several kinds share.
 
 A kind is one :class:`SublayerConnection` subclass registered with
-:func:`~resnmt.modules.connections.spec.register_connection`. Kinds with the same form
+:func:`~resnmt.connections.spec.register_connection`. Kinds with the same form
 share a base here instead of inheriting another kind and undoing it:
 :class:`ScaledSkipConnection` is ``[LN](s (.) x + F)`` with ``s`` a constant or a learned
 vector (xSkip, xSkip+LN, DeepNorm, Admin differ only in where ``s`` comes from).
@@ -11,9 +11,9 @@ from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from resnmt.modules.connections.spec import CONNECTION_CLASSES, ConnectionSpec, Statistic
-from resnmt.modules.flags import Flag
-from resnmt.modules.streams import ResidualStream
+from resnmt.connections.spec import CONNECTION_CLASSES, ConnectionSpec, Statistic
+from resnmt.connections.streams import ResidualStream
+from resnmt.flags import Flag
 
 # roles of the projections a layer hands to ``initialize_sublayer``
 QUERY, KEY, VALUE, OUTPUT, FFN_IN, FFN_OUT = "query", "key", "value", "output", "ffn_in", "ffn_out"
@@ -27,7 +27,7 @@ class SublayerConnection(nn.Module):
     * ``kind``, ``equation``, ``note``, ``source``: its ``--residual`` name, its output
       as a formula (and a few words more), the paper; ``--residual``'s help and the
       kind tables (``python -m resnmt.cli.kind_table``) are made of them;
-    * ``flags``: its :class:`~resnmt.modules.flags.Flag` s (shared flags are the same
+    * ``flags``: its :class:`~resnmt.flags.Flag` s (shared flags are the same
       object in several kinds);
     * ``final_norm``: the stack ends with a norm (pre-LN);
     * ``statistics``: the :class:`Statistic` s :meth:`measure` returns;
@@ -36,13 +36,13 @@ class SublayerConnection(nn.Module):
     * ``normalized``: the kind owns normalizations (``--normalization`` replaces them);
     * ``reads_layer_input``: :meth:`forward` of the layer's last sublayer also takes the
       layer's input (B2T);
-    * :meth:`build_stream`: the :class:`~resnmt.modules.streams.ResidualStream` the stack
+    * :meth:`build_stream`: the :class:`~resnmt.connections.streams.ResidualStream` the stack
       carries from layer to layer besides ``x`` (ResiDual, DLCL; None: plain stacking);
     * ``multi_stream``: the layer hands the connection n streams ``H`` (T, B, n, C) and runs
       each sublayer as ``h, mixed, write = conn.width(H)``,
       ``H = conn.depth(dropout(F(conn.prenorm(h))), mixed, write)`` (Hyper-Connections, mHC);
     * ``qkv_normalized``: the layer builds its attention (self and cross) with per-head
-      normalized Q, K, V (:func:`resnmt.modules.qkv_norm_attention.qkv_norm_attention`;
+      normalized Q, K, V (:func:`resnmt.connections.qkv_norm_attention.qkv_norm_attention`;
       HybridNorm).
 
     A connection is built once per sublayer from its layer's spec

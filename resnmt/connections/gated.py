@@ -4,11 +4,11 @@ from typing import Dict, Tuple
 import torch
 from torch import Tensor, nn
 
-from resnmt.modules.connections.base import SublayerConnection
-from resnmt.modules.connections.spec import ConnectionConfigError, ConnectionSpec, Statistic, register_connection
-from resnmt.modules.flags import Flag, positive_int
-from resnmt.modules.fused import fused_sas_output, require_compile
-from resnmt.modules.gates import ScalarGates
+from resnmt.connections.base import SublayerConnection
+from resnmt.connections.gates import ScalarGates
+from resnmt.connections.spec import ConnectionConfigError, ConnectionSpec, Statistic, register_connection
+from resnmt.flags import Flag, positive_int
+from resnmt.fused import fused_sas_output, require_compile
 
 SAS_GATE_FORMS = ("two_layer", "single_layer")
 SAS_GAMMA_FORMS = ("product", "gate")
