@@ -16,7 +16,7 @@ from resnmt.connections import (
     build_connection,
     deepnorm_constants,
 )
-from resnmt.connections.gates import ScalarGates
+from resnmt.connections.gated import ScalarGates
 
 DIM = 6
 

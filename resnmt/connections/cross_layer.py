@@ -4,7 +4,7 @@ carry a residual stream from layer to layer (:mod:`resnmt.connections.streams`).
 A method that needs more than one sublayer's ``x`` and ``F`` is one stream class (what the
 stack carries) and one kind here whose :meth:`build_stream` returns it.
 """
-from typing import Mapping, Optional
+from typing import List, Mapping, Optional
 
 import torch
 from torch import Tensor, nn
@@ -34,16 +34,23 @@ class B2TConnection(PostLNConnection):
              "layers (the B2T paper's rescaling for deep stacks) (default: fairseq's init)"),
     )
     arch_family = "b2t"
-    reads_layer_input = True
+    adds_layer_input: torch.jit.Final[bool]
 
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__(dim, spec)
         self.rescale = spec.layers ** -0.5 if spec.b2t_rescale_init else None
+        self.adds_layer_input = spec.last_of_layer
 
     def forward(self, x: Tensor, fx: Tensor, layer_input: Optional[Tensor] = None) -> Tensor:
         if layer_input is None:
             return self.norm(x + fx)
         return self.norm(x + fx + layer_input)
+
+    def write(self, x: Tensor, fx: Tensor, layer_input: Tensor, carry: List[Tensor]) -> Tensor:
+        """The layer's last connection adds the layer's input (the others are post-LN's)."""
+        if self.adds_layer_input:
+            return self(x, fx, layer_input)
+        return self(x, fx)
 
     def initialize_sublayer(self, projections: Mapping[str, nn.Module]) -> None:
         if self.rescale is None:

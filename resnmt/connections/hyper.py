@@ -1,30 +1,32 @@
-"""Multi-stream residual connections: Hyper-Connections (static and dynamic) and mHC.
+"""Hyper-Connections (Zhu et al., ICLR 2025, arXiv:2409.19606): n residual streams,
+static or dynamic; everything of the method is here, and mHC (:mod:`resnmt.connections.mhc`)
+builds on it.
 
-Both widen the residual stream into ``n`` streams: every position carries
-``H`` of shape ``(T, B, n, C)`` (fairseq is time-major) instead of ``x`` of shape ``(T, B, C)``.
-Each sublayer ``F`` (attention, cross-attention, FFN: one module each) reads a weighted
-sum of the streams and writes its output back into every stream with its own weight:
+The residual stream widens into ``n`` streams: every position carries ``H`` of shape
+``(T, B, n, C)`` (fairseq is time-major) instead of ``x`` of shape ``(T, B, C)``. Each
+sublayer ``F`` (attention, cross-attention, FFN: one connection each) reads a weighted
+sum of the streams and writes its output back into every stream with its own weight::
 
-    width:  h_in = a_inᵀ H      (C,)     the sublayer's input (F keeps its own pre-norm)
+    width:  h_in = a_inᵀ H      (C,)     the sublayer's input (normed as pre-LN's)
             H'   = M H          (n, C)   the streams mixed
     depth:  Ĥ    = H' + b ⊗ F(h_in)      b (n,) the write-back weights
 
-:func:`expand_streams` tiles the embedded input n times (``H⁰``), :func:`reduce_streams`
-sums the streams before the stack's final norm. Every operation is per position, so one
-step of incremental decoding computes what the full forward computes there.
+In a layer this is the sublayer protocol every kind offers
+(:class:`~resnmt.connections.base.SublayerConnection`): the connection's ``read(H)`` is
+the width step (returning ``LN(h_in)`` and, to carry to ``write``, ``H'`` and ``b``),
+its ``write`` the depth step, with the layer's dropout on the branch (as the paper's
+Algorithm 3; the package ``hyper-connections`` drops the streams instead). The stack's
+:class:`HyperStream` tiles the embedded input n times before the first layer
+(:func:`expand_streams`, ``H⁰``) and sums the streams before the final norm
+(:func:`reduce_streams`). Every operation is per position, so one step of incremental
+decoding computes what the full forward computes there.
 
-A sublayer runs as ``h_in, mixed, write = conn.width(H)``;
-``H = conn.depth(dropout(F(norm(h_in))), mixed, write)`` (dropout on the branch, as the HC
-paper's Algorithm 3; the package ``hyper-connections`` drops the streams instead).
-
-==========================  ===============================  ===============================
-class                       a_in, M, b                       source
-==========================  ===============================  ===============================
-StaticHyperConnection       A_m, A_rᵀ, B (learned scalars)    Zhu et al., "Hyper-Connections",
-DynamicHyperConnection      + s·tanh(norm(H) W) per position  ICLR 2025, arXiv 2409.19606
-ManifoldHyperConnection     σ(·), Sinkhorn-Knopp(exp(·)),    DeepSeek, "mHC", arXiv 2512.24880
-                            2σ(·) of RMSNorm(vec H) φ
-==========================  ===============================  ===============================
+======================  ================================  ===============================
+class                   a_in, M, b                        source
+======================  ================================  ===============================
+StaticHyperConnection   A_m, A_rᵀ, B (learned scalars)    Zhu et al., "Hyper-Connections",
+DynamicHyperConnection  + s·tanh(norm(H) W) per position  ICLR 2025, arXiv 2409.19606
+======================  ================================  ===============================
 
 **Hyper-Connections** (the paper's Eq. 2-5): ``HC = [[0, B], [A_m, A_r]]``,
 ``h₀ = A_mᵀH``, ``H' = A_rᵀH``, ``Ĥ = Bᵀ F(h₀) + H'``. The parameter ``alpha`` is the
@@ -39,47 +41,24 @@ Init (§2.3): ``B = 1``, ``A_m = e_{k mod n}``, ``A_r = I``, ``W = 0``, ``s = 0.
 k is the sublayer's index in its stack (the paper's figures number attention and FFN
 separately). All streams then stay equal and each is the pre-LN residual: the network is
 pre-LN at init, and the reduced output is n times pre-LN's (which the final norm removes).
-Not here: the paper's √n scaling of the output projections' init and its weight-decay
-split (none on the static parts), which belong to the layer and the optimizer; see
-:func:`output_projection_init_factor`.
-
-**mHC** (Eq. 7-9): with ``x⃗' = RMSNorm(vec H)`` over the whole ``nC`` vector (no gain: the
-projection φ absorbs it, and the paper's parameter count ``nC(n²+2n) + n²+2n + 3`` has none),
-``H_pre = σ(α_pre x⃗'φ_pre + b_pre)`` (n), ``H_post = 2σ(α_post x⃗'φ_post + b_post)`` (n),
-``H_res = SK(α_res mat(x⃗'φ_res) + b_res)`` (n×n); ``x_{l+1} = H_res x_l + H_postᵀ F(H_pre x_l)``.
-``phi`` is ``[φ_pre | φ_post | φ_res]`` of shape ``(nC, n²+2n)`` (φ_res row-major), α = 0.01
-(Table 5). The paper leaves the init of φ and of the b's open; the choices here (ours):
-
-* ``φ = 0`` (as HC's W): every mapping starts static and φ gets a gradient at once (α ≠ 0);
-* ``b_post = 0``: ``H_post = 2σ(0) = 1`` exactly, HC's ``B = 1``;
-* ``H_pre = σ(b_pre) = ε·1 + (1 - nε)·e_{k mod n}`` and ``H_res = SK(exp(b_res)) = ε·11ᵀ +
-  (1 - nε)·I`` (``b_res`` the log of that matrix, already doubly stochastic, so Sinkhorn-Knopp
-  returns it), ε = :data:`MHC_INIT_LEAK` = 0.01: within ε of HC's ``A_m = e_k``, ``A_r = I``
-  (the sigmoid and the Birkhoff polytope's interior exclude ε = 0; at n = 4 the diagonal
-  of H_res is 0.97, where the package's ``b_res = I`` gives e/(e+3) ≈ 0.475).
-
-``H_pre`` sums to 1 and ``H_res``'s rows sum to 1, so with the n equal streams of
-:func:`expand_streams` every stream stays the pre-LN residual: mHC at init is pre-LN up
-to rounding (tested: a few float32 ulps; 1e-11 in float64, where the float32-stored
-``b_pre`` give Σσ(b_pre) = 1 - 4e-9 at n = 3). The first sublayer's ``H_res`` acts on n
-equal copies of the embedding, which any row-stochastic matrix leaves unchanged: it never
-gets a gradient (a property of the method, not of the init). ``H_pre`` is not
-uniform on purpose: with ``b_pre``, ``b_post``, ``b_res`` all symmetric in the streams,
-every gradient would be symmetric too and the n streams would stay equal for ever (one
-stream with extra parameters); ``e_{k mod n}`` breaks the symmetry as HC's ``A_m`` does.
+The paper's √n scaling of the output projections' init is :class:`HyperConnection`'s
+``initialize_sublayer`` (:func:`output_projection_init_factor`); its weight-decay split
+(none on the static parts) is not here (it belongs to the optimizer).
 """
 import math
-from typing import Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
-DEFAULT_STREAMS = 4  # the expansion rate n of both papers
+from resnmt.connections.base import FFN_OUT, OUTPUT
+from resnmt.connections.classic import PreLNConnection
+from resnmt.connections.spec import ConnectionSpec, register_connection
+from resnmt.connections.streams import ResidualStream, State
+from resnmt.flags import Flag, positive_int
+
+DEFAULT_STREAMS = 4  # the expansion rate n of both papers (HC's and mHC's)
 HC_SCALE_INIT = 0.01  # s_α, s_β (HC, §2.2)
-MHC_ALPHA_INIT = 0.01  # α_pre, α_post, α_res (mHC, Table 5)
-MHC_INIT_LEAK = 0.01  # ε of mHC's initial H_pre and H_res (ours: the paper leaves it open)
-DEFAULT_SINKHORN_ITERATIONS = 20  # mHC's t_max
-RMS_EPS = 1e-5  # resnmt's norm eps (fairseq's LayerNorm's), for mHC's RMSNorm too
 
 
 def expand_streams(x: Tensor, num_streams: int) -> Tensor:
@@ -104,28 +83,9 @@ def output_projection_init_factor(num_streams: int) -> float:
     carry add up like n independent terms, whose sum has √n times one term's std. Dividing
     by √n keeps that sum's std at pre-LN's; multiplying would make it n times larger, the
     opposite of the stated purpose. Our reading, not verified against code (none is
-    public); the layer applies it, this module owns no projection.
+    public).
     """
     return 1.0 / math.sqrt(num_streams)
-
-
-def sinkhorn_knopp(logits: Tensor, iterations: int = DEFAULT_SINKHORN_ITERATIONS) -> Tensor:
-    """mHC's projection onto (close to) the doubly stochastic matrices:
-    ``M⁰ = exp(logits)``, ``Mᵗ = T_row(T_col(Mᵗ⁻¹))`` for t = 1..iterations, where T_col
-    divides each column by its sum and T_row each row; the rows of the result sum to 1 (up
-    to rounding), the columns approximately.
-
-    ``logits`` (..., n, n); computed in float32 at least (it is 20 pairs of divisions) and
-    returned in that dtype. The exponent is shifted by each matrix's maximum so that it
-    cannot overflow: a common factor cancels in the first T_col, so the iterates are the
-    paper's (up to rounding).
-    """
-    m = logits if logits.dtype == torch.float64 else logits.float()
-    m = torch.exp(m - m.amax(dim=(-2, -1), keepdim=True))
-    for _ in range(iterations):
-        m = m / m.sum(dim=-2, keepdim=True)
-        m = m / m.sum(dim=-1, keepdim=True)
-    return m
 
 
 class StreamConnection(nn.Module):
@@ -216,65 +176,119 @@ class DynamicHyperConnection(StaticHyperConnection):
         return branch_input, mixed, beta
 
 
-def mhc_initial_biases(num_streams: int, index: int, leak: float = MHC_INIT_LEAK) -> Tuple[Tensor, Tensor, Tensor]:
-    """(b_pre (n,), b_post (n,), b_res (n, n)) at init: ``σ(b_pre) = leak·1 + (1 - n·leak)·e_{index mod n}``,
-    ``2σ(b_post) = 1``, ``exp(b_res) = leak·11ᵀ + (1 - n·leak)·I`` (see the module's docstring)."""
-    n = num_streams
-    if not 0.0 < leak < 1.0 / n:
-        raise ValueError(f"mHC's initial leak {leak} must lie in (0, 1/n) = (0, {1.0 / n:g})")
-    pre = torch.full((n,), leak, dtype=torch.float64)
-    pre[index % n] += 1.0 - n * leak
-    res = torch.full((n, n), leak, dtype=torch.float64) + (1.0 - n * leak) * torch.eye(n, dtype=torch.float64)
-    return torch.logit(pre).float(), torch.zeros(n), torch.log(res).float()
+class HyperStream(ResidualStream):
+    """The stack's side of Hyper-Connections and mHC: the first layer reads the embedded
+    input tiled n times, ``H^0`` (T, B, n, C); each layer reads and returns the streams (its
+    connections mix and update them); the stack's output is the streams' sum (T, B, C),
+    before the final norm (the HC paper's order)."""
 
+    def __init__(self, num_streams: int):
+        super().__init__()
+        self.num_streams = int(num_streams)
 
-class ManifoldHyperConnection(StreamConnection):
-    """mHC: ``H_pre = σ(·)`` (the read weights), ``H_post = 2σ(·)`` (the write-back
-    weights), ``H_res = SK(·)`` (the mixing matrix, ``sinkhorn_iterations`` of
-    :func:`sinkhorn_knopp`), each ``α·(x⃗'φ) + b`` with ``x⃗' = RMSNorm(vec H)`` over nC.
-    Parameters: ``phi`` (nC, n²+2n), ``bias_pre`` (n,), ``bias_post`` (n,), ``bias_res`` (n, n),
-    ``alpha_pre``/``alpha_post``/``alpha_res`` (1,) each: nC(n²+2n) + n²+2n + 3 (the paper's count).
-    Init: see the module's docstring (n >= 2: σ cannot reach 1)."""
+    def layer_input(self, state: State, index: int, x: Tensor) -> Tensor:
+        return expand_streams(x, self.num_streams) if index == 0 else x
 
-    def __init__(self, dim: int, num_streams: int = DEFAULT_STREAMS, index: int = 0,
-                 sinkhorn_iterations: int = DEFAULT_SINKHORN_ITERATIONS):
-        super().__init__(dim, num_streams, index)
-        if num_streams < 2:
-            raise ValueError("mHC needs at least 2 streams (H_pre = σ(·) cannot select a single stream)")
-        if sinkhorn_iterations < 1:
-            raise ValueError(f"sinkhorn_iterations {sinkhorn_iterations}: expected >= 1")
-        n = num_streams
-        self.sinkhorn_iterations = sinkhorn_iterations
-        self.eps = RMS_EPS
-        self.phi = nn.Parameter(torch.zeros(n * dim, n * n + 2 * n))
-        b_pre, b_post, b_res = mhc_initial_biases(n, index)
-        self.bias_pre = nn.Parameter(b_pre)
-        self.bias_post = nn.Parameter(b_post)
-        self.bias_res = nn.Parameter(b_res)
-        self.alpha_pre = nn.Parameter(torch.full((1,), MHC_ALPHA_INIT))
-        self.alpha_post = nn.Parameter(torch.full((1,), MHC_ALPHA_INIT))
-        self.alpha_res = nn.Parameter(torch.full((1,), MHC_ALPHA_INIT))
-
-    def mappings(self, h: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """(H_pre (T, B, n), H_post (T, B, n), H_res (T, B, n, n)) at each position of ``h``
-        (T, B, n, C), in float32 (float64 for float64 input)."""
-        n = self.num_streams
-        flat = h.flatten(-2)
-        flat = flat if flat.dtype == torch.float64 else flat.float()
-        normed = torch.rms_norm(flat, [flat.size(-1)], None, self.eps)
-        projected = torch.matmul(normed, self.phi.to(normed.dtype))
-        # under autocast the matmul comes back in bf16/fp16; the maps are computed in float32
-        projected = projected.to(normed.dtype)
-        pre = torch.sigmoid(self.alpha_pre * projected[..., :n] + self.bias_pre)
-        post = 2.0 * torch.sigmoid(self.alpha_post * projected[..., n:2 * n] + self.bias_post)
-        res_logits = self.alpha_res * projected[..., 2 * n:].unflatten(-1, (n, n)) + self.bias_res
-        return pre, post, sinkhorn_knopp(res_logits, self.sinkhorn_iterations)
-
-    @torch.jit.export
-    def width(self, h: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        pre, post, res = self.mappings(h)
-        branch_input, mixed = self._mix(torch.cat([pre.unsqueeze(-2), res], dim=-2), h)
-        return branch_input, mixed, post
+    def end(self, state: State, x: Tensor) -> Tensor:
+        return reduce_streams(x)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, sinkhorn_iterations={self.sinkhorn_iterations}"
+        return f"streams={self.num_streams}"
+
+
+HC_STREAMS = Flag(
+    "hc_streams", DEFAULT_STREAMS, check=positive_int, metavar="N",
+    help=f"hyper/mhc: the number n of residual streams (the expansion rate) (default: {DEFAULT_STREAMS}, the papers')",
+)
+
+
+class MultiStreamConnection(PreLNConnection):
+    """What Hyper-Connections and mHC share: pre-LN's norm for the sublayer's input, one
+    :class:`StreamConnection` (``streams``) built for the sublayer's index k in its stack
+    (``spec.sublayer_index``), and the stack's :class:`HyperStream`."""
+
+    multi_stream = True
+    flags: Tuple[Flag, ...] = (HC_STREAMS,)
+
+    def __init__(self, dim: int, spec: ConnectionSpec):
+        super().__init__(dim, spec)
+        self.streams = self.build_streams(dim, spec)
+
+    def build_streams(self, dim: int, spec: ConnectionSpec) -> nn.Module:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
+        return HyperStream(spec.hc_streams)
+
+    def read(self, x: Tensor) -> Tuple[Tensor, List[Tensor]]:
+        """The width step: the streams ``x`` (T, B, n, C) -> (the sublayer's input, normed
+        (T, B, C), [the mixed streams (T, B, n, C), the write-back weights])."""
+        branch_input, mixed, write = self.streams.width(x)
+        return self.prenorm(branch_input), [mixed, write]
+
+    def write(self, x: Tensor, fx: Tensor, layer_input: Tensor, carry: List[Tensor]) -> Tensor:
+        """The depth step: the mixed streams plus each stream's weight times ``fx``."""
+        return self.streams.depth(fx, carry[0], carry[1])
+
+    def forward(self, x: Tensor, fx: Tensor) -> Tensor:
+        """Both steps at once, for a connection used on its own: the streams after the
+        sublayer, from the streams ``x`` (T, B, n, C) before it and the sublayer's output
+        ``fx`` (T, B, C)."""
+        _, mixed, write = self.streams.width(x)
+        return self.streams.depth(fx, mixed, write)
+
+    def learned(self) -> Dict[str, List[float]]:  # pragma: no cover - abstract
+        """What ``resnmt-analyze`` reports of this sublayer's learned mixing: one row per
+        name (the static part; the per-position dynamic part is left out)."""
+        raise NotImplementedError
+
+
+@register_connection
+class HyperConnection(MultiStreamConnection):
+    """Hyper-Connections (Zhu et al., ICLR 2025, arXiv:2409.19606): n streams, each
+    sublayer reads ``A_mᵀH`` and writes ``A_rᵀH + Bᵀ F``; static (learned scalars) or, with
+    ``--hc-dynamic``, plus a per-position part from ``tanh(norm(H) W)`` (the norm of
+    ``--normalization``). The paper's init: pre-LN at init (every stream the pre-LN
+    residual). Each sublayer's output projection (attention's ``out_proj``, the FFN's
+    ``fc2``) starts with its weights times ``n^-1/2`` (the paper's "√n" read as a division,
+    :func:`output_projection_init_factor`) unless ``--hc-no-init-scaling``."""
+
+    kind = "hyper"
+    equation = "H ← A_rᵀH + Bᵀ·F(LN(A_mᵀH))"
+    note = "n streams (--hc-streams); H⁰ = n copies of x₀, output ΣH then the final LN"
+    source = "Hyper-Connections, Zhu et al., ICLR 2025, arXiv:2409.19606"
+    flags = (
+        HC_STREAMS,
+        Flag("hc_dynamic", False, switch=True, owners_only=True,
+             help="hyper: dynamic Hyper-Connections (DHC), A_m, A_r, B plus s*tanh(norm(H) W) per position "
+             "(default: static, SHC)"),
+        Flag("hc_no_init_scaling", False, switch=True, owners_only=True,
+             help="hyper: keep fairseq's init of the output projections (out_proj, fc2) instead of the "
+             "paper's scaling by sqrt(n) (read as a division) (default: scaled)"),
+    )
+    arch_family = "hyper"
+
+    def __init__(self, dim: int, spec: ConnectionSpec):
+        super().__init__(dim, spec)
+        self.init_factor = None if spec.hc_no_init_scaling else output_projection_init_factor(spec.hc_streams)
+
+    def build_streams(self, dim: int, spec: ConnectionSpec) -> nn.Module:
+        if spec.hc_dynamic:
+            return DynamicHyperConnection(dim, spec.norm(dim), spec.hc_streams, spec.sublayer_index)
+        return StaticHyperConnection(dim, spec.hc_streams, spec.sublayer_index)
+
+    def learned(self) -> Dict[str, List[float]]:
+        """``hc_read`` A_m (n), ``hc_write`` B (n), ``hc_mix`` A_r row-major (n²): the static
+        parameters (DHC's per-position part is left out)."""
+        alpha = self.streams.alpha.detach().float().cpu()
+        return {"hc_read": alpha[:, 0].tolist(), "hc_write": self.streams.beta.detach().float().cpu().tolist(),
+                "hc_mix": alpha[:, 1:].flatten().tolist()}
+
+    def initialize_sublayer(self, projections: Mapping[str, nn.Module]) -> None:
+        if self.init_factor is None:
+            return
+        with torch.no_grad():
+            for role in (OUTPUT, FFN_OUT):
+                if role in projections:
+                    projections[role].weight.mul_(self.init_factor)

@@ -1,126 +1,129 @@
-"""Kinds with n residual streams: Hyper-Connections (static or dynamic) and mHC.
+"""mHC, manifold-constrained Hyper-Connections (DeepSeek, arXiv:2512.24880): Hyper-Connections'
+form (:mod:`resnmt.connections.hyper`: the same width and depth steps, the same stack
+stream) with the read, write and mixing weights computed from all n streams and the
+mixing matrix projected by Sinkhorn-Knopp onto (close to) the doubly stochastic matrices.
 
-Each sublayer's connection holds the pre-norm of pre-LN (the sublayer keeps it) and one
-stream connection of :mod:`resnmt.connections.hyper`, built for the sublayer's index k in its
-stack (``spec.sublayer_index``). The layer hands it the streams ``H`` (T, B, n, C) and runs
-the sublayer as ``h, mixed, write = conn.width(H)``,
-``H = conn.depth(dropout(F(conn.prenorm(h))), mixed, write)``; the stack's
-:class:`~resnmt.connections.streams.HyperStream` tiles the embedded input n times before the
-first layer and sums the streams before the final norm.
+**mHC** (Eq. 7-9): with ``x⃗' = RMSNorm(vec H)`` over the whole ``nC`` vector (no gain: the
+projection φ absorbs it, and the paper's parameter count ``nC(n²+2n) + n²+2n + 3`` has none),
+``H_pre = σ(α_pre x⃗'φ_pre + b_pre)`` (n), ``H_post = 2σ(α_post x⃗'φ_post + b_post)`` (n),
+``H_res = SK(α_res mat(x⃗'φ_res) + b_res)`` (n×n); ``x_{l+1} = H_res x_l + H_postᵀ F(H_pre x_l)``.
+``phi`` is ``[φ_pre | φ_post | φ_res]`` of shape ``(nC, n²+2n)`` (φ_res row-major), α = 0.01
+(Table 5). The paper leaves the init of φ and of the b's open; the choices here (ours):
+
+* ``φ = 0`` (as HC's W): every mapping starts static and φ gets a gradient at once (α ≠ 0);
+* ``b_post = 0``: ``H_post = 2σ(0) = 1`` exactly, HC's ``B = 1``;
+* ``H_pre = σ(b_pre) = ε·1 + (1 - nε)·e_{k mod n}`` and ``H_res = SK(exp(b_res)) = ε·11ᵀ +
+  (1 - nε)·I`` (``b_res`` the log of that matrix, already doubly stochastic, so Sinkhorn-Knopp
+  returns it), ε = :data:`MHC_INIT_LEAK` = 0.01: within ε of HC's ``A_m = e_k``, ``A_r = I``
+  (the sigmoid and the Birkhoff polytope's interior exclude ε = 0; at n = 4 the diagonal
+  of H_res is 0.97, where the package's ``b_res = I`` gives e/(e+3) ≈ 0.475).
+
+``H_pre`` sums to 1 and ``H_res``'s rows sum to 1, so with the n equal streams of the
+stack's ``H⁰`` (:class:`~resnmt.connections.hyper.HyperStream`) every stream stays the
+pre-LN residual: mHC at init is pre-LN up to rounding (tested: a few float32 ulps; 1e-11
+in float64, where the float32-stored ``b_pre`` give Σσ(b_pre) = 1 - 4e-9 at n = 3). The
+first sublayer's ``H_res`` acts on n equal copies of the embedding, which any
+row-stochastic matrix leaves unchanged: it never gets a gradient (a property of the
+method, not of the init). ``H_pre`` is not uniform on purpose: with ``b_pre``, ``b_post``, ``b_res`` all symmetric in the streams,
+every gradient would be symmetric too and the n streams would stay equal for ever (one
+stream with extra parameters); ``e_{k mod n}`` breaks the symmetry as HC's ``A_m`` does.
 """
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from resnmt.connections.base import FFN_OUT, OUTPUT
-from resnmt.connections.classic import PreLNConnection
-from resnmt.connections.hyper import (
-    DEFAULT_SINKHORN_ITERATIONS,
-    DEFAULT_STREAMS,
-    DynamicHyperConnection,
-    ManifoldHyperConnection,
-    StaticHyperConnection,
-    output_projection_init_factor,
-    sinkhorn_knopp,
-)
+from resnmt.connections.hyper import DEFAULT_STREAMS, HC_STREAMS, MultiStreamConnection, StreamConnection
 from resnmt.connections.spec import ConnectionConfigError, ConnectionSpec, register_connection
-from resnmt.connections.streams import HyperStream, ResidualStream
 from resnmt.flags import Flag, positive_int
 
-HC_STREAMS = Flag(
-    "hc_streams", DEFAULT_STREAMS, check=positive_int, metavar="N",
-    help=f"hyper/mhc: the number n of residual streams (the expansion rate) (default: {DEFAULT_STREAMS}, the papers')",
-)
+MHC_ALPHA_INIT = 0.01  # α_pre, α_post, α_res (mHC, Table 5)
+MHC_INIT_LEAK = 0.01  # ε of mHC's initial H_pre and H_res (ours: the paper leaves it open)
+DEFAULT_SINKHORN_ITERATIONS = 20  # mHC's t_max
+RMS_EPS = 1e-5  # resnmt's norm eps (fairseq's LayerNorm's), for mHC's RMSNorm too
 
 
-class MultiStreamConnection(PreLNConnection):
-    """What Hyper-Connections and mHC share: pre-LN's norm for the sublayer's input, a
-    stream connection (``streams``) for the sublayer's index, the stack's n streams."""
+def sinkhorn_knopp(logits: Tensor, iterations: int = DEFAULT_SINKHORN_ITERATIONS) -> Tensor:
+    """mHC's projection onto (close to) the doubly stochastic matrices:
+    ``M⁰ = exp(logits)``, ``Mᵗ = T_row(T_col(Mᵗ⁻¹))`` for t = 1..iterations, where T_col
+    divides each column by its sum and T_row each row; the rows of the result sum to 1 (up
+    to rounding), the columns approximately.
 
-    multi_stream = True
-    flags: Tuple[Flag, ...] = (HC_STREAMS,)
+    ``logits`` (..., n, n); computed in float32 at least (it is 20 pairs of divisions) and
+    returned in that dtype. The exponent is shifted by each matrix's maximum so that it
+    cannot overflow: a common factor cancels in the first T_col, so the iterates are the
+    paper's (up to rounding).
+    """
+    m = logits if logits.dtype == torch.float64 else logits.float()
+    m = torch.exp(m - m.amax(dim=(-2, -1), keepdim=True))
+    for _ in range(iterations):
+        m = m / m.sum(dim=-2, keepdim=True)
+        m = m / m.sum(dim=-1, keepdim=True)
+    return m
 
-    def __init__(self, dim: int, spec: ConnectionSpec):
-        super().__init__(dim, spec)
-        self.streams = self.build_streams(dim, spec)
 
-    def build_streams(self, dim: int, spec: ConnectionSpec) -> nn.Module:  # pragma: no cover - abstract
-        raise NotImplementedError
+def mhc_initial_biases(num_streams: int, index: int, leak: float = MHC_INIT_LEAK) -> Tuple[Tensor, Tensor, Tensor]:
+    """(b_pre (n,), b_post (n,), b_res (n, n)) at init: ``σ(b_pre) = leak·1 + (1 - n·leak)·e_{index mod n}``,
+    ``2σ(b_post) = 1``, ``exp(b_res) = leak·11ᵀ + (1 - n·leak)·I`` (see the module's docstring)."""
+    n = num_streams
+    if not 0.0 < leak < 1.0 / n:
+        raise ValueError(f"mHC's initial leak {leak} must lie in (0, 1/n) = (0, {1.0 / n:g})")
+    pre = torch.full((n,), leak, dtype=torch.float64)
+    pre[index % n] += 1.0 - n * leak
+    res = torch.full((n, n), leak, dtype=torch.float64) + (1.0 - n * leak) * torch.eye(n, dtype=torch.float64)
+    return torch.logit(pre).float(), torch.zeros(n), torch.log(res).float()
 
-    @classmethod
-    def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
-        return HyperStream(spec.hc_streams)
 
+class ManifoldHyperConnection(StreamConnection):
+    """mHC: ``H_pre = σ(·)`` (the read weights), ``H_post = 2σ(·)`` (the write-back
+    weights), ``H_res = SK(·)`` (the mixing matrix, ``sinkhorn_iterations`` of
+    :func:`sinkhorn_knopp`), each ``α·(x⃗'φ) + b`` with ``x⃗' = RMSNorm(vec H)`` over nC.
+    Parameters: ``phi`` (nC, n²+2n), ``bias_pre`` (n,), ``bias_post`` (n,), ``bias_res`` (n, n),
+    ``alpha_pre``/``alpha_post``/``alpha_res`` (1,) each: nC(n²+2n) + n²+2n + 3 (the paper's count).
+    Init: see the module's docstring (n >= 2: σ cannot reach 1)."""
+
+    def __init__(self, dim: int, num_streams: int = DEFAULT_STREAMS, index: int = 0,
+                 sinkhorn_iterations: int = DEFAULT_SINKHORN_ITERATIONS):
+        super().__init__(dim, num_streams, index)
+        if num_streams < 2:
+            raise ValueError("mHC needs at least 2 streams (H_pre = σ(·) cannot select a single stream)")
+        if sinkhorn_iterations < 1:
+            raise ValueError(f"sinkhorn_iterations {sinkhorn_iterations}: expected >= 1")
+        n = num_streams
+        self.sinkhorn_iterations = sinkhorn_iterations
+        self.eps = RMS_EPS
+        self.phi = nn.Parameter(torch.zeros(n * dim, n * n + 2 * n))
+        b_pre, b_post, b_res = mhc_initial_biases(n, index)
+        self.bias_pre = nn.Parameter(b_pre)
+        self.bias_post = nn.Parameter(b_post)
+        self.bias_res = nn.Parameter(b_res)
+        self.alpha_pre = nn.Parameter(torch.full((1,), MHC_ALPHA_INIT))
+        self.alpha_post = nn.Parameter(torch.full((1,), MHC_ALPHA_INIT))
+        self.alpha_res = nn.Parameter(torch.full((1,), MHC_ALPHA_INIT))
+
+    def mappings(self, h: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """(H_pre (T, B, n), H_post (T, B, n), H_res (T, B, n, n)) at each position of ``h``
+        (T, B, n, C), in float32 (float64 for float64 input)."""
+        n = self.num_streams
+        flat = h.flatten(-2)
+        flat = flat if flat.dtype == torch.float64 else flat.float()
+        normed = torch.rms_norm(flat, [flat.size(-1)], None, self.eps)
+        projected = torch.matmul(normed, self.phi.to(normed.dtype))
+        # under autocast the matmul comes back in bf16/fp16; the maps are computed in float32
+        projected = projected.to(normed.dtype)
+        pre = torch.sigmoid(self.alpha_pre * projected[..., :n] + self.bias_pre)
+        post = 2.0 * torch.sigmoid(self.alpha_post * projected[..., n:2 * n] + self.bias_post)
+        res_logits = self.alpha_res * projected[..., 2 * n:].unflatten(-1, (n, n)) + self.bias_res
+        return pre, post, sinkhorn_knopp(res_logits, self.sinkhorn_iterations)
+
+    @torch.jit.export
     def width(self, h: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """``H`` (T, B, n, C) -> (the sublayer's input before its norm (T, B, C), the mixed
-        streams (T, B, n, C), the write-back weights)."""
-        return self.streams.width(h)
+        pre, post, res = self.mappings(h)
+        branch_input, mixed = self._mix(torch.cat([pre.unsqueeze(-2), res], dim=-2), h)
+        return branch_input, mixed, post
 
-    def depth(self, branch_output: Tensor, mixed: Tensor, write: Tensor) -> Tensor:
-        return self.streams.depth(branch_output, mixed, write)
-
-    def learned(self) -> Dict[str, List[float]]:  # pragma: no cover - abstract
-        """What ``resnmt-analyze`` reports of this sublayer's learned mixing: one row per
-        name (the static part; the per-position dynamic part is left out)."""
-        raise NotImplementedError
-
-    def forward(self, x: Tensor, fx: Tensor) -> Tensor:
-        """The streams after the sublayer, from the streams ``x`` (T, B, n, C) before it and
-        the sublayer's output ``fx`` (T, B, C) (the layer calls :meth:`width` and
-        :meth:`depth` itself, so as to mix once)."""
-        _, mixed, write = self.width(x)
-        return self.depth(fx, mixed, write)
-
-
-@register_connection
-class HyperConnection(MultiStreamConnection):
-    """Hyper-Connections (Zhu et al., ICLR 2025, arXiv:2409.19606): n streams, each
-    sublayer reads ``A_mᵀH`` and writes ``A_rᵀH + Bᵀ F``; static (learned scalars) or, with
-    ``--hc-dynamic``, plus a per-position part from ``tanh(norm(H) W)`` (the norm of
-    ``--normalization``). The paper's init: pre-LN at init (every stream the pre-LN
-    residual). Each sublayer's output projection (attention's ``out_proj``, the FFN's
-    ``fc2``) starts with its weights times ``n^-1/2`` (the paper's "√n" read as a division,
-    :func:`~resnmt.connections.hyper.output_projection_init_factor`) unless ``--hc-no-init-scaling``."""
-
-    kind = "hyper"
-    equation = "H ← A_rᵀH + Bᵀ·F(LN(A_mᵀH))"
-    note = "n streams (--hc-streams); H⁰ = n copies of x₀, output ΣH then the final LN"
-    source = "Hyper-Connections, Zhu et al., ICLR 2025, arXiv:2409.19606"
-    flags = (
-        HC_STREAMS,
-        Flag("hc_dynamic", False, switch=True, owners_only=True,
-             help="hyper: dynamic Hyper-Connections (DHC), A_m, A_r, B plus s*tanh(norm(H) W) per position "
-             "(default: static, SHC)"),
-        Flag("hc_no_init_scaling", False, switch=True, owners_only=True,
-             help="hyper: keep fairseq's init of the output projections (out_proj, fc2) instead of the "
-             "paper's scaling by sqrt(n) (read as a division) (default: scaled)"),
-    )
-    arch_family = "hyper"
-
-    def __init__(self, dim: int, spec: ConnectionSpec):
-        super().__init__(dim, spec)
-        self.init_factor = None if spec.hc_no_init_scaling else output_projection_init_factor(spec.hc_streams)
-
-    def build_streams(self, dim: int, spec: ConnectionSpec) -> nn.Module:
-        if spec.hc_dynamic:
-            return DynamicHyperConnection(dim, spec.norm(dim), spec.hc_streams, spec.sublayer_index)
-        return StaticHyperConnection(dim, spec.hc_streams, spec.sublayer_index)
-
-    def learned(self) -> Dict[str, List[float]]:
-        """``hc_read`` A_m (n), ``hc_write`` B (n), ``hc_mix`` A_r row-major (n²): the static
-        parameters (DHC's per-position part is left out)."""
-        alpha = self.streams.alpha.detach().float().cpu()
-        return {"hc_read": alpha[:, 0].tolist(), "hc_write": self.streams.beta.detach().float().cpu().tolist(),
-                "hc_mix": alpha[:, 1:].flatten().tolist()}
-
-    def initialize_sublayer(self, projections: Mapping[str, nn.Module]) -> None:
-        if self.init_factor is None:
-            return
-        with torch.no_grad():
-            for role in (OUTPUT, FFN_OUT):
-                if role in projections:
-                    projections[role].weight.mul_(self.init_factor)
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, sinkhorn_iterations={self.sinkhorn_iterations}"
 
 
 @register_connection
@@ -128,8 +131,8 @@ class ManifoldHyperConnectionKind(MultiStreamConnection):
     """mHC (DeepSeek, arXiv:2512.24880): Hyper-Connections' form with ``H_pre = σ(·)``,
     ``H_post = 2σ(·)`` and the mixing matrix ``H_res`` projected by Sinkhorn-Knopp onto
     (close to) the doubly stochastic matrices, each from ``RMSNorm(vec H) φ``
-    (:class:`~resnmt.connections.hyper.ManifoldHyperConnection`; the initial b's are ours,
-    within ε = 0.01 of HC's init, so pre-LN at init up to rounding). fairseq's init of the
+    (:class:`ManifoldHyperConnection`; the initial b's are ours, within ε = 0.01 of HC's
+    init, so pre-LN at init up to rounding). fairseq's init of the
     projections is kept (the mHC paper states no scaling)."""
 
     kind = "mhc"

@@ -179,6 +179,12 @@ class ConnectionSpec:
         order = SUBLAYERS[self.side]
         return self.layer_index * len(order) + order.index(self.sublayer)
 
+    @property
+    def last_of_layer(self) -> bool:
+        """Whether the connection is its layer's last (the FFN's, ``SUBLAYERS``), or one built
+        for the side as a whole."""
+        return self.sublayer is None or self.sublayer == SUBLAYERS[self.side][-1]
+
     def norm(self, dim: int) -> nn.Module:
         """A new normalization of ``dim`` features, of this spec's ``--normalization``."""
         return build_norm(dim, self.normalization, export=self.export, dyt_alpha_init=self.dyt_alpha_init)
