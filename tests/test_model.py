@@ -95,6 +95,37 @@ def test_same_outputs_as_fairseq_transformer_with_same_weights(tiny_bin, resnmt_
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
 
 
+def test_attention_weights_are_computed_only_where_read(tiny_bin):
+    """Training computes no cross-attention weights (the criteria read none); evaluation
+    returns the last layer's, fairseq's own values (its generator's alignments read them);
+    a caller asking with ``alignment_layer`` gets that layer's in training too."""
+    ours, task, _ = build(tiny_bin, "resnmt_transformer", ["--residual", "post_ln"], seed=1)
+    theirs, _, _ = build(tiny_bin, "transformer", [], seed=2)
+    randomize_norms(theirs)
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+    asked = []
+    for layer in ours.decoder.layers:
+        layer.encoder_attn.register_forward_pre_hook(
+            lambda module, args, kwargs: asked.append(kwargs["need_weights"]), with_kwargs=True)
+    batch = sample_batch(task, n=4)
+    ours.train()
+    assert ours(**batch["net_input"])[1]["attn"] == [None]
+    assert asked == [False, False]
+    asked.clear()
+    with torch.no_grad():
+        for model in (ours, theirs):
+            model.eval()
+        got, expected = ours(**batch["net_input"])[1]["attn"][0], theirs(**batch["net_input"])[1]["attn"][0]
+    assert asked[-1]  # the last layer's (fairseq's layers compute all of them in eval until make_generation_fast_)
+    assert got.shape == (4, batch["net_input"]["prev_output_tokens"].size(1), batch["net_input"]["src_tokens"].size(1))
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    ours.train()
+    torch.manual_seed(0)
+    asked.clear()
+    attn = ours(**batch["net_input"], alignment_layer=0)[1]["attn"][0]
+    assert asked == [True, False] and attn is not None and torch.allclose(attn.sum(-1), torch.ones(()))
+
+
 def test_post_ln_checkpoint_keys_read_well(tiny_bin):
     model, _, _ = build(tiny_bin, "transformer_postln_base", [])
     keys = set(model.state_dict())

@@ -188,8 +188,11 @@ class ResidualTransformerDecoder(ResidualStack, TransformerDecoderBase):
     def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
                                     incremental_state=None, full_context_alignment: bool = False,
                                     alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
-        """fairseq's decoder features, its layers run by :meth:`run_layers`."""
-        if alignment_layer is None:
+        """fairseq's decoder features, its layers run by :meth:`run_layers`. The attention
+        weights of ``alignment_layer`` come back as ``attn``: by default, as in fairseq, the
+        last layer's in eval mode (what the generator's alignments read), and none in training,
+        where nothing reads them unless it asks (a caller passing ``alignment_layer``)."""
+        if alignment_layer is None and not self.training:
             alignment_layer = self.num_layers - 1
         enc = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
         enc_mask = (encoder_out["encoder_padding_mask"][0]
