@@ -13,10 +13,14 @@ fairseq flags they depend on, and decides from them, in one pass:
   layers do not implement. A problem is a ValueError naming the flag, the value and
   what is allowed.
 
+The model's build runs it once per model and adds the result to the model's
+configuration (``cfg.model_spec``, :class:`~resnmt.models.resnmt_transformer.ResolvedChoices`);
+the arch functions run it while fairseq parses the flags, only to stop a bad value early.
 The stacks, layers, connections and streams read the :class:`ModelSpec` (each stack its
-side's :class:`~resnmt.connections.ConnectionSpec`), never the flags. Nothing is
-written back into the flags: a checkpoint keeps the flags as given, and loading it
-resolves them again, by this function.
+side's :class:`~resnmt.connections.ConnectionSpec`, each layer its
+:class:`~resnmt.models.layers.LayerSpec`), never the flags. Nothing is written back into
+the flags: a checkpoint keeps the flags as given, and loading it resolves them again, by
+this function.
 """
 from dataclasses import dataclass
 
