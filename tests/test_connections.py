@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from resnmt.modules.connections import (
+from resnmt.connections import (
     CONNECTION_CLASSES,
     CONNECTION_FLAGS,
     CONNECTION_KINDS,
@@ -16,7 +16,7 @@ from resnmt.modules.connections import (
     build_connection,
     deepnorm_constants,
 )
-from resnmt.modules.gates import ScalarGates
+from resnmt.connections.gated import ScalarGates
 
 DIM = 6
 

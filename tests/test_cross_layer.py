@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from model_utils import build, encoder_output_and_input, parse_train_args, randomize_norms, sample_batch
-from resnmt.modules.connections import ConnectionConfigError, ConnectionSpec, build_connection, build_stream
-from resnmt.modules.norms import DynamicTanh
-from resnmt.modules.streams import DLCLStream, dlcl_initial_weights
+from resnmt.connections import ConnectionConfigError, ConnectionSpec, build_connection, build_stream
+from resnmt.connections.norms import DynamicTanh
+from resnmt.connections.streams import DLCLStream, dlcl_initial_weights
 
 DIM = 6
 

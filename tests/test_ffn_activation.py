@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from resnmt.modules.ffn_activation import PlainActivation
+from resnmt.activations.ffn import PlainActivation
 
 
 @pytest.mark.parametrize("name, reference", [("relu", F.relu), ("swish", F.silu), ("gelu", None)])

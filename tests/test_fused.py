@@ -1,4 +1,4 @@
-"""--fused-connections (resnmt/modules/fused.py): the compiled SAS combination and
+"""--fused-connections (resnmt/fused.py): the compiled SAS combination and
 NReLU/NSwish give the eager path's values and gradients, in a built model too
 (incremental decoding included), compile once for all batch shapes, and the flag
 stops the build with one line where torch.compile cannot work."""
@@ -8,9 +8,10 @@ from torch._dynamo.utils import counters
 
 from model_utils import assert_incremental_equals_full, build, parse_train_args, randomize_norms, sample_batch
 
-from resnmt.modules import fused, native
-from resnmt.modules.connections import ConnectionSpec, build_connection
-from resnmt.modules.normalized_activation import ActivationSpec, NormalizedActivation
+from resnmt import fused
+from resnmt.activations import native
+from resnmt.activations.normalized import ActivationSpec, NormalizedActivation
+from resnmt.connections import ConnectionSpec, build_connection
 
 DIM = 16
 TOL = dict(rtol=1e-5, atol=1e-5)

@@ -12,9 +12,9 @@ import torch
 from model_utils import (block_output_gradients, build, encoder_output_and_input, move_connections_off_init,
                          parse_train_args, randomize_norms, sample_batch)
 from test_cross_layer import attention_by_hand, ffn_by_hand, layer_norm, perturbed, tensors
-from resnmt.modules.connections import ConnectionConfigError, ConnectionSpec, build_connection
-from resnmt.modules.norms import DynamicTanh
-from resnmt.modules.qkv_norm_attention import has_qkv_norm
+from resnmt.connections import ConnectionConfigError, ConnectionSpec, build_connection
+from resnmt.connections.depth_norm import has_qkv_norm
+from resnmt.connections.norms import DynamicTanh
 
 DIM = 6
 

@@ -1,8 +1,8 @@
 """The building blocks of the 2025 kinds (issue 44), each against its equation computed
 by hand on small tensors: Hyper-Connections (static, dynamic) and mHC
-(resnmt/modules/hyper.py), DenseFormer's depth-weighted average
-(resnmt/modules/denseformer.py), HybridNorm's per-head Q/K/V norms
-(resnmt/modules/qkv_norm_attention.py). The hand computations loop over positions and
+(resnmt/connections/hyper.py), DenseFormer's depth-weighted average
+(resnmt/connections/streams.py), HybridNorm's per-head Q/K/V norms
+(resnmt/connections/depth_norm.py). The hand computations loop over positions and
 streams (or use einsum) and share no code with the modules. The stack-level tests (the
 kinds wired into the models) come with the registry."""
 import math
@@ -12,19 +12,17 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import nn
 
-from resnmt.modules.denseformer import DepthWeightedAverage
-from resnmt.modules.hyper import (
-    MHC_INIT_LEAK,
+from resnmt.connections.depth_norm import HeadNormedLinear, has_qkv_norm, qkv_norm_attention
+from resnmt.connections.hyper import (
     DynamicHyperConnection,
-    ManifoldHyperConnection,
     StaticHyperConnection,
     expand_streams,
     output_projection_init_factor,
     reduce_streams,
-    sinkhorn_knopp,
 )
-from resnmt.modules.norms import DynamicTanh, build_norm
-from resnmt.modules.qkv_norm_attention import HeadNormedLinear, has_qkv_norm, qkv_norm_attention
+from resnmt.connections.mhc import MHC_INIT_LEAK, ManifoldHyperConnection, sinkhorn_knopp
+from resnmt.connections.norms import DynamicTanh, build_norm
+from resnmt.connections.streams import DepthWeightedAverage
 
 T, B, C, N = 3, 2, 5, 3  # time, batch, channels, streams
 

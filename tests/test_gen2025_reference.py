@@ -30,8 +30,8 @@ import torch
 from hyper_connections import HyperConnections
 from torch import nn
 
-from resnmt.modules.hyper import DynamicHyperConnection
-from resnmt.modules.norms import build_norm
+from resnmt.connections.hyper import DynamicHyperConnection
+from resnmt.connections.norms import build_norm
 
 T, B, C, N = 3, 2, 8, 4
 

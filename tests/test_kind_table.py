@@ -3,7 +3,7 @@ generated from the registry: regenerate with python -m resnmt.cli.kind_table --w
 import pytest
 
 from resnmt.cli import kind_table
-from resnmt.modules.connections import CONNECTION_CLASSES
+from resnmt.connections import CONNECTION_CLASSES
 
 
 @pytest.mark.parametrize("name", list(kind_table.TABLES))

@@ -12,8 +12,8 @@ from model_utils import (
     randomize_norms,
     sample_batch,
 )
+from resnmt.connections import CONNECTION_KINDS
 from resnmt.models.model_spec import resolve_model
-from resnmt.modules.connections import CONNECTION_KINDS
 
 KIND_ARGS = {
     "post_ln": ["--residual", "post_ln"],
@@ -61,7 +61,7 @@ KIND_ARGS = {
 
 # parameters that get no gradient by the method's design, by KIND_ARGS name: mHC's first
 # sublayer of each stack mixes n equal copies of the embedding, which every row-stochastic
-# H_res leaves unchanged (resnmt/modules/hyper.py)
+# H_res leaves unchanged (resnmt/connections/hyper.py)
 NO_GRADIENT_BY_DESIGN = {
     name: {f"{side}.layers.0.self_attn_connection.streams.{p}" for side in ("encoder", "decoder")
            for p in ("bias_res", "alpha_res")}
@@ -93,6 +93,37 @@ def test_same_outputs_as_fairseq_transformer_with_same_weights(tiny_bin, resnmt_
     expected = forward(theirs, batch)
     torch.testing.assert_close(forward(ours, batch), expected, rtol=0, atol=1e-6)
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+
+
+def test_attention_weights_are_computed_only_where_read(tiny_bin):
+    """Training computes no cross-attention weights (the criteria read none); evaluation
+    returns the last layer's, fairseq's own values (its generator's alignments read them);
+    a caller asking with ``alignment_layer`` gets that layer's in training too."""
+    ours, task, _ = build(tiny_bin, "resnmt_transformer", ["--residual", "post_ln"], seed=1)
+    theirs, _, _ = build(tiny_bin, "transformer", [], seed=2)
+    randomize_norms(theirs)
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+    asked = []
+    for layer in ours.decoder.layers:
+        layer.encoder_attn.register_forward_pre_hook(
+            lambda module, args, kwargs: asked.append(kwargs["need_weights"]), with_kwargs=True)
+    batch = sample_batch(task, n=4)
+    ours.train()
+    assert ours(**batch["net_input"])[1]["attn"] == [None]
+    assert asked == [False, False]
+    asked.clear()
+    with torch.no_grad():
+        for model in (ours, theirs):
+            model.eval()
+        got, expected = ours(**batch["net_input"])[1]["attn"][0], theirs(**batch["net_input"])[1]["attn"][0]
+    assert asked[-1]  # the last layer's (fairseq's layers compute all of them in eval until make_generation_fast_)
+    assert got.shape == (4, batch["net_input"]["prev_output_tokens"].size(1), batch["net_input"]["src_tokens"].size(1))
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    ours.train()
+    torch.manual_seed(0)
+    asked.clear()
+    attn = ours(**batch["net_input"], alignment_layer=0)[1]["attn"][0]
+    assert asked == [True, False] and attn is not None and torch.allclose(attn.sum(-1), torch.ones(()))
 
 
 def test_post_ln_checkpoint_keys_read_well(tiny_bin):

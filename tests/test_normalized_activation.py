@@ -1,4 +1,4 @@
-"""NReLU / NSwish (resnmt/modules/normalized_activation.py) against explicit float64
+"""NReLU / NSwish (resnmt/activations/normalized.py) against explicit float64
 formulas: outputs, gradients, batch statistics with padding, momentum warm-up,
 clamping, checkpoints, low precision, flags and their validation, and the activations
 inside a built resnmt_transformer."""
@@ -12,9 +12,9 @@ from fairseq.models.transformer import TransformerConfig
 
 from model_utils import assert_incremental_equals_full, build, parse_train_args, sample_batch
 
+from resnmt.activations.normalized import ActivationSpec, NormalizedActivation, UnnormalizedActivation
 from resnmt.models.model_spec import resolve_model
 from resnmt.models.options import add_activation_args
-from resnmt.modules.normalized_activation import ActivationSpec, NormalizedActivation, UnnormalizedActivation
 
 KINDS = ["nrelu", "nswish"]
 MODES = ["instance", "batch"]

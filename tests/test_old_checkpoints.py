@@ -16,7 +16,7 @@ def test_old_checkpoint_loads_strictly_and_computes_the_same(name):
 
 
 def test_fixtures_cover_every_connection_kind():
-    from resnmt.modules.connections import CONNECTION_KINDS
+    from resnmt.connections import CONNECTION_KINDS
 
     kinds = set()
     for name in CHECKPOINTS:
@@ -54,8 +54,8 @@ def test_learned_connection_parameters_are_restored():
 def test_streams_and_normalizations_are_restored():
     """DLCL's combination weights and DyT's alpha come back as trained (3 updates moved
     them off the average and 0.5); the normalization is the one the checkpoint chose."""
-    from resnmt.modules.norms import DynamicTanh
-    from resnmt.modules.streams import dlcl_initial_weights
+    from resnmt.connections.norms import DynamicTanh
+    from resnmt.connections.streams import dlcl_initial_weights
 
     state = torch.load(FIXTURES / "dlcl_post_dyt.pt", weights_only=True)["model"]
     model = load(FIXTURES / "dlcl_post_dyt.pt")

@@ -5,8 +5,8 @@ import torch
 
 from conftest import REPO_ROOT, run_cli
 from model_utils import TINY
+from resnmt.connections import CONNECTION_FLAGS
 from resnmt.models.model_spec import resolve_model
-from resnmt.modules.connections import CONNECTION_FLAGS
 
 RESNMT_FLAGS = [*(flag.option for flag in CONNECTION_FLAGS.values()),
     "--residual", "--encoder-residual", "--decoder-residual", "--skip-lambda", "--sas-gate", "--sas-gamma",

@@ -23,7 +23,7 @@ def test_layers_script_and_compute_the_same(tiny_bin, name):
         layer = getattr(model, side).layers[-1]  # every layer of a side is built alike
         scripted = torch.jit.script(layer)
         streams = x
-        if layer.multi_stream:  # hyper, mhc: the layer reads and returns n streams (T, B, n, C)
+        if layer.ffn_connection.multi_stream:  # hyper, mhc: the layer reads and returns n streams (T, B, n, C)
             streams = torch.randn(5, 2, layer.ffn_connection.streams.num_streams, 16)
         with torch.no_grad():
             expected, got = call(layer, side, streams, memory), call(scripted, side, streams, memory)

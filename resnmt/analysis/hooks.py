@@ -4,7 +4,7 @@
 ``resnmt_transformer`` (nothing else: a model whose connections measure nothing and
 that has no normalized activations gets no hook at all) and hands every measurement
 to a *sink*. What a connection measures is its own class's ``measured_statistics()`` and
-``measure(x, fx)`` (``resnmt.modules.connections``); the hooks know no kind.
+``measure(x, fx)`` (``resnmt.connections``); the hooks know no kind.
 Sinks:
 
 * :class:`Accumulator` (``resnmt-analyze``) sums values and counts over every real
@@ -25,9 +25,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from resnmt.activations.normalized import NormalizedActivation
 from resnmt.analysis import statistics as S
-from resnmt.modules.connections import CONNECTION_CLASSES, Statistic, SublayerConnection
-from resnmt.modules.normalized_activation import NormalizedActivation
+from resnmt.connections import CONNECTION_CLASSES, Statistic, SublayerConnection
 
 SIDES = ("encoder", "decoder")
 SUBLAYERS = {  # connection attribute of a layer -> sublayer name

@@ -1,7 +1,7 @@
 """Per-position statistics of normalized activations, and their reduction over real tokens.
 
 What a sublayer connection reports is its own class's ``measure(x, fx)``
-(``resnmt.modules.connections``: SAS gates, rSkip ratio, highway gate, skip:residual
+(``resnmt.connections``: SAS gates, rSkip ratio, highway gate, skip:residual
 ratios, ReZero's a, Admin's omega). The functions here read a module's own parameters
 and public methods and return **per-position** values, shape ``(seq_len, batch)``;
 reducing them over the real (non-padding) positions is :func:`masked_sum_count`'s job.
@@ -14,7 +14,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from resnmt.modules.normalized_activation import NormalizedActivation, normalization_factor
+from resnmt.activations.normalized import NormalizedActivation, normalization_factor
 
 
 def activation_stats(act: NormalizedActivation, h: Tensor, padding_mask: Optional[Tensor]) -> Dict[str, Tensor]:

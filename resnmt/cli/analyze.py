@@ -253,7 +253,7 @@ def learned_norms(model) -> Dict[str, Dict[str, dict]]:
     the learned scalar of every DyT norm (``--normalization dyt``), by side and by where the
     norm sits: inside a layer (``where`` its module name there, ``self_attn_connection.norm``)
     or in the stack itself (``layer_norm``, the final norm). Empty without DyT."""
-    from resnmt.modules.norms import DynamicTanh
+    from resnmt.connections.norms import DynamicTanh
 
     out: Dict[str, dict] = {}
     for name, module in model.named_modules():

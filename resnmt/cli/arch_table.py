@@ -13,8 +13,8 @@ from fairseq.data import Dictionary
 from fairseq.tasks.translation import TranslationTask
 
 import resnmt  # noqa: F401
+from resnmt.connections import CONNECTION_CLASSES
 from resnmt.models.architectures import ARCHS
-from resnmt.modules.connections import CONNECTION_CLASSES
 
 
 def dictionary(size: int) -> Dictionary:

@@ -4,7 +4,7 @@
     python -m resnmt.cli.kind_table --write    # rewrite every committed copy
 
 Each kind class carries its ``equation``, ``note``, ``source`` and ``flags``
-(:mod:`resnmt.modules.connections`); the tables are made of them, in registry order:
+(:mod:`resnmt.connections`); the tables are made of them, in registry order:
 the README's ``--residual`` table, docs/connections.md's table with each kind's flags,
 and the plain-text table of the connections package's docstring. ``--write`` replaces
 what stands between each file's ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` lines;
@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from resnmt.modules.connections import CONNECTION_CLASSES
+from resnmt.connections import CONNECTION_CLASSES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ def docstring_table() -> str:
 TABLES: Dict[str, Tuple[str, callable]] = {
     "kind-table": ("README.md", readme_table),
     "kind-flags-table": ("docs/connections.md", docs_table),
-    "kind-docstring-table": ("resnmt/modules/connections/__init__.py", docstring_table),
+    "kind-docstring-table": ("resnmt/connections/__init__.py", docstring_table),
 }
 
 

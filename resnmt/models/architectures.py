@@ -16,9 +16,9 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from resnmt.analysis.training_log import check_log_connection_stats_task
+from resnmt.connections import CONNECTION_CLASSES
 from resnmt.models.model_spec import resolve_model
 from resnmt.models.resnmt_transformer import exit_on_bad_args
-from resnmt.modules.connections import CONNECTION_CLASSES
 
 MODEL = "resnmt_transformer"
 

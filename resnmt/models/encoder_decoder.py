@@ -1,7 +1,7 @@
 """fairseq's Transformer encoder and decoder with resnmt layers, and the one layer loop they share.
 
 Each stack is built from its side of the model's resolved choices (a
-:class:`~resnmt.modules.connections.ConnectionSpec`, ``spec``) and reads nothing else.
+:class:`~resnmt.connections.ConnectionSpec`, ``spec``) and reads nothing else.
 The layer factories are overridden, so fairseq keeps building everything else:
 embeddings, positions, LayerDrop, activation checkpointing and FSDP wrapping, the final
 norm (told by the spec through fairseq's own ``normalize_before``), incremental decoding.
@@ -9,7 +9,7 @@ norm (told by the spec through fairseq's own ``normalize_before``), incremental 
 Both stacks run their layers through :meth:`ResidualStack.run_layers`: every layer
 returns ``(x, extra, residual_sum)`` (``extra``: the encoder's fc2 output with
 ``return_fc``, the decoder's attention), and the stack's residual stream
-(:mod:`resnmt.modules.streams`; plain stacking for most kinds) decides what each layer
+(:mod:`resnmt.connections.streams`; plain stacking for most kinds) decides what each layer
 reads and what the stack returns. Around the loop the stacks compute exactly what
 fairseq's own forward computes, so post-LN equals fairseq's ``transformer``.
 """
@@ -22,11 +22,10 @@ from fairseq.models.transformer import TransformerDecoderBase, TransformerEncode
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor
 
+from resnmt.connections import build_stream
+from resnmt.connections.streams import ResidualStream
+from resnmt.models.layers import LayerSpec, ResidualDecoderLayer, ResidualEncoderLayer
 from resnmt.models.model_spec import ModelSpec
-from resnmt.modules.connections import build_stream
-from resnmt.modules.ffn_activation import build_ffn_activation
-from resnmt.modules.layers import ResidualDecoderLayer, ResidualEncoderLayer
-from resnmt.modules.streams import ResidualStream
 
 
 def wrap_layer(layer, cfg):
@@ -54,28 +53,29 @@ class ResidualStack:
 
     side: str
 
-    def _take_spec(self, spec: ModelSpec, embed_dim: int) -> None:
-        """Before fairseq's ``__init__`` builds the layers: what they are built from."""
+    def _begin_stack(self, spec: ModelSpec, embed_dim: int) -> ResidualStream:
+        """Before fairseq's ``__init__`` builds the layers: this side's spec, the stream
+        (returned: registered by :meth:`_finish_stack`, once ``nn.Module`` exists) and the
+        layers' specs. fairseq builds the layers in order, calling ``build_*_layer(cfg)``
+        once per layer without an index, so the stack hands them their specs in that order."""
         self.connection_spec = spec.side(self.side)
-        self.activation_spec = spec.activation
-        # a module cannot be registered before nn.Module.__init__: kept aside until _finish_stack
-        object.__setattr__(self, "_stream", build_stream(embed_dim, self.connection_spec) or ResidualStream())
-        self._layers_built = 0
+        stream = build_stream(embed_dim, self.connection_spec) or ResidualStream()
+        self._layer_specs = iter([
+            LayerSpec(self.connection_spec.at_layer(index), spec.activation, stream.reads_sublayer_outputs)
+            for index in range(self.connection_spec.layers)
+        ])
+        return stream
 
-    def _finish_stack(self, embed_dim: int) -> None:
+    def _finish_stack(self, stream: ResidualStream, embed_dim: int) -> None:
         """After fairseq's ``__init__``: the stream, and the final norm of ``--normalization``."""
+        if next(self._layer_specs, None) is not None:
+            raise RuntimeError(f"fairseq built {len(self.layers)} {self.side} layers for a spec of "
+                               f"{self.connection_spec.layers}")
+        del self._layer_specs
         spec = self.connection_spec
         if self.layer_norm is not None and spec.normalization != "layer_norm":
             self.layer_norm = spec.norm(embed_dim)  # the final norm of pre-LN-like stacks
-        self.residual_stream = self.__dict__.pop("_stream")
-
-    def _layer_parts(self, activation_fn: str):
-        """The next layer's connection spec (its index set) and its FFN activation."""
-        index = self._layers_built
-        self._layers_built += 1
-        spec = self.connection_spec.at_layer(index)
-        activation = build_ffn_activation(self.activation_spec, activation_fn, self.side, index, spec.layers)
-        return spec, activation, self._stream.reads_sublayer_outputs
+        self.residual_stream = stream
 
     def run_layers(self, x: Tensor, layer_args: Dict[str, Any], alignment_layer: Optional[int] = None
                    ) -> Tuple[Tensor, List[Tensor], List[Optional[Tensor]]]:
@@ -111,15 +111,13 @@ class ResidualTransformerEncoder(ResidualStack, TransformerEncoderBase):
     side = "encoder"
 
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False, *, spec: ModelSpec):
-        self._take_spec(spec, embed_tokens.embedding_dim)  # read by build_encoder_layer, which __init__ calls
+        stream = self._begin_stack(spec, embed_tokens.embedding_dim)
         cfg = fairseq_config(cfg, self.side, self.connection_spec.has_final_norm)
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
-        self._finish_stack(embed_tokens.embedding_dim)
+        self._finish_stack(stream, embed_tokens.embedding_dim)
 
     def build_encoder_layer(self, cfg):
-        spec, activation, collects = self._layer_parts(cfg.activation_fn)
-        layer = ResidualEncoderLayer(cfg, spec, activation, return_fc=self.return_fc, collect_residual_sum=collects)
-        return wrap_layer(layer, cfg)
+        return wrap_layer(ResidualEncoderLayer(cfg, next(self._layer_specs), return_fc=self.return_fc), cfg)
 
     def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
                            token_embeddings: Optional[Tensor] = None):
@@ -149,18 +147,15 @@ class ResidualTransformerDecoder(ResidualStack, TransformerDecoderBase):
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None, *,
                  spec: ModelSpec):
-        self._take_spec(spec, embed_tokens.embedding_dim)
+        stream = self._begin_stack(spec, embed_tokens.embedding_dim)
         cfg = fairseq_config(cfg, self.side, self.connection_spec.has_final_norm)
         super().__init__(
             cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn, output_projection=output_projection
         )
-        self._finish_stack(embed_tokens.embedding_dim)
+        self._finish_stack(stream, embed_tokens.embedding_dim)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        spec, activation, collects = self._layer_parts(cfg.activation_fn)
-        layer = ResidualDecoderLayer(cfg, spec, activation, no_encoder_attn=no_encoder_attn,
-                                     collect_residual_sum=collects)
-        return wrap_layer(layer, cfg)
+        return wrap_layer(ResidualDecoderLayer(cfg, next(self._layer_specs), no_encoder_attn=no_encoder_attn), cfg)
 
     def upgrade_state_dict_named(self, state_dict, name):
         state_dict = super().upgrade_state_dict_named(state_dict, name)  # fairseq's layer_norms.N renames
@@ -193,8 +188,11 @@ class ResidualTransformerDecoder(ResidualStack, TransformerDecoderBase):
     def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
                                     incremental_state=None, full_context_alignment: bool = False,
                                     alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
-        """fairseq's decoder features, its layers run by :meth:`run_layers`."""
-        if alignment_layer is None:
+        """fairseq's decoder features, its layers run by :meth:`run_layers`. The attention
+        weights of ``alignment_layer`` come back as ``attn``: by default, as in fairseq, the
+        last layer's in eval mode (what the generator's alignments read), and none in training,
+        where nothing reads them unless it asks (a caller passing ``alignment_layer``)."""
+        if alignment_layer is None and not self.training:
             alignment_layer = self.num_layers - 1
         enc = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
         enc_mask = (encoder_out["encoder_padding_mask"][0]
@@ -212,8 +210,10 @@ class ResidualTransformerDecoder(ResidualStack, TransformerDecoderBase):
         x, outputs, attentions = self.run_layers(x, layer_args, alignment_layer)
         inner_states.extend(outputs)
         attn: Optional[Tensor] = None
-        if alignment_layer < len(attentions) and attentions[alignment_layer] is not None:
-            attn = attentions[alignment_layer].float().to(outputs[alignment_layer])
+        if alignment_layer is not None and alignment_layer < len(attentions):
+            attn = attentions[alignment_layer]
+        if attn is not None:
+            attn = attn.float().to(outputs[alignment_layer])
             attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
         x = x.transpose(0, 1)  # T x B x C -> B x T x C
         if self.project_out_dim is not None:

@@ -13,13 +13,26 @@ fairseq flags they depend on, and decides from them, in one pass:
   layers do not implement. A problem is a ValueError naming the flag, the value and
   what is allowed.
 
+The model's build runs it once per model and adds the result to the model's
+configuration (``cfg.model_spec``, :class:`~resnmt.models.resnmt_transformer.ResolvedChoices`);
+the arch functions run it while fairseq parses the flags, only to stop a bad value early.
 The stacks, layers, connections and streams read the :class:`ModelSpec` (each stack its
-side's :class:`~resnmt.modules.connections.ConnectionSpec`), never the flags. Nothing is
-written back into the flags: a checkpoint keeps the flags as given, and loading it
-resolves them again, by this function.
+side's :class:`~resnmt.connections.ConnectionSpec`, each layer its
+:class:`~resnmt.models.layers.LayerSpec`), never the flags. Nothing is written back into
+the flags: a checkpoint keeps the flags as given, and loading it resolves them again, by
+this function.
 """
 from dataclasses import dataclass
 
+from resnmt.activations.normalized import SIDES, ActivationSpec
+from resnmt.connections import (
+    CONNECTION_CLASSES,
+    CONNECTION_FLAGS,
+    ConnectionConfigError,
+    ConnectionSpec,
+    check_flags_used,
+)
+from resnmt.fused import require_compile
 from resnmt.models.options import (
     ACTIVATION_FLAGS,
     DYT_ALPHA_INIT,
@@ -28,15 +41,6 @@ from resnmt.models.options import (
     RESIDUAL,
     SIDE_RESIDUAL,
 )
-from resnmt.modules.connections import (
-    CONNECTION_CLASSES,
-    CONNECTION_FLAGS,
-    ConnectionConfigError,
-    ConnectionSpec,
-    check_flags_used,
-)
-from resnmt.modules.fused import require_compile
-from resnmt.modules.normalized_activation import SIDES, ActivationSpec
 
 # fairseq options whose code paths the resnmt layers do not implement
 UNSUPPORTED_FAIRSEQ_FLAGS = {

@@ -1,17 +1,17 @@
-"""The model flags of ``resnmt_transformer``, each declared once as a :class:`~resnmt.modules.flags.Flag`.
+"""The model flags of ``resnmt_transformer``, each declared once as a :class:`~resnmt.flags.Flag`.
 
 The connection kinds declare their own flags on their classes
-(:mod:`resnmt.modules.connections`); this module declares the rest (the kind of each
+(:mod:`resnmt.connections`); this module declares the rest (the kind of each
 side, the normalization, the FFN activation, the fused path) in the same way, and puts
 them all on fairseq's parser. No flag gets an argparse default (fairseq parses model
 flags with ``argparse.SUPPRESS``): :func:`resnmt.models.model_spec.resolve_model` reads
 each one with :meth:`Flag.read`, so a configuration without a flag (a checkpoint older
 than it) gets the flag's default.
 """
-from resnmt.modules.connections import CONNECTION_CLASSES, CONNECTION_FLAGS, CONNECTION_KINDS
-from resnmt.modules.flags import Flag, positive_float
-from resnmt.modules.norms import DEFAULT_DYT_ALPHA, DEFAULT_NORMALIZATION, NORMALIZATIONS
-from resnmt.modules.normalized_activation import KINDS, PAPER, SIDES, STATS_MODES, ActivationSpec
+from resnmt.activations.normalized import KINDS, PAPER, SIDES, STATS_MODES, ActivationSpec
+from resnmt.connections import CONNECTION_CLASSES, CONNECTION_FLAGS, CONNECTION_KINDS
+from resnmt.connections.norms import DEFAULT_DYT_ALPHA, DEFAULT_NORMALIZATION, NORMALIZATIONS
+from resnmt.flags import Flag, positive_float
 
 
 def residual_help() -> str:

@@ -3,7 +3,7 @@ connections (``--residual``) and FFN activations (``--normalized-activation``)."
 import sys
 
 from fairseq.models import register_model
-from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer import TransformerModel, TransformerModelBase
 
 from resnmt.analysis.training_log import add_log_connection_stats_args
 from resnmt.models.encoder_decoder import ResidualTransformerDecoder, ResidualTransformerEncoder
@@ -12,8 +12,26 @@ from resnmt.models.options import add_model_args
 from resnmt.training.bf16 import check_bf16_device
 
 
+class ResolvedChoices(TransformerModelBase):
+    """The step of the build that resolves the model's choices, once per model.
+
+    fairseq's ``TransformerModel.build_model`` turns the flags into the model's
+    ``TransformerConfig`` and hands it to ``TransformerModelBase.build_model``, which builds
+    the embeddings and then the stacks through ``build_encoder``/``build_decoder``. Placed
+    between the two (``ResidualTransformerModel``'s bases), this resolves the configuration
+    into a :class:`~resnmt.models.model_spec.ModelSpec` and adds it to that configuration as
+    ``cfg.model_spec``, which fairseq hands to both stacks' builders. The flags themselves
+    (what checkpoints keep) are not touched.
+    """
+
+    @classmethod
+    def build_model(cls, cfg, task):
+        cfg.model_spec = resolve_model(cfg)
+        return super().build_model(cfg, task)
+
+
 @register_model("resnmt_transformer")
-class ResidualTransformerModel(TransformerModel):
+class ResidualTransformerModel(TransformerModel, ResolvedChoices):
     """fairseq's Transformer (all its flags apply) whose sublayer connections and FFN
     activations are chosen with resnmt's flags. With ``--residual post_ln`` it computes
     exactly fairseq's ``transformer`` and loads its checkpoints."""
@@ -31,14 +49,12 @@ class ResidualTransformerModel(TransformerModel):
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(cfg)
-        return ResidualTransformerEncoder(cfg, src_dict, embed_tokens, spec=resolve_model(cfg))
+        return ResidualTransformerEncoder(cfg, src_dict, embed_tokens, spec=cfg.model_spec)
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(cfg)
         return ResidualTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention,
-                                          spec=resolve_model(cfg))
+                                          spec=cfg.model_spec)
 
 
 def exit_on_bad_args(check, args) -> None:

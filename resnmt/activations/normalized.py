@@ -40,7 +40,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from resnmt.modules import fused, native
+from resnmt import fused
+from resnmt.activations import native
 
 PAPER = 'Yuan et al. 2022, "ANAct: Adaptive Normalization for Activation Functions"'
 
@@ -204,7 +205,7 @@ class NormalizedActivation(nn.Module):
 
     def _fused_output(self, h: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
         """The same values, fused (``--fused-connections``): per-token statistics on the CPU
-        by the native kernel (``resnmt.modules.native``; the backward is the eager one),
+        by the native kernel (``resnmt.activations.native``; the backward is the eager one),
         otherwise through ``torch.compile``d functions (forward and backward)."""
         if not self.batch_stats:
             if h.device.type == "cpu":

@@ -1,7 +1,7 @@
 """The connection kinds' registry and one side's resolved, validated spec.
 
 This is the flag/spec layer of the connections, apart from their ``nn`` code: what a kind
-declares beside its equation (its :class:`~resnmt.modules.flags.Flag` s, the
+declares beside its equation (its :class:`~resnmt.flags.Flag` s, the
 :class:`Statistic` s it measures), the registry that maps ``--residual`` names to kind
 classes (:func:`register_connection`), and :class:`ConnectionSpec`, everything one side's
 connections are built from, checked once, when it is made.
@@ -11,8 +11,8 @@ from typing import Any, Dict, Mapping, Type
 
 from torch import nn
 
-from resnmt.modules.flags import Flag
-from resnmt.modules.norms import DEFAULT_DYT_ALPHA, DEFAULT_NORMALIZATION, NORMALIZATIONS, build_norm
+from resnmt.connections.norms import DEFAULT_DYT_ALPHA, DEFAULT_NORMALIZATION, NORMALIZATIONS, build_norm
+from resnmt.flags import Flag
 
 SIDES = ("encoder", "decoder")
 
@@ -87,8 +87,8 @@ class ConnectionSpec:
         side: "encoder" or "decoder" (DeepNorm's and Admin's constants depend on it).
         encoder_layers, decoder_layers: the stacks' depths N and M.
         export: fairseq's ``--export`` (use torch's LayerNorm).
-        fused: ``--fused-connections`` (SAS's combination compiled, :mod:`resnmt.modules.fused`).
-        normalization: ``--normalization`` (:mod:`resnmt.modules.norms`): what every norm
+        fused: ``--fused-connections`` (SAS's combination compiled, :mod:`resnmt.fused`).
+        normalization: ``--normalization`` (:mod:`resnmt.connections.norms`): what every norm
             the connections, the stream and the stack own is (layer_norm, rms_norm or dyt).
         dyt_alpha_init: ``--dyt-alpha-init``, DyT's initial alpha.
         no_final_norm: fairseq's ``--no-decoder-final-norm`` (the decoder side only).
@@ -178,6 +178,12 @@ class ConnectionSpec:
             return 0
         order = SUBLAYERS[self.side]
         return self.layer_index * len(order) + order.index(self.sublayer)
+
+    @property
+    def last_of_layer(self) -> bool:
+        """Whether the connection is its layer's last (the FFN's, ``SUBLAYERS``), or one built
+        for the side as a whole."""
+        return self.sublayer is None or self.sublayer == SUBLAYERS[self.side][-1]
 
     def norm(self, dim: int) -> nn.Module:
         """A new normalization of ``dim`` features, of this spec's ``--normalization``."""

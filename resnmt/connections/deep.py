@@ -1,7 +1,7 @@
 """Kinds proposed to train deep stacks: DeepNorm, ReZero, Admin and Peri-LN.
 
 DeepNorm and Admin are of the scaled-skip form ``LN(s (.) x + F)``
-(:class:`~resnmt.modules.connections.base.ScaledSkipConnection`): DeepNorm's ``s`` is a
+(:class:`~resnmt.connections.base.ScaledSkipConnection`): DeepNorm's ``s`` is a
 constant alpha from the depths, Admin's a learned vector starting at omega0. Where the
 constants come from: docs/connections.md.
 """
@@ -11,7 +11,7 @@ from typing import Dict, Mapping, Tuple
 import torch
 from torch import Tensor, nn
 
-from resnmt.modules.connections.base import (
+from resnmt.connections.base import (
     KEY,
     QUERY,
     SKIP_RATIO,
@@ -19,8 +19,8 @@ from resnmt.modules.connections.base import (
     SublayerConnection,
     per_position,
 )
-from resnmt.modules.connections.spec import ConnectionSpec, Statistic, register_connection
-from resnmt.modules.flags import Flag
+from resnmt.connections.spec import ConnectionSpec, Statistic, register_connection
+from resnmt.flags import Flag
 
 
 def deepnorm_constants(side: str, encoder_layers: int, decoder_layers: int) -> Tuple[float, float]:

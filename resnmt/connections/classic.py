@@ -1,8 +1,8 @@
 """The two classic placements of the LayerNorm: after the sum (post-LN) and before the sublayer (pre-LN)."""
 from torch import Tensor
 
-from resnmt.modules.connections.base import SublayerConnection
-from resnmt.modules.connections.spec import ConnectionSpec, register_connection
+from resnmt.connections.base import SublayerConnection
+from resnmt.connections.spec import ConnectionSpec, register_connection
 
 
 @register_connection

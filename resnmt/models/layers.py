@@ -7,19 +7,21 @@ the parent's fixed LayerNorms are replaced by one connection module per sublayer
     encoder layer: ``self_attn_connection``, ``ffn_connection``
     decoder layer: ``self_attn_connection``, ``encoder_attn_connection``, ``ffn_connection``
 
-and the fc1 activation by ``ffn_activation`` (``activation(h, padding_mask)``). Each
-sublayer runs as ``connection(x, dropout(sublayer(connection.prenorm(x))))``
-(``self_attention_sublayer`` and ``ffn_sublayer``, shared by both layers; the decoder's
-cross-attention in its ``forward``); every choice is made at construction (``torch.jit.Final`` attributes), so
-the layers script with ``torch.jit.script`` as fairseq's do.
+and the fc1 activation by ``ffn_activation`` (``activation(h, padding_mask)``). Every
+sublayer of every kind runs the one protocol of :class:`~resnmt.connections.SublayerConnection`::
 
-Kinds with n residual streams (``multi_stream``: hyper, mhc) get ``x`` as the streams
-(T, B, n, C) and run each sublayer as ``h, mixed, write = connection.width(x)``,
-``x = connection.depth(dropout(sublayer(connection.prenorm(h))), mixed, write)``; kinds
-with ``qkv_normalized`` (hybrid_norm) get attentions with per-head normalized Q, K, V
-(:func:`resnmt.modules.qkv_norm_attention.qkv_norm_attention`, built with fairseq's
-arguments). Each connection is built for its layer and sublayer
-(``spec.at_layer(l).at_sublayer(s)``).
+    branch_input, carry = connection.read(x)
+    x = connection.write(x, dropout(sublayer(branch_input)), layer_input, carry)
+
+written once per sublayer (:meth:`ConnectedSublayers.self_attention_sublayer`,
+:meth:`~ConnectedSublayers.cross_attention_sublayer`, :meth:`~ConnectedSublayers.ffn_sublayer`,
+shared by both layers): the layer does not know how many streams ``x`` holds (n for
+Hyper-Connections) nor which connection reads its input (B2T's last). The attentions are
+the kind's (:func:`~resnmt.connections.build_attention`: fairseq's, or HybridNorm's with
+per-head normalized Q, K, V), built with fairseq's arguments. Each connection is built for
+its layer and sublayer (``spec.at_sublayer(s)`` of the layer's spec); every choice is made
+at construction (``torch.jit.Final`` attributes), so the layers script with
+``torch.jit.script`` as fairseq's do.
 
 Both layers return ``(x, extra, residual_sum)``: ``extra`` is the encoder's fc2 output
 (with ``return_fc``) or the decoder's attention weights, ``residual_sum`` the sum of the
@@ -29,6 +31,7 @@ Checkpoints of fairseq's own ``transformer`` are upgraded on load by renaming
 ``self_attn_layer_norm`` -> ``self_attn_connection.norm`` and so on (see
 ``upgrade_state_dict_named``).
 """
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -36,10 +39,11 @@ from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
 )
-from torch import Tensor, nn
+from torch import Tensor
 
-from resnmt.modules.connections import (
-    CONNECTION_CLASSES,
+from resnmt.activations.ffn import build_ffn_activation
+from resnmt.activations.normalized import ActivationSpec
+from resnmt.connections import (
     FFN_IN,
     FFN_OUT,
     KEY,
@@ -47,9 +51,9 @@ from resnmt.modules.connections import (
     QUERY,
     VALUE,
     ConnectionSpec,
+    build_attention,
     build_connection,
 )
-from resnmt.modules.qkv_norm_attention import qkv_norm_attention
 
 # fairseq's LayerNorm name -> our connection name, per sublayer
 FAIRSEQ_NORM_NAMES = {
@@ -62,43 +66,46 @@ SUBLAYER_OF = {"self_attn_layer_norm": "self_attn", "encoder_attn_layer_norm": "
                "final_layer_norm": "ffn"}
 
 
+@dataclass(frozen=True)
+class LayerSpec:
+    """Everything one layer is built from, besides fairseq's ``cfg``: its side's connection
+    spec at the layer (``connection.layer_index``), the model's FFN activation spec, and
+    whether the stack's stream reads the sum of the layer's sublayer outputs."""
+
+    connection: ConnectionSpec
+    activation: ActivationSpec
+    collect_residual_sum: bool = False
+
+
 class ConnectedSublayers:
-    """What encoder and decoder layers share: running a sublayer through its connection,
-    the FFN, and the checkpoint renaming. Mixed into the two fairseq layer classes."""
+    """What encoder and decoder layers share: each sublayer run through its connection,
+    the FFN, and the checkpoint renaming. Mixed into the two fairseq layer classes, whose
+    ``__init__`` is given the :class:`LayerSpec` as ``self.spec`` before fairseq's own runs
+    (fairseq's ``__init__`` calls the attention factories, as fairseq's stacks set
+    ``self.cfg`` before theirs)."""
 
-    last_reads_layer_input: torch.jit.Final[bool]  # B2T: the FFN's connection also reads the layer's input
     collects_residual_sum: torch.jit.Final[bool]  # the stack's stream reads the sum of the dropout(F)
-    multi_stream: torch.jit.Final[bool]  # x is n streams (T, B, n, C); each connection's width/depth (HC, mHC)
 
-    def _keep_spec(self, spec: ConnectionSpec) -> None:
-        """Before fairseq's ``__init__``: the spec its attention factories read (a plain
-        attribute, before nn.Module exists; dropped by :meth:`_replace_parent_norms`)."""
-        object.__setattr__(self, "_pending_spec", spec)
+    def _attention(self, fairseq_attention, embed_dim: int, num_heads: int, **kwargs):
+        """The attention of this layer's kind (fairseq's own, ``fairseq_attention()``,
+        unless the kind builds another), with fairseq's arguments."""
+        return build_attention(self.spec.connection, fairseq_attention, embed_dim, num_heads,
+                               q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size, **kwargs)
 
-    def _attention(self, fairseq_build, embed_dim: int, num_heads: int, **kwargs):
-        """The attention of this layer's kind: fairseq's, or with per-head normalized Q, K,
-        V (HybridNorm: ``qkv_normalized``), built with the same arguments."""
-        spec = self.__dict__["_pending_spec"]
-        if not CONNECTION_CLASSES[spec.kind].qkv_normalized:
-            return fairseq_build()
-        if kwargs.pop("add_bias_kv", False) or kwargs.pop("add_zero_attn", False):
-            raise ValueError(f"--residual {spec.kind}: --add-bias-kv/--add-zero-attn are not supported")
-        return qkv_norm_attention(embed_dim, num_heads, q_noise=self.quant_noise,
-                                  qn_block_size=self.quant_noise_block_size, normalization=spec.normalization,
-                                  dyt_alpha_init=spec.dyt_alpha_init, export=spec.export, **kwargs)
-
-    def _replace_parent_norms(self, spec: ConnectionSpec, names: List[str], collect_residual_sum: bool) -> None:
+    def _replace_parent_norms(self, names: List[str], activation_fn: str) -> None:
         """Drop fairseq's fixed LayerNorms and the plain activation function; build one
-        connection per sublayer instead, and settle what ``forward`` computes."""
+        connection per sublayer and the FFN activation instead, and let each connection
+        initialise the sublayer it wraps."""
+        spec = self.spec.connection
         for fairseq_name in names:
             delattr(self, fairseq_name)
             connection = build_connection(self.embed_dim, spec.at_sublayer(SUBLAYER_OF[fairseq_name]))
             setattr(self, FAIRSEQ_NORM_NAMES[fairseq_name], connection)
         del self.activation_fn
-        self.__dict__.pop("_pending_spec", None)
-        self.last_reads_layer_input = self.ffn_connection.reads_layer_input
-        self.collects_residual_sum = collect_residual_sum
-        self.multi_stream = self.ffn_connection.multi_stream
+        self.collects_residual_sum = self.spec.collect_residual_sum
+        self.ffn_activation = build_ffn_activation(self.spec.activation, activation_fn, spec.side, spec.layer_index,
+                                                   spec.layers)
+        self._initialize_sublayers()
 
     def _initialize_sublayers(self) -> None:
         """Let each connection initialise the sublayer it wraps (DeepNorm scales the
@@ -120,35 +127,34 @@ class ConnectedSublayers:
         h = self.ffn_activation(self.fc1(x), padding_mask)
         return self.fc2(self.activation_dropout_module(h))
 
-    def self_attention_sublayer(self, x: Tensor, padding_mask: Optional[Tensor], attn_mask: Optional[Tensor],
+    def self_attention_sublayer(self, x: Tensor, layer_input: Tensor, padding_mask: Optional[Tensor],
+                                attn_mask: Optional[Tensor],
                                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]]
                                 ) -> Tuple[Tensor, Tensor]:
         """The self-attention sublayer behind its connection: ``(x after it, its dropout(F))``."""
-        h, mixed, write = x, x, x
-        if self.multi_stream:
-            h, mixed, write = self.self_attn_connection.width(x)
-        h = self.self_attn_connection.prenorm(h)
+        h, carry = self.self_attn_connection.read(x)
         h, _ = self.self_attn(query=h, key=h, value=h, key_padding_mask=padding_mask,
                               incremental_state=incremental_state, need_weights=False, attn_mask=attn_mask)
         f = self.dropout_module(h)
-        if self.multi_stream:
-            return self.self_attn_connection.depth(f, mixed, write), f
-        return self.self_attn_connection(x, f), f
+        return self.self_attn_connection.write(x, f, layer_input, carry), f
 
     def ffn_sublayer(self, x: Tensor, layer_input: Tensor, padding_mask: Optional[Tensor]
                      ) -> Tuple[Tensor, Tensor, Tensor]:
-        """The FFN sublayer behind its connection: ``(x after it, fc2's output, its dropout(F))``;
-        ``layer_input`` is read by connections that reach back to the layer's input (B2T)."""
-        h, mixed, write = x, x, x
-        if self.multi_stream:
-            h, mixed, write = self.ffn_connection.width(x)
-        fc_result = self.feed_forward(self.ffn_connection.prenorm(h), padding_mask)
+        """The FFN sublayer behind its connection: ``(x after it, fc2's output, its dropout(F))``."""
+        h, carry = self.ffn_connection.read(x)
+        fc_result = self.feed_forward(h, padding_mask)
         f = self.dropout_module(fc_result)
-        if self.multi_stream:
-            return self.ffn_connection.depth(f, mixed, write), fc_result, f
-        if self.last_reads_layer_input:
-            return self.ffn_connection(x, f, layer_input), fc_result, f
-        return self.ffn_connection(x, f), fc_result, f
+        return self.ffn_connection.write(x, f, layer_input, carry), fc_result, f
+
+    def residual_sum(self, sublayer_outputs: List[Tensor]) -> Optional[Tensor]:
+        """The sum of the sublayers' dropout(F), in their order, where the stack's stream
+        reads it (ResiDual), else None."""
+        if not self.collects_residual_sum:
+            return None
+        total = sublayer_outputs[0]
+        for f in sublayer_outputs[1:]:
+            total = total + f
+        return total
 
     def _upgrade_norm_names(self, state_dict: Dict[str, Tensor], name: str) -> None:
         """Rename fairseq's LayerNorm keys to ours, for connections that own one ``norm``."""
@@ -167,19 +173,14 @@ class ResidualEncoderLayer(ConnectedSublayers, TransformerEncoderLayerBase):
 
     Args:
         cfg: fairseq ``TransformerConfig``.
-        connection: the encoder side's connection spec, for this layer.
-        ffn_activation: the module between fc1 and fc2.
+        spec: what the layer is built from (its connection spec, the FFN activation's).
         return_fc: also return the fc2 output (fairseq's ``return_fc``).
-        collect_residual_sum: also return the sum of the sublayers' dropout(F).
     """
 
-    def __init__(self, cfg, connection: ConnectionSpec, ffn_activation: nn.Module, return_fc: bool = False,
-                 collect_residual_sum: bool = False):
-        self._keep_spec(connection)
+    def __init__(self, cfg, spec: LayerSpec, return_fc: bool = False):
+        self.spec = spec
         super().__init__(cfg, return_fc=return_fc)
-        self._replace_parent_norms(connection, ["self_attn_layer_norm", "final_layer_norm"], collect_residual_sum)
-        self.ffn_activation = ffn_activation
-        self._initialize_sublayers()
+        self._replace_parent_norms(["self_attn_layer_norm", "final_layer_norm"], cfg.activation_fn)
 
     def build_self_attention(self, embed_dim, cfg):
         return self._attention(lambda: super(ResidualEncoderLayer, self).build_self_attention(embed_dim, cfg),
@@ -194,7 +195,7 @@ class ResidualEncoderLayer(ConnectedSublayers, TransformerEncoderLayerBase):
                 ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
         """
         Args:
-            x: ``(seq_len, batch, embed_dim)``
+            x: ``(seq_len, batch, embed_dim)`` (n streams: ``(seq_len, batch, n, embed_dim)``)
             encoder_padding_mask: ``(batch, seq_len)``, True at padding, or None
             attn_mask: ``(seq_len, seq_len)``, 1 where attention is forbidden, or None
 
@@ -205,13 +206,9 @@ class ResidualEncoderLayer(ConnectedSublayers, TransformerEncoderLayerBase):
         if attn_mask is not None:  # same masking values as fairseq
             attn_mask = attn_mask.masked_fill(attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4)
 
-        x, f_attn = self.self_attention_sublayer(x, encoder_padding_mask, attn_mask, None)
+        x, f_attn = self.self_attention_sublayer(x, layer_input, encoder_padding_mask, attn_mask, None)
         x, fc_result, f_ffn = self.ffn_sublayer(x, layer_input, encoder_padding_mask)
-
-        residual_sum: Optional[Tensor] = None
-        if self.collects_residual_sum:
-            residual_sum = f_attn + f_ffn
-        return x, (fc_result if self.return_fc else None), residual_sum
+        return x, (fc_result if self.return_fc else None), self.residual_sum([f_attn, f_ffn])
 
 
 class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
@@ -222,14 +219,12 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
     def __init__(
         self,
         cfg,
-        connection: ConnectionSpec,
-        ffn_activation: nn.Module,
+        spec: LayerSpec,
         no_encoder_attn: bool = False,
         add_bias_kv: bool = False,
         add_zero_attn: bool = False,
-        collect_residual_sum: bool = False,
     ):
-        self._keep_spec(connection)
+        self.spec = spec
         super().__init__(cfg, no_encoder_attn=no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
         norms = ["self_attn_layer_norm", "final_layer_norm"]
         if self.encoder_attn is not None:
@@ -237,9 +232,7 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
         else:
             del self.encoder_attn_layer_norm
             self.encoder_attn_connection = None
-        self._replace_parent_norms(connection, norms, collect_residual_sum)
-        self.ffn_activation = ffn_activation
-        self._initialize_sublayers()
+        self._replace_parent_norms(norms, cfg.activation_fn)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         return self._attention(
@@ -256,6 +249,27 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
     def upgrade_state_dict_named(self, state_dict, name):
         self._upgrade_norm_names(state_dict, name)
 
+    def cross_attention_sublayer(self, x: Tensor, layer_input: Tensor, encoder_out: Tensor,
+                                 encoder_padding_mask: Optional[Tensor],
+                                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
+                                 need_attn: bool, need_head_weights: bool
+                                 ) -> Tuple[Tensor, Optional[Tensor], Tensor]:
+        """The encoder-decoder attention behind its connection: ``(x after it, the attention
+        weights where asked for (fairseq's rule) or None, its dropout(F))``."""
+        h, carry = self.encoder_attn_connection.read(x)
+        h, attn = self.encoder_attn(
+            query=h,
+            key=encoder_out,
+            value=encoder_out,
+            key_padding_mask=encoder_padding_mask,
+            incremental_state=incremental_state,
+            static_kv=True,
+            need_weights=need_attn or (not self.training and self.need_attn),
+            need_head_weights=need_head_weights,
+        )
+        f = self.dropout_module(h)
+        return self.encoder_attn_connection.write(x, f, layer_input, carry), attn, f
+
     def forward(
         self,
         x,
@@ -271,12 +285,16 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
     ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
         """
         Args:
-            x: ``(tgt_len, batch, embed_dim)``; one step (tgt_len = 1) in incremental decoding
+            x: ``(tgt_len, batch, embed_dim)`` (n streams: ``(tgt_len, batch, n, embed_dim)``);
+                one step (tgt_len = 1) in incremental decoding
             encoder_out: ``(src_len, batch, embed_dim)``
             encoder_padding_mask: ``(batch, src_len)``, True at padding
             incremental_state: fairseq's per-layer key/value cache
             self_attn_mask: causal mask ``(tgt_len, tgt_len)``
             self_attn_padding_mask: ``(batch, tgt_len)``, True at padding
+            need_attn, need_head_weights: return the cross-attention's weights (averaged
+                over the heads, or per head); in eval mode fairseq's ``need_attn`` of
+                ``make_generation_fast_`` asks for them too
 
         Returns:
             ``(x, attention weights or None, residual sum or None)``.
@@ -287,36 +305,14 @@ class ResidualDecoderLayer(ConnectedSublayers, TransformerDecoderLayerBase):
             need_attn = True
         layer_input = x
 
-        x, f_self = self.self_attention_sublayer(x, self_attn_padding_mask, self_attn_mask, incremental_state)
-        residual_sum: Optional[Tensor] = None
-        if self.collects_residual_sum:
-            residual_sum = f_self
-
+        x, f_self = self.self_attention_sublayer(x, layer_input, self_attn_padding_mask, self_attn_mask,
+                                                 incremental_state)
+        sublayer_outputs = [f_self]
         attn: Optional[Tensor] = None
         if self.encoder_attn is not None and self.encoder_attn_connection is not None and encoder_out is not None:
-            h = x
-            if self.multi_stream:
-                h, mixed, write = self.encoder_attn_connection.width(x)
-            h = self.encoder_attn_connection.prenorm(h)
-            h, attn = self.encoder_attn(
-                query=h,
-                key=encoder_out,
-                value=encoder_out,
-                key_padding_mask=encoder_padding_mask,
-                incremental_state=incremental_state,
-                static_kv=True,
-                need_weights=need_attn or (not self.training and self.need_attn),
-                need_head_weights=need_head_weights,
-            )
-            f_cross = self.dropout_module(h)
-            if self.multi_stream:
-                x = self.encoder_attn_connection.depth(f_cross, mixed, write)
-            else:
-                x = self.encoder_attn_connection(x, f_cross)
-            if residual_sum is not None:
-                residual_sum = residual_sum + f_cross
-
+            x, attn, f_cross = self.cross_attention_sublayer(x, layer_input, encoder_out, encoder_padding_mask,
+                                                             incremental_state, need_attn, need_head_weights)
+            sublayer_outputs.append(f_cross)
         x, _, f_ffn = self.ffn_sublayer(x, layer_input, self_attn_padding_mask)
-        if residual_sum is not None:
-            residual_sum = residual_sum + f_ffn
-        return x, attn, residual_sum
+        sublayer_outputs.append(f_ffn)
+        return x, attn, self.residual_sum(sublayer_outputs)

@@ -8,10 +8,10 @@ Triton on GPU), which fuses each into a few kernels, forward and backward (AOT a
 derives the backward from the same function, so it is the eager gradient).
 
 * Exception: NReLU/NSwish with per-token statistics (the default) on the CPU use the
-  native kernel of ``resnmt.modules.native`` instead. There a compiled call's fixed
+  native kernel of ``resnmt.activations.native`` instead. There a compiled call's fixed
   cost in Python (guards, AOT autograd's wrapper, ~40 µs) is as large as the work at
   decoding sizes; the kernel is a few µs per call (measured in docs/benchmarks.md).
-* The eager path (``resnmt.modules.connections``, ``resnmt.modules.normalized_activation``)
+* The eager path (``resnmt.connections``, ``resnmt.activations.normalized``)
   stays the reference: the functions below compute the same equations, and the tests
   compare them within float tolerance.
 * Shapes vary in NMT (every batch has its own length and size), so the functions are

@@ -7,7 +7,7 @@ they hold::
 
 ``h`` is the fc1 output, shape ``(seq_len, batch, ffn_dim)``; ``padding_mask`` is
 ``(batch, seq_len)`` with True at padding positions, or None. Plain activations ignore
-the mask; the normalized activations (NReLU/NSwish, ``normalized_activation.py``) use it
+the mask; the normalized activations (NReLU/NSwish, ``normalized.py``) use it
 to take batch statistics over real tokens only.
 """
 from typing import Optional
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from fairseq import utils
 from torch import Tensor, nn
 
-from resnmt.modules.normalized_activation import ActivationSpec
+from resnmt.activations.normalized import ActivationSpec
 
 # fairseq's get_activation_fn("swish") returns the torch.nn.SiLU *class*, not a function
 FUNCTIONS_FAIRSEQ_GETS_WRONG = {"swish": F.silu}

@@ -1,29 +1,37 @@
-"""Sublayer connections: how a sublayer's output F is combined with its input x.
+"""Sublayer connections: how a sublayer's output F is combined with its input x, every
+kind and its parts.
 
-Every Transformer sublayer (self-attention, encoder-decoder attention, FFN) is run as::
+Every Transformer sublayer (self-attention, encoder-decoder attention, FFN) of every
+kind is run in the same two steps (:class:`SublayerConnection`)::
 
-    fx = dropout(sublayer(connection.prenorm(x)))
-    y  = connection(x, fx)
+    branch_input, carry = connection.read(x)
+    x = connection.write(x, dropout(sublayer(branch_input)), layer_input, carry)
 
 A connection owns its normalizations, gates and constants, so the encoder and decoder
-layers hold one connection per sublayer and never branch on the kind. Shapes: ``x`` and
-``fx`` are ``(seq_len, batch, embed_dim)``; every gate is computed per position, so a
-step of incremental decoding sees exactly what the full forward sees.
+layers hold one connection per sublayer and never branch on the kind. Shapes: ``x`` is
+``(seq_len, batch, embed_dim)`` (``(seq_len, batch, n, embed_dim)``, n streams, for
+Hyper-Connections and mHC), the sublayer's input and output ``(seq_len, batch,
+embed_dim)``; every gate is computed per position, so a step of incremental decoding sees
+exactly what the full forward sees.
 
 The package, by job:
 
-* :mod:`~resnmt.modules.connections.spec`: the registry of kinds and
+* :mod:`~resnmt.connections.spec`: the registry of kinds and
   :class:`ConnectionSpec`, one side's resolved and validated choices (flags are
-  declared with :class:`resnmt.modules.flags.Flag`);
-* :mod:`~resnmt.modules.connections.base`: :class:`SublayerConnection`, what every kind
+  declared with :class:`resnmt.flags.Flag`);
+* :mod:`~resnmt.connections.norms`: ``--normalization``, every norm a kind or a stack owns;
+* :mod:`~resnmt.connections.base`: :class:`SublayerConnection`, what every kind
   is, and the forms several kinds share;
-* the kinds, one class each: :mod:`~resnmt.modules.connections.classic` (post-LN,
-  pre-LN), :mod:`~resnmt.modules.connections.rskip` (the rSkip paper's),
-  :mod:`~resnmt.modules.connections.gated` (SAS, highway),
-  :mod:`~resnmt.modules.connections.deep` (DeepNorm, ReZero, Admin, Peri-LN),
-  :mod:`~resnmt.modules.connections.cross_layer` (B2T, ResiDual, DLCL, DenseFormer),
-  :mod:`~resnmt.modules.connections.depth_norm` (Mix-LN, LayerNorm Scaling, HybridNorm),
-  :mod:`~resnmt.modules.connections.multi_stream` (Hyper-Connections, mHC).
+* :mod:`~resnmt.connections.streams`: what a stack carries from layer to layer for the
+  kinds that cross layers (ResiDual, DLCL, DenseFormer);
+* the kinds, one class each: :mod:`~resnmt.connections.classic` (post-LN,
+  pre-LN), :mod:`~resnmt.connections.rskip` (the rSkip paper's),
+  :mod:`~resnmt.connections.gated` (SAS and its gates, highway),
+  :mod:`~resnmt.connections.deep` (DeepNorm, ReZero, Admin, Peri-LN),
+  :mod:`~resnmt.connections.cross_layer` (B2T, ResiDual, DLCL, DenseFormer),
+  :mod:`~resnmt.connections.depth_norm` (Mix-LN, LayerNorm Scaling, HybridNorm and its
+  attention), :mod:`~resnmt.connections.hyper` (Hyper-Connections, with its stream) and
+  :mod:`~resnmt.connections.mhc` (mHC).
 
 **The registry is the one list of kinds**, in this order (the table is generated from
 it: ``python -m resnmt.cli.kind_table --write``):
@@ -57,12 +65,12 @@ mhc          H ← H_res·H + H_postᵀ·F(LN(H_pre·H)), H_res = SK(·), n stre
 <!-- kind-docstring-table:end -->
 
 Every normalization a kind owns is ``--normalization`` (LayerNorm, RMSNorm or DyT;
-:mod:`resnmt.modules.norms`). B2T's last connection of a layer also reads the layer's
-input (``reads_layer_input``); ResiDual and DLCL add a
-:class:`~resnmt.modules.streams.ResidualStream` that the stack carries from layer to layer
-(``build_stream``).
+:mod:`resnmt.connections.norms`). B2T's last connection of a layer also adds the layer's
+input (its ``write``); ResiDual, DLCL, DenseFormer and the multi-stream kinds add a
+:class:`~resnmt.connections.streams.ResidualStream` that the stack carries from layer to
+layer (``build_stream``).
 """
-from resnmt.modules.connections.spec import (  # noqa: F401
+from resnmt.connections.spec import (  # noqa: F401
     CONNECTION_CLASSES,
     CONNECTION_FLAGS,
     ConnectionConfigError,
@@ -72,7 +80,7 @@ from resnmt.modules.connections.spec import (  # noqa: F401
     connection_class,
     register_connection,
 )
-from resnmt.modules.connections.base import (  # noqa: F401
+from resnmt.connections.base import (  # noqa: F401
     FFN_IN,
     FFN_OUT,
     KEY,
@@ -81,14 +89,15 @@ from resnmt.modules.connections.base import (  # noqa: F401
     VALUE,
     ScaledSkipConnection,
     SublayerConnection,
+    build_attention,
     build_connection,
     build_stream,
 )
 # the kinds, registered in this order (the order of --residual's choices and of every kind table)
-from resnmt.modules.connections.classic import PostLNConnection, PreLNConnection  # noqa: F401
-from resnmt.modules.connections.rskip import RSkipLNConnection, XSkipConnection, XSkipLNConnection  # noqa: F401
-from resnmt.modules.connections.gated import HighwayConnection, SASConnection  # noqa: F401
-from resnmt.modules.connections.deep import (  # noqa: F401
+from resnmt.connections.classic import PostLNConnection, PreLNConnection  # noqa: F401
+from resnmt.connections.rskip import RSkipLNConnection, XSkipConnection, XSkipLNConnection  # noqa: F401
+from resnmt.connections.gated import HighwayConnection, SASConnection  # noqa: F401
+from resnmt.connections.deep import (  # noqa: F401
     AdminConnection,
     DeepNormConnection,
     PeriLNConnection,
@@ -96,14 +105,15 @@ from resnmt.modules.connections.deep import (  # noqa: F401
     admin_omega,
     deepnorm_constants,
 )
-from resnmt.modules.connections.cross_layer import (  # noqa: F401
+from resnmt.connections.cross_layer import (  # noqa: F401
     B2TConnection,
     DLCLConnection,
     DLCLPostConnection,
     DenseFormerConnection,
     ResiDualConnection,
 )
-from resnmt.modules.connections.depth_norm import HybridNormConnection, LNScalingConnection, MixLNConnection  # noqa: F401
-from resnmt.modules.connections.multi_stream import HyperConnection, ManifoldHyperConnectionKind  # noqa: F401
+from resnmt.connections.depth_norm import HybridNormConnection, LNScalingConnection, MixLNConnection  # noqa: F401
+from resnmt.connections.hyper import HyperConnection  # noqa: F401
+from resnmt.connections.mhc import ManifoldHyperConnectionKind  # noqa: F401
 
 CONNECTION_KINDS = tuple(CONNECTION_CLASSES)

@@ -1,6 +1,6 @@
 // NReLU / NSwish with per-token ("instance") statistics, forward, on the CPU.
 //
-// The same equations as resnmt/modules/normalized_activation.py (the reference, which the
+// The same equations as resnmt/activations/normalized.py (the reference, which the
 // tests compare against), for a float32 (rows x cols) matrix, one row per token:
 //
 //     a       = f(x)                 (ReLU computed here; Swish's silu(x) passed in)
@@ -13,7 +13,7 @@
 // One read of x and a and one write of out per row (a row of 1024 floats stays in L1
 // between the statistics and the output), instead of the ~25 PyTorch ops of the eager
 // path, whose fixed per-op cost dominates at decoding sizes (64 tokens per step).
-// Sums are accumulated in double. Compiled by resnmt/modules/native.py with the C++
+// Sums are accumulated in double. Compiled by resnmt/activations/native.py with the C++
 // compiler found on PATH; loaded with ctypes (no Python headers, no pybind11).
 #include <cmath>
 #include <cstdint>

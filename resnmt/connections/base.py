@@ -1,55 +1,68 @@
 """What every connection kind is, and the forms several kinds share.
 
 A kind is one :class:`SublayerConnection` subclass registered with
-:func:`~resnmt.modules.connections.spec.register_connection`. Kinds with the same form
-share a base here instead of inheriting another kind and undoing it:
+:func:`~resnmt.connections.spec.register_connection`. Every kind offers the same two steps
+around its sublayer (:meth:`SublayerConnection.read` and :meth:`SublayerConnection.write`),
+so the layers (:mod:`resnmt.models.layers`) write each sublayer once for every kind. Kinds
+with the same form share a base here instead of inheriting another kind and undoing it:
 :class:`ScaledSkipConnection` is ``[LN](s (.) x + F)`` with ``s`` a constant or a learned
 vector (xSkip, xSkip+LN, DeepNorm, Admin differ only in where ``s`` comes from).
 """
-from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from resnmt.modules.connections.spec import CONNECTION_CLASSES, ConnectionSpec, Statistic
-from resnmt.modules.flags import Flag
-from resnmt.modules.streams import ResidualStream
+from resnmt.connections.spec import CONNECTION_CLASSES, ConnectionSpec, Statistic
+from resnmt.connections.streams import ResidualStream
+from resnmt.flags import Flag
 
 # roles of the projections a layer hands to ``initialize_sublayer``
 QUERY, KEY, VALUE, OUTPUT, FFN_IN, FFN_OUT = "query", "key", "value", "output", "ffn_in", "ffn_out"
 
 
 class SublayerConnection(nn.Module):
-    """Base class. ``prenorm(x)`` is what the sublayer reads; ``forward(x, fx)`` is the output.
+    """Base class: how a sublayer ``F`` is connected, in two steps around it.
+
+    Every layer runs each of its sublayers (self-attention, cross-attention, FFN), whatever
+    the kind, as::
+
+        branch_input, carry = connection.read(x)
+        x = connection.write(x, dropout(F(branch_input)), layer_input, carry)
+
+    ``x`` is what the stack hands the layer and what the layer returns (``(seq_len, batch,
+    embed_dim)``, or the n streams ``(seq_len, batch, n, embed_dim)`` of Hyper-Connections);
+    ``layer_input`` the layer's own input (B2T's last connection adds it); ``carry`` what
+    :meth:`read` computed for :meth:`write` (nothing for a kind with one stream; the mixed
+    streams and their write-back weights for HC and mHC). The layer passes everything to
+    every connection and never learns which kind it runs; a kind ignores what it does
+    not need. A kind with one stream defines :meth:`prenorm` (what the sublayer reads;
+    default: ``x`` itself) and :meth:`forward` ``(x, F) -> y``, its equation; the default
+    steps call them (:meth:`write` through the module's call, so that forward hooks, such
+    as ``resnmt-analyze``'s, see ``x`` and ``F``).
 
     Class attributes a kind sets (read by the flags, the archs, the docs and the analysis):
 
     * ``kind``, ``equation``, ``note``, ``source``: its ``--residual`` name, its output
       as a formula (and a few words more), the paper; ``--residual``'s help and the
       kind tables (``python -m resnmt.cli.kind_table``) are made of them;
-    * ``flags``: its :class:`~resnmt.modules.flags.Flag` s (shared flags are the same
+    * ``flags``: its :class:`~resnmt.flags.Flag` s (shared flags are the same
       object in several kinds);
     * ``final_norm``: the stack ends with a norm (pre-LN);
     * ``statistics``: the :class:`Statistic` s :meth:`measure` returns;
     * ``arch_family``, ``arch_options``: named archs ``transformer_<family>_{base,big}``
       and the flag values they choose (no family: no named arch);
     * ``normalized``: the kind owns normalizations (``--normalization`` replaces them);
-    * ``reads_layer_input``: :meth:`forward` of the layer's last sublayer also takes the
-      layer's input (B2T);
-    * :meth:`build_stream`: the :class:`~resnmt.modules.streams.ResidualStream` the stack
-      carries from layer to layer besides ``x`` (ResiDual, DLCL; None: plain stacking);
-    * ``multi_stream``: the layer hands the connection n streams ``H`` (T, B, n, C) and runs
-      each sublayer as ``h, mixed, write = conn.width(H)``,
-      ``H = conn.depth(dropout(F(conn.prenorm(h))), mixed, write)`` (Hyper-Connections, mHC);
-    * ``qkv_normalized``: the layer builds its attention (self and cross) with per-head
-      normalized Q, K, V (:func:`resnmt.modules.qkv_norm_attention.qkv_norm_attention`;
-      HybridNorm).
+    * ``multi_stream``: ``x`` is n streams (Hyper-Connections, mHC; what ``resnmt-analyze``
+      reads as the kind's ``learned()`` mixing);
+    * :meth:`build_stream`: the :class:`~resnmt.connections.streams.ResidualStream` the
+      stack carries from layer to layer besides ``x`` (ResiDual, DLCL, DenseFormer, HC;
+      None: plain stacking);
+    * :meth:`build_attention`: the layer's attentions (fairseq's, or HybridNorm's with
+      per-head normalized Q, K, V).
 
-    A connection is built once per sublayer from its layer's spec
-    (``spec.layer_index`` is the layer), so a kind may depend on the layer's position.
-    ``x`` is what the stream hands the layer (``(seq_len, batch, embed_dim)`` for every
-    kind so far; a stream may carry a wider state, which its kind's ``prenorm`` reduces
-    to the sublayer's input).
+    A connection is built once per sublayer from its layer's spec (``spec.layer_index`` is
+    the layer, ``spec.sublayer`` the sublayer), so a kind may depend on both.
     """
 
     kind: ClassVar[str]
@@ -62,9 +75,7 @@ class SublayerConnection(nn.Module):
     arch_family: ClassVar[Optional[str]] = None
     arch_options: ClassVar[Mapping[str, Any]] = {}
     normalized: ClassVar[bool] = True
-    reads_layer_input: ClassVar[bool] = False
     multi_stream: ClassVar[bool] = False
-    qkv_normalized: ClassVar[bool] = False
 
     @classmethod
     def check_spec(cls, spec: ConnectionSpec) -> None:
@@ -80,8 +91,27 @@ class SublayerConnection(nn.Module):
         """Whether the kind's stack carries a residual stream (overrides :meth:`build_stream`)."""
         return cls.build_stream.__func__ is not SublayerConnection.build_stream.__func__
 
+    @classmethod
+    def build_attention(cls, spec: ConnectionSpec, fairseq_attention: Callable[[], nn.Module], embed_dim: int,
+                        num_heads: int, **kwargs) -> nn.Module:
+        """A layer's attention (self or cross), built before its connections: fairseq's own
+        (``fairseq_attention()``), unless the kind changes it; ``kwargs`` are the arguments
+        fairseq builds it with (``dropout``, ``self_attention``, ``kdim``, ``q_noise``, ...)."""
+        return fairseq_attention()
+
     def prenorm(self, x: Tensor) -> Tensor:
         return x
+
+    def read(self, x: Tensor) -> Tuple[Tensor, List[Tensor]]:
+        """``x`` -> (what the sublayer reads ``(seq_len, batch, embed_dim)``, what
+        :meth:`write` needs from this step besides ``x``)."""
+        carry: List[Tensor] = []
+        return self.prenorm(x), carry
+
+    def write(self, x: Tensor, fx: Tensor, layer_input: Tensor, carry: List[Tensor]) -> Tensor:
+        """The sublayer's output ``fx`` (its dropout included) written into ``x``: what the
+        next sublayer reads (``layer_input`` and ``carry``: see the class docstring)."""
+        return self(x, fx)
 
     def forward(self, x: Tensor, fx: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -108,6 +138,12 @@ def build_connection(dim: int, spec: ConnectionSpec) -> SublayerConnection:
 def build_stream(dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
     """The residual stream of ``spec``'s stack (None: plain stacking)."""
     return CONNECTION_CLASSES[spec.kind].build_stream(dim, spec)
+
+
+def build_attention(spec: ConnectionSpec, fairseq_attention: Callable[[], nn.Module], embed_dim: int,
+                    num_heads: int, **kwargs) -> nn.Module:
+    """A layer's attention for ``spec``'s kind (:meth:`SublayerConnection.build_attention`)."""
+    return CONNECTION_CLASSES[spec.kind].build_attention(spec, fairseq_attention, embed_dim, num_heads, **kwargs)
 
 
 # ---------------------------------------------------------------------------- helpers the kinds share

@@ -5,10 +5,10 @@ from typing import Dict, Tuple
 import torch
 from torch import Tensor, nn
 
-from resnmt.modules.connections.base import SKIP_RATIO, ScaledSkipConnection, SublayerConnection, layer_norm_sigma
-from resnmt.modules.connections.spec import ConnectionConfigError, ConnectionSpec, Statistic, register_connection
-from resnmt.modules.flags import Flag, positive_float
-from resnmt.modules.norms import is_layer_norm
+from resnmt.connections.base import SKIP_RATIO, ScaledSkipConnection, SublayerConnection, layer_norm_sigma
+from resnmt.connections.norms import is_layer_norm
+from resnmt.connections.spec import ConnectionConfigError, ConnectionSpec, Statistic, register_connection
+from resnmt.flags import Flag, positive_float
 
 SKIP_LAMBDA = Flag(
     "skip_lambda", 2.0, check=positive_float, metavar="LAMBDA",

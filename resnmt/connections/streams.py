@@ -1,6 +1,6 @@
 """Residual streams: what a stack carries from layer to layer besides the hidden state ``x``.
 
-A sublayer connection (:mod:`resnmt.modules.connections`) sees one sublayer's ``x`` and
+A sublayer connection (:mod:`resnmt.connections`) sees one sublayer's ``x`` and
 ``F``. Methods that cross layers need more: ResiDual adds every sublayer's ``F`` into a
 second, unnormalized stream; DLCL feeds each layer a learned combination of all earlier
 layers' outputs. Such a method is a :class:`ResidualStream`, returned by its connection
@@ -29,18 +29,15 @@ DLCL      y_0..y_l; layer l+1 reads sum_k W[l+1,k] LN(y_k) (pre-norm)       Wang
           or LN(sum_k W[l+1,k] y_k) (post-norm); W from the average
 Dense     X_0..X_l; block l+1 reads Y_l = sum_j alpha[l,j] X_j, the output  Pagliardini et al.,
 Former    Y_L (then the final norm); alpha from the identity                NeurIPS 2024
-Hyper     n streams H (T, B, n, C): H^0 = x_0 tiled n times, the layers     Zhu et al., ICLR 2025;
-          read and update H (their connections' width/depth), output       DeepSeek 2025 (mHC)
-          the streams' sum (then the final norm)
 ========  ===============================================================  =====================
+
+Hyper-Connections' and mHC's stream, n copies of ``x`` that their connections read and
+write, lives with the rest of those methods (:class:`resnmt.connections.hyper.HyperStream`).
 """
 from typing import ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
-
-from resnmt.modules.denseformer import DepthWeightedAverage
-from resnmt.modules.hyper import expand_streams, reduce_streams
 
 State = Tuple[Tensor, ...]
 
@@ -181,12 +178,62 @@ class DLCLStream(ResidualStream):
         return f"{'pre' if self.pre_norm else 'post'}-norm, layers={self.num_layers}{window}"
 
 
+def denseformer_initial_weights(num_layers: int) -> Tensor:
+    """(L, L+1): row i-1 is block i's α_i· with α_ii = 1, the rest 0."""
+    weights = torch.zeros(num_layers, num_layers + 1)
+    for i in range(1, num_layers + 1):
+        weights[i - 1, i] = 1.0
+    return weights
+
+
+class DepthWeightedAverage(nn.Module):
+    """DenseFormer's depth-weighted average (DWA): ``forward(outputs)`` with ``outputs =
+    [X_0, ..., X_i]`` (1 <= i <= L, each (T, B, C)) returns ``Y_i = Σ_j weights[i-1, j] X_j``
+    (T, B, C); which block is given by the list's length.
+
+    ``α_ii = 1`` and every other ``α_ij = 0`` at init, so the stack is exactly the plain
+    stack then (``0·X_j`` adds exact zeros). Parameter layout (ours, as DLCL's): one matrix
+    ``weights`` of shape (L, L+1), row i-1 holding α_i0..α_ii; entries right of the
+    diagonal (j > i) are never read and get no gradient, so the learned scalars are the
+    paper's L(L+3)/2. Not here: the paper's dilation and period options (every block
+    averages all earlier outputs). Compared with DLCL: the identity, not the average, at
+    init; no norm on the stored outputs; the averaged outputs are the raw X_j."""
+
+    def __init__(self, num_layers: int):
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"num_layers {num_layers}: expected >= 1")
+        self.num_layers = num_layers
+        self.weights = nn.Parameter(denseformer_initial_weights(num_layers))
+
+    def forward(self, outputs: List[Tensor]) -> Tensor:
+        block = len(outputs) - 1
+        if block < 1 or block > self.num_layers:
+            raise ValueError("DepthWeightedAverage expects [X_0, ..., X_i] with 1 <= i <= num_layers")
+        row = self.weights[block - 1]
+        first = outputs[0]
+        out = first * row[0].to(first.dtype)
+        for j in range(1, block + 1):
+            source = outputs[j]
+            out = torch.addcmul(out, source, row[j].to(source.dtype))
+        return out
+
+    def learned(self) -> Dict[str, List[List[float]]]:
+        """``denseformer_weights``: row i-1 = block i's weights on X_0 (the embedding) ... X_i
+        (entries right of the diagonal are unused zeros)."""
+        return {"denseformer_weights": self.weights.detach().float().cpu().tolist()}
+
+    def extra_repr(self) -> str:
+        return f"layers={self.num_layers}"
+
+
 class DenseFormerStream(ResidualStream):
     """DenseFormer (Pagliardini et al., NeurIPS 2024, arXiv:2402.02622): with X_0 the
     embedded input and X_i the output of block i, block i+1 reads
     ``Y_i = sum_{j<=i} alpha[i-1, j] X_j`` (block 1 reads X_0), the stack's output is
-    ``Y_L`` (then the final norm); alpha a :class:`~resnmt.modules.denseformer.DepthWeightedAverage`
-    starting at the identity (alpha_ii = 1), so the stack starts as the plain pre-LN stack."""
+    ``Y_L`` (then the final norm); alpha a :class:`DepthWeightedAverage` starting at the
+    identity (alpha_ii = 1), so the stack starts as the plain pre-LN stack (code:
+    epfml/DenseFormer). Every X_j is (T, B, C) and the average is per position."""
 
     def __init__(self, num_layers: int):
         super().__init__()
@@ -206,23 +253,3 @@ class DenseFormerStream(ResidualStream):
 
     def learned(self) -> Dict[str, List[List[float]]]:
         return self.average.learned()
-
-
-class HyperStream(ResidualStream):
-    """Hyper-Connections' and mHC's n streams (:mod:`resnmt.modules.hyper`): the first layer
-    reads the embedded input tiled n times, ``H^0`` (T, B, n, C); each layer reads and
-    returns the streams (its connections mix and update them); the stack's output is the
-    streams' sum (T, B, C), before the final norm (the HC paper's order)."""
-
-    def __init__(self, num_streams: int):
-        super().__init__()
-        self.num_streams = int(num_streams)
-
-    def layer_input(self, state: State, index: int, x: Tensor) -> Tensor:
-        return expand_streams(x, self.num_streams) if index == 0 else x
-
-    def end(self, state: State, x: Tensor) -> Tensor:
-        return reduce_streams(x)
-
-    def extra_repr(self) -> str:
-        return f"streams={self.num_streams}"

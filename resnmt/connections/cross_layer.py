@@ -1,18 +1,18 @@
 """Kinds that cross a sublayer: B2T reads its layer's input; ResiDual, DLCL and DenseFormer
-carry a residual stream from layer to layer (:mod:`resnmt.modules.streams`).
+carry a residual stream from layer to layer (:mod:`resnmt.connections.streams`).
 
 A method that needs more than one sublayer's ``x`` and ``F`` is one stream class (what the
 stack carries) and one kind here whose :meth:`build_stream` returns it.
 """
-from typing import Mapping, Optional
+from typing import List, Mapping, Optional
 
 import torch
 from torch import Tensor, nn
 
-from resnmt.modules.connections.classic import PostLNConnection, PreLNConnection
-from resnmt.modules.connections.spec import ConnectionSpec, register_connection
-from resnmt.modules.flags import Flag, positive_float, positive_int
-from resnmt.modules.streams import DenseFormerStream, DLCLStream, ResiDualStream, ResidualStream
+from resnmt.connections.classic import PostLNConnection, PreLNConnection
+from resnmt.connections.spec import ConnectionSpec, register_connection
+from resnmt.connections.streams import DenseFormerStream, DLCLStream, ResiDualStream, ResidualStream
+from resnmt.flags import Flag, positive_float, positive_int
 
 
 @register_connection
@@ -34,16 +34,23 @@ class B2TConnection(PostLNConnection):
              "layers (the B2T paper's rescaling for deep stacks) (default: fairseq's init)"),
     )
     arch_family = "b2t"
-    reads_layer_input = True
+    adds_layer_input: torch.jit.Final[bool]
 
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__(dim, spec)
         self.rescale = spec.layers ** -0.5 if spec.b2t_rescale_init else None
+        self.adds_layer_input = spec.last_of_layer
 
     def forward(self, x: Tensor, fx: Tensor, layer_input: Optional[Tensor] = None) -> Tensor:
         if layer_input is None:
             return self.norm(x + fx)
         return self.norm(x + fx + layer_input)
+
+    def write(self, x: Tensor, fx: Tensor, layer_input: Tensor, carry: List[Tensor]) -> Tensor:
+        """The layer's last connection adds the layer's input (the others are post-LN's)."""
+        if self.adds_layer_input:
+            return self(x, fx, layer_input)
+        return self(x, fx)
 
     def initialize_sublayer(self, projections: Mapping[str, nn.Module]) -> None:
         if self.rescale is None:
@@ -65,7 +72,7 @@ RESI_DUAL_FLAGS = (
 class ResiDualConnection(PostLNConnection):
     """ResiDual: post-LN sublayers plus an unnormalized dual stream that adds up the same
     sublayer outputs; the stack's output is ``alpha*x_N + LN(d_N)``
-    (:class:`~resnmt.modules.streams.ResiDualStream`; Xie et al. 2023, arXiv:2304.14802)."""
+    (:class:`~resnmt.connections.streams.ResiDualStream`; Xie et al. 2023, arXiv:2304.14802)."""
 
     kind = "resi_dual"
     equation = "x_N + LN(d), d = x₀ + ΣF"
@@ -95,7 +102,7 @@ DLCL_WINDOW = Flag(
 class DLCLConnection(PreLNConnection):
     """DLCL, pre-norm: pre-LN layers whose input is a learned linear combination of all
     earlier layers' normalized outputs, ``x_{l+1} = sum_{k<=l} W_k LN(y_k)``
-    (:class:`~resnmt.modules.streams.DLCLStream`; Wang et al., ACL 2019, arXiv:1906.01787)."""
+    (:class:`~resnmt.connections.streams.DLCLStream`; Wang et al., ACL 2019, arXiv:1906.01787)."""
 
     kind = "dlcl"
     equation = "x_l = Σ_{k<l} W[l,k]·LN(y_k)"
@@ -131,7 +138,7 @@ class DenseFormerConnection(PreLNConnection):
     """DenseFormer: pre-LN blocks whose outputs are replaced by a learned depth-weighted
     average of the embedded input and every earlier block output,
     ``Y_i = sum_{j<=i} alpha_ij X_j``, starting at the identity
-    (:class:`~resnmt.modules.streams.DenseFormerStream`; Pagliardini et al., NeurIPS 2024,
+    (:class:`~resnmt.connections.streams.DenseFormerStream`; Pagliardini et al., NeurIPS 2024,
     arXiv:2402.02622). The paper's period/dilation options are not implemented."""
 
     kind = "denseformer"

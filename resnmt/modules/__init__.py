@@ -1,1 +1,0 @@
-"""Building blocks: sublayer connections, gates, activations, layers."""
