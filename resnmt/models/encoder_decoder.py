@@ -52,6 +52,11 @@ class ResidualStack:
     layers' construction and the layer loop. Mixed into fairseq's two stacks."""
 
     side: str
+    # pass the padding masks whatever the batch holds, instead of asking the batch on the host
+    # whether it holds padding (a host-device synchronisation on a GPU): the same result, set
+    # by --fast-path (resnmt/training/fast/step.py), whose batches have static shapes and
+    # whose updates are CUDA graphs that cannot wait for the host
+    static_padding: bool = False
 
     def _begin_stack(self, spec: ModelSpec, embed_dim: int) -> ResidualStream:
         """Before fairseq's ``__init__`` builds the layers: this side's spec, the stream
@@ -123,7 +128,7 @@ class ResidualTransformerEncoder(ResidualStack, TransformerEncoderBase):
                            token_embeddings: Optional[Tensor] = None):
         """fairseq's encoder forward, its layers run by :meth:`run_layers`."""
         padding_mask = src_tokens.eq(self.padding_idx)
-        has_pads = bool(padding_mask.any())
+        has_pads = self.static_padding or bool(padding_mask.any())
         x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
         if has_pads:
             x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
@@ -204,7 +209,7 @@ class ResidualTransformerDecoder(ResidualStack, TransformerDecoderBase):
             encoder_out=enc, encoder_padding_mask=enc_mask, incremental_state=incremental_state,
             self_attn_mask=self.buffered_future_mask(x) if incremental_state is None and not full_context_alignment
             else None,
-            self_attn_padding_mask=padding if padding.any() else None,
+            self_attn_padding_mask=padding if self.static_padding or padding.any() else None,
         )
         inner_states: List[Optional[Tensor]] = [x]
         x, outputs, attentions = self.run_layers(x, layer_args, alignment_layer)
