@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from resnmt.atomic import atomic_write_text
-from resnmt.decoding.averaging import numbered_checkpoints
+from resnmt.checkpoints.averaging import numbered_checkpoints
 from resnmt.experiment import steps
 from resnmt.experiment.errors import ExperimentError
 from resnmt.experiment.presets import ModelSize

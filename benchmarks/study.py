@@ -12,7 +12,7 @@ import runs
 from records import portable_path, run_id
 from rows import CONTROL_ROWS, CURVES_ROWS, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, SAME_RUN, slug
 
-from resnmt.decoding.averaging import numbered_checkpoints
+from resnmt.checkpoints.averaging import numbered_checkpoints
 from resnmt.experiment import steps
 from resnmt.experiment.presets import SIZES
 from resnmt.shared import append_jsonl, read_jsonl

@@ -4,7 +4,7 @@ Plugging in (``plug_into_fairseq``) registers the ``resnmt_transformer`` model a
 architectures, the ``resnmt_translation`` task and the ``adam_fused`` optimizer, keeps the
 float32 master weights of ``--fp16``/``--bf16`` runs in their checkpoints
 (``resnmt.training.bf16``) and lowers the DEBUG level fairseq's import leaves on the root logger
-(``resnmt.training.quiet``). ``allow_fairseq_checkpoints`` (``resnmt.training.checkpoint_compat``)
+(``resnmt.training.quiet``). ``allow_fairseq_checkpoints`` (``resnmt.checkpoints.compat``)
 allow-lists the types fairseq checkpoints hold for torch's ``weights_only`` loading.
 
 All of that needs fairseq or torch, about two seconds to import, which data preparation
@@ -15,7 +15,7 @@ that library's own import finishes, whoever imports it (where one of resnmt's mo
 imports it, once that module's import has finished: plugging in imports resnmt's modules,
 which must not be half-initialized then). ``import resnmt`` followed by
 ``from fairseq.models import ARCH_MODEL_REGISTRY`` finds resnmt's archs either way, a
-checkpoint read with torch alone (``resnmt.decoding.averaging``) loads, and ``import
+checkpoint read with torch alone (``resnmt.checkpoints.averaging``) loads, and ``import
 resnmt.data.corpora`` loads neither library.
 """
 import importlib.abc
@@ -39,7 +39,7 @@ def plug_into_fairseq() -> None:
 
 
 def allow_fairseq_checkpoints() -> None:
-    from resnmt.training.checkpoint_compat import allow_fairseq_checkpoints as allow
+    from resnmt.checkpoints.compat import allow_fairseq_checkpoints as allow
 
     allow()
 

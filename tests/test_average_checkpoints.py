@@ -233,7 +233,7 @@ def test_a_run_stopped_mid_epoch_averages_its_last_update(tmp_path, tiny_ckpts, 
     """8 updates of ~3 per epoch: the epoch checkpoints stop at epoch 2, the last update
     is in checkpoint_last.pt only; --include-last averages it as the newest, and the update
     count of every checkpoint is read from the files (epoch length as fairseq batches it)."""
-    from resnmt.decoding.averaging import checkpoint_updates
+    from resnmt.checkpoints.averaging import checkpoint_updates
     from resnmt.experiment.schedule import epoch_updates
 
     per_epoch = epoch_updates(tiny_bin, "en", "de", max_tokens=2000, per_update=1)

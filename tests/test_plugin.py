@@ -33,5 +33,5 @@ def test_data_preparation_loads_neither_torch_nor_fairseq():
 
 
 def test_a_checkpoint_read_with_torch_alone_loads_under_weights_only():
-    python("import argparse, sys, resnmt.decoding.averaging, torch\n"
+    python("import argparse, sys, resnmt.checkpoints.averaging, torch\n"
            "assert argparse.Namespace in torch.serialization.get_safe_globals() and 'fairseq' not in sys.modules")

@@ -26,7 +26,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from resnmt.cli.common import OneLineErrorParser
-from resnmt.decoding.averaging import (AverageError, average_checkpoints, checkpoint_updates, describe, save_atomic,
+from resnmt.checkpoints.averaging import (AverageError, average_checkpoints, checkpoint_updates, describe, save_atomic,
                                        select_checkpoints)
 
 PROG = "resnmt-average"
@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_inputs(args) -> Tuple[List[Path], List[Optional[int]], List[str]]:
     """The checkpoints to average, oldest first, each one's update, and the notes on what
-    the choice could not give (resnmt.decoding.averaging.Selection, resnmt-experiment's too).
+    the choice could not give (resnmt.checkpoints.averaging.Selection, resnmt-experiment's too).
     Every checkpoint is read (its tensors memory-mapped), so that a file that is not one is
     refused before any is loaded."""
     inputs = [Path(p) for p in args.inputs]

@@ -1,6 +1,5 @@
 """What resnmt adds to decoding and scoring a trained model:
 
-* ``averaging``: checkpoint averaging (``resnmt-average``), with torch alone;
 * ``sequence_generator``: beam search ranked with the GNMT length penalty (``--lenpen-form``
   of the ``resnmt_translation`` task);
 * ``subword``: the data's own subword segmentation undone, and noticed when it was not;
@@ -8,5 +7,5 @@
 
 Translating from Python (``resnmt.from_pretrained``) is ``resnmt.hub``, at the package's
 face: it builds the task, which builds the generator here. This package imports nothing
-itself: averaging and scoring load without fairseq.
+itself: scoring loads without fairseq. Averaging checkpoints is ``resnmt.checkpoints``.
 """

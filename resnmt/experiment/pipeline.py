@@ -158,7 +158,7 @@ class Experiment:
         the newest ``--average`` update checkpoints or, without any, epoch checkpoints, and
         checkpoint_last.pt after them where training stopped later (unless ``--exclude-last``);
         fewer if fewer exist; checkpoint_last.pt alone if training saved no numbered one."""
-        from resnmt.decoding.averaging import LAST, AverageError, numbered_checkpoints, select_checkpoints
+        from resnmt.checkpoints.averaging import LAST, AverageError, numbered_checkpoints, select_checkpoints
 
         by = "update" if numbered_checkpoints(self.save_dir, "update") else "epoch"
         # checkpoint_last.pt: the newest where training stopped mid-epoch; alone where it saved no numbered one

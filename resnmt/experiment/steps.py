@@ -5,7 +5,7 @@
 
 Each step writes its output atomically. External programs run as subprocesses
 (``resnmt.experiment.runtime``); averaging and scoring run in-process
-(``resnmt.decoding.averaging``, ``resnmt.decoding.scoring``).
+(``resnmt.checkpoints.averaging``, ``resnmt.decoding.scoring``).
 """
 import json
 import re
@@ -43,7 +43,7 @@ def repair_checkpoint_last(save_dir: Path, log: Log) -> None:
     """fairseq writes checkpointN.pt atomically but then *copies* it to checkpoint_last.pt;
     a run killed during the copy leaves a truncated checkpoint_last.pt that stops every
     restart. Replace it by the newest complete checkpoint and keep the broken file aside."""
-    from resnmt.decoding.averaging import checkpoint_complete
+    from resnmt.checkpoints.averaging import checkpoint_complete
 
     last = Path(save_dir) / "checkpoint_last.pt"
     if not last.exists() or checkpoint_complete(last):
@@ -105,7 +105,7 @@ def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str =
 
 def average(paths: Sequence[Path], output: Path) -> None:
     """The average of the checkpoints ``paths`` into ``output`` (written atomically)."""
-    from resnmt.decoding.averaging import average_checkpoints, save_atomic
+    from resnmt.checkpoints.averaging import average_checkpoints, save_atomic
 
     save_atomic(average_checkpoints([Path(p) for p in paths]), Path(output))
 

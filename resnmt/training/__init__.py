@@ -9,8 +9,6 @@
   master weights in multi-tensor kernels;
 * ``fast``: ``--fast-path``, static batch shapes, an update without host synchronisation
   and its steps captured as CUDA graphs (a package of its own);
-* ``checkpoint_compat``: the types fairseq checkpoints hold allow-listed for torch's
-  ``weights_only`` loading (training's resume, decoding and averaging alike);
 * ``quiet``: the third-party deprecation notices and dumps hidden at start-up;
 * ``prefetch_exit``: a clean exit when training stops while batches are prefetched.
 

@@ -91,7 +91,7 @@ def read_checkpoint(path: Path, mmap: bool = False) -> dict:
     ``torch.load(weights_only=True)`` (fairseq's types allow-listed by resnmt); ``mmap``:
     its tensors memory-mapped, not read (a zip checkpoint). Anything else is an AverageError
     naming the file and what is wrong with it, on one line."""
-    from resnmt.training.checkpoint_compat import allow_fairseq_checkpoints
+    from resnmt.checkpoints.compat import allow_fairseq_checkpoints
 
     path = Path(path)
     problem = _file_problem(path)
