@@ -1,5 +1,6 @@
 """What several layers of resnmt share, depending on nothing but the standard library:
-durations as text, JSON-lines files, and command-line values checked with a one-line error.
+durations as text, JSON-lines files, and command-line errors on one line naming the closest
+valid names (an option's value is checked by its declaration: :mod:`resnmt.options`).
 
 Data preparation (``resnmt.data``), the experiment (``resnmt.experiment``), the command
 lines (``resnmt.cli``) and the benchmarks import these from here, so that no lower layer
@@ -41,33 +42,6 @@ def read_jsonl(path: Path) -> List[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 # ------------------------------------------------------------ command-line values and errors
-
-
-def integer(value, minimum: int) -> int:
-    """``value`` (an int, or its digits as text) as an int >= ``minimum``, else a ValueError
-    saying so (without the flag: the caller names it)."""
-    text = str(value)
-    if isinstance(value, bool) or not text.isdigit() or int(text) < minimum:
-        raise ValueError(f"'{text}': must be an integer >= {minimum}")
-    return int(text)
-
-
-def number(value, minimum: float) -> float:
-    """``value`` (a number, or its text) as a finite float >= ``minimum``, else a ValueError."""
-    try:
-        result = float(value)
-    except (TypeError, ValueError):
-        result = None
-    if isinstance(value, bool) or result is None or not minimum <= result < float("inf"):
-        raise ValueError(f"'{value}': must be a number >= {minimum:g}")
-    return result
-
-
-def choice(value: str, allowed: Sequence[str]) -> str:
-    """``value`` if it is one of ``allowed``, else a ValueError naming them."""
-    if value not in allowed:
-        raise ValueError(f"'{value}' is not one of: {' '.join(allowed)}")
-    return value
 
 
 def closest(value: str, allowed: Sequence[str], n: int = 3) -> List[str]:

@@ -131,8 +131,8 @@ def test_requests_convert_command_line_text_once_on_construction(tmp_path):
      r"^--preset cpu runs on the CPU; it cannot take --gpus 1$"),
     (lambda: presets.TrainRequest("multi30k", "transformer", launcher="mpi"),
      r"^--launcher 'mpi' is not one of: none torchrun slurm$"),
-    (lambda: ExperimentRequest(train=None, lenpen="-0.1"), r"^--lenpen '-0.1': must be a number >= 0$"),
-    (lambda: ExperimentRequest(train=None, lenpen="nan"), r"^--lenpen 'nan': must be a number >= 0$"),
+    (lambda: ExperimentRequest(train=None, lenpen="-0.1"), r"^--lenpen '-0.1': must be a real number >= 0$"),
+    (lambda: ExperimentRequest(train=None, lenpen="nan"), r"^--lenpen 'nan': must be a real number >= 0$"),
     (lambda: ExperimentRequest(train=None, batch_size="0"), r"^--batch-size '0': must be an integer >= 1$"),
 ])
 def test_bad_values_name_the_flag(make, message):

@@ -34,7 +34,7 @@ def readme_table() -> str:
 def docs_table() -> str:
     rows = ["| `--residual` | output `y` | its flags | source |", "|---|---|---|---|"]
     for kind, cls in CONNECTION_CLASSES.items():
-        flags = ", ".join(f"`{flag.option}`" for flag in cls.flags) or "none"
+        flags = ", ".join(f"`{flag.flag}`" for flag in cls.flags) or "none"
         rows.append(f"| `{kind}` | {output(cls, True)} | {flags} | {cls.source} |")
     return "\n".join(rows)
 

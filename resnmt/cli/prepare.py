@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from resnmt.data.corpora import CUSTOM, DATASETS, LANG_HELP, LANG_RE, Dataset, custom
-from resnmt.shared import choice, integer
+from resnmt.options import Option
 
 PROG = "resnmt-prepare"
 COMMANDS = (*DATASETS, CUSTOM)
@@ -59,23 +59,23 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         super().add_usage(usage, actions, groups, "Usage: " if prefix is None else prefix)
 
 
-def argparse_type(check, *args):
-    """An argparse ``type`` checking a value as resnmt-experiment's options are checked
-    (resnmt.shared); argparse names the flag in the error."""
+def argparse_type(option: Option):
+    """An argparse ``type`` checking a value as ``option`` declares (the checks and words of
+    every option, resnmt.options); argparse names the flag in the error."""
     def parse(text: str):
         try:
-            return check(text, *args)
+            return option.check(text)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     return parse
 
 
 def int_at_least(minimum: int):
-    return argparse_type(integer, minimum)
+    return argparse_type(Option(kind="int", minimum=minimum))
 
 
 def one_of(*allowed: str):
-    return argparse_type(choice, allowed)
+    return argparse_type(Option(kind="choice", choices=allowed))
 
 
 def ratio(text: str) -> str:

@@ -18,7 +18,7 @@ The package, by job:
 
 * :mod:`~resnmt.connections.spec`: the registry of kinds and
   :class:`ConnectionSpec`, one side's resolved and validated choices (flags are
-  declared with :class:`resnmt.flags.Flag`);
+  declared with :class:`resnmt.options.Option`);
 * :mod:`~resnmt.connections.norms`: ``--normalization``, every norm a kind or a stack owns;
 * :mod:`~resnmt.connections.base`: :class:`SublayerConnection`, what every kind
   is, and the forms several kinds share;

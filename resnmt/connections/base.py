@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from resnmt.connections.spec import CONNECTION_CLASSES, ConnectionSpec, Statistic
 from resnmt.connections.streams import ResidualStream
-from resnmt.flags import Flag
+from resnmt.options import Option
 
 # roles of the projections a layer hands to ``initialize_sublayer``
 QUERY, KEY, VALUE, OUTPUT, FFN_IN, FFN_OUT = "query", "key", "value", "output", "ffn_in", "ffn_out"
@@ -46,7 +46,7 @@ class SublayerConnection(nn.Module):
     * ``kind``, ``equation``, ``note``, ``source``: its ``--residual`` name, its output
       as a formula (and a few words more), the paper; ``--residual``'s help and the
       kind tables (``python -m resnmt.cli.kind_table``) are made of them;
-    * ``flags``: its :class:`~resnmt.flags.Flag` s (shared flags are the same
+    * ``flags``: its :class:`~resnmt.options.Option` s (shared flags are the same
       object in several kinds);
     * ``final_norm``: the stack ends with a norm (pre-LN);
     * ``statistics``: the :class:`Statistic` s :meth:`measure` returns;
@@ -69,7 +69,7 @@ class SublayerConnection(nn.Module):
     equation: ClassVar[str]
     note: ClassVar[str] = ""
     source: ClassVar[str]
-    flags: ClassVar[Tuple[Flag, ...]] = ()
+    flags: ClassVar[Tuple[Option, ...]] = ()
     final_norm: ClassVar[bool] = False
     statistics: ClassVar[Tuple[Statistic, ...]] = ()
     arch_family: ClassVar[Optional[str]] = None

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from resnmt.connections.classic import PostLNConnection, PreLNConnection
 from resnmt.connections.spec import ConnectionSpec, register_connection
 from resnmt.connections.streams import DenseFormerStream, DLCLStream, ResiDualStream, ResidualStream
-from resnmt.flags import Flag, positive_float, positive_int
+from resnmt.options import Option
 
 
 @register_connection
@@ -29,9 +29,9 @@ class B2TConnection(PostLNConnection):
     note = "post-LN; a layer's last LN also takes the layer's input x₀"
     source = "B2T, Takase et al. 2023, arXiv:2206.00330"
     flags = (
-        Flag("b2t_rescale_init", False, switch=True, owners_only=True,
-             help="b2t: scale every attention and FFN projection's initial weights by L^-0.5, L the side's "
-             "layers (the B2T paper's rescaling for deep stacks) (default: fairseq's init)"),
+        Option("b2t_rescale_init", False, kind="switch", owners_only=True,
+               help="b2t: scale every attention and FFN projection's initial weights by L^-0.5, L the side's "
+               "layers (the B2T paper's rescaling for deep stacks) (default: fairseq's init)"),
     )
     arch_family = "b2t"
     adds_layer_input: torch.jit.Final[bool]
@@ -61,10 +61,10 @@ class B2TConnection(PostLNConnection):
 
 
 RESI_DUAL_FLAGS = (
-    Flag("resi_dual_scale", 1.0, check=positive_float, metavar="S",
-         help="resi_dual: scale s of the dual stream, d_0 = s*x_0, d_{k+1} = d_k + s*F_k (default: 1, the paper's)"),
-    Flag("resi_dual_alpha", 1.0, check=float, metavar="A",
-         help="resi_dual: the stack's output alpha*x_N + LN(d_N) (default: 1, the paper's)"),
+    Option("resi_dual_scale", 1.0, kind="number", above=0, metavar="S",
+           help="resi_dual: scale s of the dual stream, d_0 = s*x_0, d_{k+1} = d_k + s*F_k (default: 1, the paper's)"),
+    Option("resi_dual_alpha", 1.0, kind="number", metavar="A",
+           help="resi_dual: the stack's output alpha*x_N + LN(d_N) (default: 1, the paper's)"),
 )
 
 
@@ -91,8 +91,8 @@ def stream_norms(dim: int, spec: ConnectionSpec):
     return [spec.norm(dim) for _ in range(spec.layers)]
 
 
-DLCL_WINDOW = Flag(
-    "dlcl_window", None, check=positive_int, metavar="N",
+DLCL_WINDOW = Option(
+    "dlcl_window", None, kind="int", above=0, metavar="N",
     help="dlcl/dlcl_post: each layer combines only the N most recent of the earlier layers' outputs "
     "(the embedding counts as one) (default: all of them, the DLCL paper's)",
 )

@@ -20,7 +20,7 @@ from resnmt.connections.base import (
     per_position,
 )
 from resnmt.connections.spec import ConnectionSpec, Statistic, register_connection
-from resnmt.flags import Flag
+from resnmt.options import Option
 
 
 def deepnorm_constants(side: str, encoder_layers: int, decoder_layers: int) -> Tuple[float, float]:
@@ -114,10 +114,11 @@ class AdminConnection(ScaledSkipConnection):
     note = "ω learned, initialised from the depth"
     source = "Admin, Liu et al. 2020, arXiv:2004.08249"
     flags = (
-        Flag("admin_output_change_scale", "O(logn)", choices=ADMIN_OUTPUT_CHANGE_SCALES, metavar="SCALE",
-             help="Admin's target output change at init, which sets omega0 for n residual sublayers "
-             "(2N encoder, 3M decoder): O(logn) = sqrt((n+1)/ln(n+1)-1) (admin-torch's default), "
-             "O(n) = 1 (post-LN), O(1) = sqrt(n) (default: O(logn))"),
+        Option("admin_output_change_scale", "O(logn)", kind="choice", choices=ADMIN_OUTPUT_CHANGE_SCALES,
+               metavar="SCALE",
+               help="Admin's target output change at init, which sets omega0 for n residual sublayers "
+               "(2N encoder, 3M decoder): O(logn) = sqrt((n+1)/ln(n+1)-1) (admin-torch's default), "
+               "O(n) = 1 (post-LN), O(1) = sqrt(n) (default: O(logn))"),
     )
     statistics = (
         SKIP_RATIO,

@@ -36,7 +36,7 @@ from resnmt.connections.base import SublayerConnection
 from resnmt.connections.classic import PreLNConnection
 from resnmt.connections.norms import DEFAULT_DYT_ALPHA, DEFAULT_NORMALIZATION, build_norm
 from resnmt.connections.spec import ConnectionConfigError, ConnectionSpec, register_connection
-from resnmt.flags import Flag
+from resnmt.options import Option
 
 
 def mix_ln_post_layers(layers: int, fraction: float) -> int:
@@ -58,9 +58,9 @@ class MixLNConnection(SublayerConnection):
     note = "α = --mix-ln-fraction; a final LN after each stack"
     source = "Mix-LN, Li et al., ICLR 2025, arXiv:2412.13795"
     flags = (
-        Flag("mix_ln_fraction", 0.25, check=float, metavar="A",
-             help="mix_ln: the lowest int(A*L) layers of each stack (L its layers) are post-LN, the others "
-             "pre-LN; 0 <= A <= 1 (default: 0.25, the Mix-LN paper's)"),
+        Option("mix_ln_fraction", 0.25, kind="number", metavar="A",
+               help="mix_ln: the lowest int(A*L) layers of each stack (L its layers) are post-LN, the others "
+               "pre-LN; 0 <= A <= 1 (default: 0.25, the Mix-LN paper's)"),
     )
     final_norm = True
     arch_family = "mix_ln"
@@ -135,9 +135,9 @@ class HybridNormConnection(SublayerConnection):
     note = "Q, K, V normalized per head (self and cross); a final LN after each stack"
     source = "HybridNorm, Zhuo et al., NeurIPS 2025, arXiv:2503.04598"
     flags = (
-        Flag("hybrid_norm_star", False, switch=True, owners_only=True,
-             help="hybrid_norm: HybridNorm*, the first layer of each stack with pre-LN attention input "
-             "and a pre-LN FFN (default: every layer alike)"),
+        Option("hybrid_norm_star", False, kind="switch", owners_only=True,
+               help="hybrid_norm: HybridNorm*, the first layer of each stack with pre-LN attention input "
+               "and a pre-LN FFN (default: every layer alike)"),
     )
     final_norm = True
     arch_family = "hybrid_norm"

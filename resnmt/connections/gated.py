@@ -8,8 +8,8 @@ from torch import Tensor, nn
 
 from resnmt.connections.base import SublayerConnection
 from resnmt.connections.spec import ConnectionConfigError, ConnectionSpec, Statistic, register_connection
-from resnmt.flags import Flag, positive_int
 from resnmt.fused import fused_sas_output, require_compile
+from resnmt.options import Option
 
 SAS_GATE_FORMS = ("two_layer", "single_layer")
 SAS_GAMMA_FORMS = ("product", "gate")
@@ -99,21 +99,21 @@ class SASConnection(SublayerConnection):
     note = "α, β learned gates, γ = (1-α)(1-β) (--sas-gamma gate: a third gate)"
     source = "SAS eq.3/4"
     flags = (
-        Flag("sas_gate", "two_layer", choices=SAS_GATE_FORMS,
-             help="SAS gate S(x,F): two_layer = tanh([x;F] W_f + b_f) W_ff + b_ff (paper); "
-             "single_layer = [x;F] W + b (paper's ablation) (default: two_layer)"),
-        Flag("sas_gamma", "product", choices=SAS_GAMMA_FORMS,
-             help="SAS weight of LN(x+F): product = (1-alpha)(1-beta) (paper eq. 4, default) or "
-             "gate = a third gate sigmoid(S_gamma) (paper eq. 3)"),
-        Flag("sas_gate_dim", None, check=positive_int, metavar="N",
-             help="hidden size of the two-layer SAS gates (default: the model dimension h, as in the paper; "
-             "e.g. 64 cuts the gates' cost ~8x at d=512)"),
-        Flag("sas_alpha_bias_init", 0.0, check=float, metavar="B",
-             help="initial output bias b_ff of the alpha (skip) gate (default: 0; the paper's image models used +3)"),
-        Flag("sas_beta_bias_init", 0.0, check=float, metavar="B",
-             help="initial output bias b_ff of the beta (residual) gate (default: 0; the paper's image models used -3)"),
-        Flag("sas_gamma_bias_init", 0.0, check=float, metavar="B",
-             help="initial output bias of the gamma gate with --sas-gamma gate (default: 0)"),
+        Option("sas_gate", "two_layer", kind="choice", choices=SAS_GATE_FORMS,
+               help="SAS gate S(x,F): two_layer = tanh([x;F] W_f + b_f) W_ff + b_ff (paper); "
+               "single_layer = [x;F] W + b (paper's ablation) (default: two_layer)"),
+        Option("sas_gamma", "product", kind="choice", choices=SAS_GAMMA_FORMS,
+               help="SAS weight of LN(x+F): product = (1-alpha)(1-beta) (paper eq. 4, default) or "
+               "gate = a third gate sigmoid(S_gamma) (paper eq. 3)"),
+        Option("sas_gate_dim", None, kind="int", above=0, metavar="N",
+               help="hidden size of the two-layer SAS gates (default: the model dimension h, as in the paper; "
+               "e.g. 64 cuts the gates' cost ~8x at d=512)"),
+        Option("sas_alpha_bias_init", 0.0, kind="number", metavar="B",
+               help="initial output bias b_ff of the alpha (skip) gate (default: 0; the paper's image models used +3)"),
+        Option("sas_beta_bias_init", 0.0, kind="number", metavar="B",
+               help="initial output bias b_ff of the beta (residual) gate (default: 0; the paper's image models used -3)"),
+        Option("sas_gamma_bias_init", 0.0, kind="number", metavar="B",
+               help="initial output bias of the gamma gate with --sas-gamma gate (default: 0)"),
     )
     statistics = (
         Statistic("sas_alpha", "sas_alpha", "SAS alpha: weight of the skip x", "mean alpha (skip weight)", True),
@@ -194,9 +194,9 @@ class HighwayConnection(SublayerConnection):
     equation = "t·F + (1-t)·x, t = σ(x W_T + b_T)"
     source = "Srivastava et al. 2015"
     flags = (
-        Flag("highway_bias_init", -2.0, check=float, metavar="B",
-             help="initial bias b_T of the highway transform gate; negative favours the skip x at the "
-             "start (default: -2)"),
+        Option("highway_bias_init", -2.0, kind="number", metavar="B",
+               help="initial bias b_T of the highway transform gate; negative favours the skip x at the "
+               "start (default: -2)"),
     )
     statistics = (
         Statistic("highway_gate", "hw_gate", "highway transform gate t (weight of F)", "mean transform gate t", True),

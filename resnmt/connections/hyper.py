@@ -55,7 +55,7 @@ from resnmt.connections.base import FFN_OUT, OUTPUT
 from resnmt.connections.classic import PreLNConnection
 from resnmt.connections.spec import ConnectionSpec, register_connection
 from resnmt.connections.streams import ResidualStream, State
-from resnmt.flags import Flag, positive_int
+from resnmt.options import Option
 
 DEFAULT_STREAMS = 4  # the expansion rate n of both papers (HC's and mHC's)
 HC_SCALE_INIT = 0.01  # s_α, s_β (HC, §2.2)
@@ -196,8 +196,8 @@ class HyperStream(ResidualStream):
         return f"streams={self.num_streams}"
 
 
-HC_STREAMS = Flag(
-    "hc_streams", DEFAULT_STREAMS, check=positive_int, metavar="N",
+HC_STREAMS = Option(
+    "hc_streams", DEFAULT_STREAMS, kind="int", above=0, metavar="N",
     help=f"hyper/mhc: the number n of residual streams (the expansion rate) (default: {DEFAULT_STREAMS}, the papers')",
 )
 
@@ -208,7 +208,7 @@ class MultiStreamConnection(PreLNConnection):
     (``spec.sublayer_index``), and the stack's :class:`HyperStream`."""
 
     multi_stream = True
-    flags: Tuple[Flag, ...] = (HC_STREAMS,)
+    flags: Tuple[Option, ...] = (HC_STREAMS,)
 
     def __init__(self, dim: int, spec: ConnectionSpec):
         super().__init__(dim, spec)
@@ -260,12 +260,12 @@ class HyperConnection(MultiStreamConnection):
     source = "Hyper-Connections, Zhu et al., ICLR 2025, arXiv:2409.19606"
     flags = (
         HC_STREAMS,
-        Flag("hc_dynamic", False, switch=True, owners_only=True,
-             help="hyper: dynamic Hyper-Connections (DHC), A_m, A_r, B plus s*tanh(norm(H) W) per position "
-             "(default: static, SHC)"),
-        Flag("hc_no_init_scaling", False, switch=True, owners_only=True,
-             help="hyper: keep fairseq's init of the output projections (out_proj, fc2) instead of the "
-             "paper's scaling by sqrt(n) (read as a division) (default: scaled)"),
+        Option("hc_dynamic", False, kind="switch", owners_only=True,
+               help="hyper: dynamic Hyper-Connections (DHC), A_m, A_r, B plus s*tanh(norm(H) W) per position "
+               "(default: static, SHC)"),
+        Option("hc_no_init_scaling", False, kind="switch", owners_only=True,
+               help="hyper: keep fairseq's init of the output projections (out_proj, fc2) instead of the "
+               "paper's scaling by sqrt(n) (read as a division) (default: scaled)"),
     )
     arch_family = "hyper"
 

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from resnmt.connections.hyper import DEFAULT_STREAMS, HC_STREAMS, MultiStreamConnection, StreamConnection
 from resnmt.connections.spec import ConnectionConfigError, ConnectionSpec, register_connection
-from resnmt.flags import Flag, positive_int
+from resnmt.options import Option
 
 MHC_ALPHA_INIT = 0.01  # α_pre, α_post, α_res (mHC, Table 5)
 MHC_INIT_LEAK = 0.01  # ε of mHC's initial H_pre and H_res (ours: the paper leaves it open)
@@ -141,9 +141,9 @@ class ManifoldHyperConnectionKind(MultiStreamConnection):
     source = "mHC, DeepSeek 2025, arXiv:2512.24880"
     flags = (
         HC_STREAMS,
-        Flag("mhc_sinkhorn_iterations", DEFAULT_SINKHORN_ITERATIONS, check=positive_int, metavar="T",
-             help=f"mhc: Sinkhorn-Knopp iterations projecting H_res (default: {DEFAULT_SINKHORN_ITERATIONS}, "
-             "the paper's)"),
+        Option("mhc_sinkhorn_iterations", DEFAULT_SINKHORN_ITERATIONS, kind="int", above=0, metavar="T",
+               help=f"mhc: Sinkhorn-Knopp iterations projecting H_res (default: {DEFAULT_SINKHORN_ITERATIONS}, "
+               "the paper's)"),
     )
     arch_family = "mhc"
 

@@ -20,10 +20,25 @@ import torch
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
+from resnmt.options import Option
+
 NORMALIZATIONS: Tuple[str, ...] = ("layer_norm", "rms_norm", "dyt")
 DEFAULT_NORMALIZATION = "layer_norm"
 DEFAULT_DYT_ALPHA = 0.5
 EPS = 1e-5  # fairseq's LayerNorm eps, used by RMSNorm too
+
+# the normalization's model flags (resnmt.models.options puts them on fairseq's parser)
+NORMALIZATION = Option(
+    "normalization", DEFAULT_NORMALIZATION, kind="choice", choices=NORMALIZATIONS, metavar="NORM",
+    help="every normalization the connections and the stacks own: layer_norm (fairseq's LayerNorm), "
+    "rms_norm (x/sqrt(mean(x^2)+eps)*g, Zhang and Sennrich 2019) or dyt (g*tanh(a*x)+b, a a learned "
+    "scalar, Zhu et al. 2025); kinds without a normalization (xskip, highway, rezero) refuse a change "
+    f"(default: {DEFAULT_NORMALIZATION})",
+)
+DYT_ALPHA_INIT = Option(
+    "dyt_alpha_init", DEFAULT_DYT_ALPHA, kind="number", above=0, metavar="A",
+    help=f"initial alpha of every DyT with --normalization dyt (default: {DEFAULT_DYT_ALPHA:g}, the DyT paper's)",
+)
 
 
 class DynamicTanh(nn.Module):

@@ -8,15 +8,15 @@ from torch import Tensor, nn
 from resnmt.connections.base import SKIP_RATIO, ScaledSkipConnection, SublayerConnection, layer_norm_sigma
 from resnmt.connections.norms import is_layer_norm
 from resnmt.connections.spec import ConnectionConfigError, ConnectionSpec, Statistic, register_connection
-from resnmt.flags import Flag, positive_float
+from resnmt.options import Option
 
-SKIP_LAMBDA = Flag(
-    "skip_lambda", 2.0, check=positive_float, metavar="LAMBDA",
+SKIP_LAMBDA = Option(
+    "skip_lambda", 2.0, kind="number", above=0, metavar="LAMBDA",
     help="skip scale: the real lambda > 0 of xskip/xskip_ln (lambda*x), or the integer lambda >= 1 of "
     "rskip_ln (number of LNs; 1 is post_ln) (default: 2, the rSkip paper's best)",
 )
-SKIP_LAMBDA_LEARNED = Flag(
-    "skip_lambda_learned", False, switch=True, owners_only=True,
+SKIP_LAMBDA_LEARNED = Option(
+    "skip_lambda_learned", False, kind="switch", owners_only=True,
     hint=" (a real lambda; rskip_ln's lambda is an integer count of LayerNorms)",
     help="xskip/xskip_ln: learn lambda as a per-dimension vector initialised to --skip-lambda "
     "(the rSkip paper's learned-lambda variant, LN(w*x+F)) (default: a fixed scalar)",

@@ -1,7 +1,7 @@
 """The connection kinds' registry and one side's resolved, validated spec.
 
 This is the flag/spec layer of the connections, apart from their ``nn`` code: what a kind
-declares beside its equation (its :class:`~resnmt.flags.Flag` s, the
+declares beside its equation (its :class:`~resnmt.options.Option` s, the
 :class:`Statistic` s it measures), the registry that maps ``--residual`` names to kind
 classes (:func:`register_connection`), and :class:`ConnectionSpec`, everything one side's
 connections are built from, checked once, when it is made.
@@ -11,8 +11,14 @@ from typing import Any, Dict, Mapping, Type
 
 from torch import nn
 
-from resnmt.connections.norms import DEFAULT_DYT_ALPHA, DEFAULT_NORMALIZATION, NORMALIZATIONS, build_norm
-from resnmt.flags import Flag
+from resnmt.connections.norms import (
+    DEFAULT_DYT_ALPHA,
+    DEFAULT_NORMALIZATION,
+    DYT_ALPHA_INIT,
+    NORMALIZATION,
+    build_norm,
+)
+from resnmt.options import Option
 
 SIDES = ("encoder", "decoder")
 
@@ -38,7 +44,7 @@ class Statistic:
 # ---------------------------------------------------------------------------- the registry
 
 CONNECTION_CLASSES: Dict[str, Type[nn.Module]] = {}  # --residual name -> kind class, in registration order
-CONNECTION_FLAGS: Dict[str, Flag] = {}  # dest -> flag, over every registered kind
+CONNECTION_FLAGS: Dict[str, Option] = {}  # dest -> flag, over every registered kind
 
 
 def register_connection(cls):
@@ -48,7 +54,7 @@ def register_connection(cls):
     for flag in cls.flags:
         known = CONNECTION_FLAGS.setdefault(flag.dest, flag)
         if known is not flag:
-            raise ValueError(f"{flag.option} is declared twice with different definitions")
+            raise ValueError(f"{flag.flag} is declared twice with different definitions")
     CONNECTION_CLASSES[cls.kind] = cls
     return cls
 
@@ -223,17 +229,17 @@ def check_connection_spec(spec: ConnectionSpec) -> None:
     if spec.side not in SIDES:
         raise ConnectionConfigError(f"connection side {spec.side!r}: choose encoder or decoder")
     cls = connection_class(spec.kind)
-    if spec.normalization not in NORMALIZATIONS:
-        raise ConnectionConfigError(
-            f"--normalization {spec.normalization!r}: choose one of {', '.join(NORMALIZATIONS)}"
-        )
+    problem = NORMALIZATION.problem(spec.normalization)
+    if problem:
+        raise ConnectionConfigError(problem)
     if spec.normalization != DEFAULT_NORMALIZATION and not cls.normalized:
         raise ConnectionConfigError(
             f"--normalization {spec.normalization} is invalid for --residual {spec.kind}: it has no normalization "
             f"to replace (kinds with one: {', '.join(k for k, c in CONNECTION_CLASSES.items() if c.normalized)})"
         )
-    if not spec.dyt_alpha_init > 0:
-        raise ConnectionConfigError(f"--dyt-alpha-init {spec.dyt_alpha_init:g} is invalid: it must be a real number > 0")
+    problem = DYT_ALPHA_INIT.problem(spec.dyt_alpha_init)
+    if problem:
+        raise ConnectionConfigError(problem)
     cls.check_spec(spec)  # the kind's own rules first: their messages name the kind
     for flag in cls.flags:
         problem = flag.problem(getattr(spec, flag.dest))
@@ -252,6 +258,6 @@ def check_flags_used(kinds, values: Mapping[str, Any]) -> None:
         if not any(flag in CONNECTION_CLASSES[kind].flags for kind in kinds):
             owners = ", ".join(k for k, c in CONNECTION_CLASSES.items() if flag in c.flags)
             raise ConnectionConfigError(
-                f"{flag.option} is invalid for --residual {'/'.join(dict.fromkeys(kinds))}: "
+                f"{flag.flag} is invalid for --residual {'/'.join(dict.fromkeys(kinds))}: "
                 f"it applies only to {owners}{flag.hint}"
             )

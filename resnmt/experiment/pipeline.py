@@ -43,15 +43,15 @@ class ExperimentRequest:
                           minimum=1)
     exclude_last: bool = option(
         False, "", "average numbered checkpoints only (without it, checkpoint_last.pt counts as the newest where "
-        "training stopped mid-epoch: the model scored is the one trained)", kind="flag")
+        "training stopped mid-epoch: the model scored is the one trained)", kind="switch")
     beam: int = option(4, "K", "beam size", kind="int", minimum=1)
     lenpen: float = option(0.6, "A", "GNMT length penalty alpha", kind="number")
     batch_size: int = option(128, "N", "decoding batch size in sentences", kind="int", minimum=1)
     gen_args: str = option("", '"A B"', 'more fairseq-generate flags (e.g. "--max-len-b 50")')
     strict: bool = option(False, "", "exit status 1 when the score is flagged as meaningless (the warning "
-                          "after it), for scripts", kind="flag")
+                          "after it), for scripts", kind="switch")
     verbose: bool = option(False, "", "print fairseq's configuration and model dumps too (train.log keeps "
-                           "them either way)", kind="flag")
+                           "them either way)", kind="switch")
     results: Path = option(Path("runs/results.jsonl"), "FILE", "JSON lines file of all runs", kind="path")
     # torch threads of its training and decoding (None: torch's default; the demo sets it)
     threads: Optional[int] = option(None, "N", "torch threads", kind="int", minimum=1)

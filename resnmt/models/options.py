@@ -1,17 +1,18 @@
-"""The model flags of ``resnmt_transformer``, each declared once as a :class:`~resnmt.flags.Flag`.
+"""The model flags of ``resnmt_transformer``, each declared once as a :class:`~resnmt.options.Option`.
 
 The connection kinds declare their own flags on their classes
 (:mod:`resnmt.connections`); this module declares the rest (the kind of each
-side, the normalization, the FFN activation, the fused path) in the same way, and puts
+side, the FFN activation, the fused path; the normalization's, ``--normalization`` and
+``--dyt-alpha-init``, beside the norms in :mod:`resnmt.connections.norms`) in the same way, and puts
 them all on fairseq's parser. No flag gets an argparse default (fairseq parses model
 flags with ``argparse.SUPPRESS``): :func:`resnmt.models.model_spec.resolve_model` reads
-each one with :meth:`Flag.read`, so a configuration without a flag (a checkpoint older
+each one with :meth:`Option.read`, so a configuration without a flag (a checkpoint older
 than it) gets the flag's default.
 """
 from resnmt.activations.normalized import KINDS, PAPER, SIDES, STATS_MODES, ActivationSpec
 from resnmt.connections import CONNECTION_CLASSES, CONNECTION_FLAGS, CONNECTION_KINDS
-from resnmt.connections.norms import DEFAULT_DYT_ALPHA, DEFAULT_NORMALIZATION, NORMALIZATIONS
-from resnmt.flags import Flag, positive_float
+from resnmt.connections.norms import DYT_ALPHA_INIT, NORMALIZATION
+from resnmt.options import Option
 
 
 def residual_help() -> str:
@@ -20,26 +21,15 @@ def residual_help() -> str:
     return f"connection of every sublayer: {kinds} (default: the arch's, post_ln)"
 
 
-RESIDUAL = Flag("residual", "post_ln", choices=CONNECTION_KINDS, metavar="KIND", help=residual_help())
+RESIDUAL = Option("residual", "post_ln", kind="choice", choices=CONNECTION_KINDS, metavar="KIND", help=residual_help())
 SIDE_RESIDUAL = {
-    side: Flag(f"{side}_residual", None, choices=CONNECTION_KINDS, metavar="KIND",
-               help=f"connection of the {side}'s sublayers (default: --residual; pre_ln with "
-               f"fairseq's --{side}-normalize-before)")
+    side: Option(f"{side}_residual", None, kind="choice", choices=CONNECTION_KINDS, metavar="KIND",
+                 help=f"connection of the {side}'s sublayers (default: --residual; pre_ln with "
+                 f"fairseq's --{side}-normalize-before)")
     for side in SIDES
 }
-NORMALIZATION = Flag(
-    "normalization", DEFAULT_NORMALIZATION, choices=NORMALIZATIONS, metavar="NORM",
-    help="every normalization the connections and the stacks own: layer_norm (fairseq's LayerNorm), "
-    "rms_norm (x/sqrt(mean(x^2)+eps)*g, Zhang and Sennrich 2019) or dyt (g*tanh(a*x)+b, a a learned "
-    "scalar, Zhu et al. 2025); kinds without a normalization (xskip, highway, rezero) refuse a change "
-    f"(default: {DEFAULT_NORMALIZATION})",
-)
-DYT_ALPHA_INIT = Flag(
-    "dyt_alpha_init", DEFAULT_DYT_ALPHA, check=positive_float, metavar="A",
-    help=f"initial alpha of every DyT with --normalization dyt (default: {DEFAULT_DYT_ALPHA:g}, the DyT paper's)",
-)
-FUSED_CONNECTIONS = Flag(
-    "fused_connections", False, switch=True,
+FUSED_CONNECTIONS = Option(
+    "fused_connections", False, kind="switch",
     help="compile SAS's combination (gate sigmoids, LN(x+F), alpha*x+beta*F+gamma*LN(x+F)) and "
     "NReLU/NSwish (statistics, normalization, output) with torch.compile (dynamic shapes: "
     "no recompilation per batch shape); same results as the eager path within float "
@@ -51,40 +41,40 @@ FUSED_CONNECTIONS = Flag(
 # ActivationSpec field -> its flag; the defaults are the spec's own
 _spec = ActivationSpec
 ACTIVATION_FLAGS = {
-    "kind": Flag(
-        "normalized_activation", _spec.kind, choices=KINDS, metavar="{nrelu,nswish}",
+    "kind": Option(
+        "normalized_activation", _spec.kind, kind="choice", choices=KINDS, metavar="{nrelu,nswish}",
         help=f"FFN activation normalized as in {PAPER}: 2*sigmoid(omega)*lambda*(f(h)-E[f(h)]) "
         "with f = ReLU (nrelu) or Swish (nswish), lambda**2 = (1/rho + 1/rho')/2, "
         "rho = Var[f(h)]/Var[h], rho' = fraction of positive h. Replaces --activation-fn "
         "in every FFN (see --encoder/decoder-unnormalized-top-layers). "
         "Unset: the plain --activation-fn",
     ),
-    "stats": Flag(
-        "normalized_activation_stats", _spec.stats, choices=STATS_MODES, metavar="{instance,batch}",
+    "stats": Option(
+        "normalized_activation_stats", _spec.stats, kind="choice", choices=STATS_MODES, metavar="{instance,batch}",
         help="where mu, rho, rho' come from: 'instance' = per token over the FFN hidden "
         "features, no running state (the paper's Transformer setting); "
         "'batch' = over all real (non-padding) tokens of the mini-batch, kept as "
         f"momentum estimates used at evaluation (default: {_spec.stats})",
     ),
-    "momentum": Flag(
-        "normalized_activation_momentum", _spec.momentum, check=float, metavar="M",
+    "momentum": Option(
+        "normalized_activation_momentum", _spec.momentum, kind="number", metavar="M",
         help=f"batch stats only: r <- m_n*r + (1-m_n)*r_batch with m_n = min(M, 1-1/n) at "
         f"the n-th update ({PAPER}, eq. 16-18); in [0, 1); default {_spec.momentum}. Note: M "
         "weights the history (PyTorch BatchNorm's momentum is 1-M)",
     ),
-    "clamp_min": Flag(
-        "normalized_activation_clamp_min", _spec.clamp_min, check=float, metavar="LO",
+    "clamp_min": Option(
+        "normalized_activation_clamp_min", _spec.clamp_min, kind="number", metavar="LO",
         help=f"lower bound for rho and rho' (the paper's bounds against abnormal values): "
         f"bounds lambda <= 1/sqrt(LO); > 0; default {_spec.clamp_min}",
     ),
-    "clamp_max": Flag(
-        "normalized_activation_clamp_max", _spec.clamp_max, check=float, metavar="HI",
+    "clamp_max": Option(
+        "normalized_activation_clamp_max", _spec.clamp_max, kind="number", metavar="HI",
         help="upper bound for rho and rho' (rho' <= 1; rho <= 1 for ReLU, <= 1.21 for "
         f"Swish, so the default {_spec.clamp_max} only catches numerical garbage); > LO",
     ),
     **{
-        f"{side}_unnormalized_top_layers": Flag(
-            f"{side}_unnormalized_top_layers", getattr(_spec, f"{side}_unnormalized_top_layers"), check=int,
+        f"{side}_unnormalized_top_layers": Option(
+            f"{side}_unnormalized_top_layers", getattr(_spec, f"{side}_unnormalized_top_layers"), kind="int",
             metavar="K",
             help=f"the top K {side} FFNs keep the unnormalized activation (ReLU for nrelu, "
             f"Swish for nswish): the paper's 'NSwish+kSwish' (NSwish in every FFN "

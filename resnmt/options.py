@@ -1,0 +1,185 @@
+"""How resnmt declares an option: one :class:`Option` for a model flag and a command's option alike.
+
+An option is declared once, where the thing it configures is defined: a connection kind's
+flags on its class (``flags``), the model-wide flags (``--residual``, ``--normalization``,
+the FFN activation's) in :mod:`resnmt.models.options`, a pipeline command's options as
+the fields of its request (:mod:`resnmt.experiment.presets`, :mod:`resnmt.experiment.pipeline`,
+made with :func:`resnmt.experiment.options.option`). The declaration holds the kind of
+value (:data:`KINDS`: a switch, an integer or a real number with its bound, a choice, a
+path, a string), the default, the metavar and the help; from it come
+
+* the value check (:meth:`Option.check`), one for every option: the same words ("must be
+  an integer >= 1", "is not one of: ...") wherever a value is refused;
+* a model flag's argparse argument (:meth:`Option.add_to`), added without a default:
+  fairseq parses model flags with ``argparse.SUPPRESS``, so an unset flag is absent from
+  ``args`` and whoever reads it takes :attr:`Option.default` (:meth:`Option.read`);
+* the refusal of a value built in Python (:meth:`Option.problem`);
+* a command's dataclass field (:meth:`Option.field`), whose value the request converts
+  with :meth:`Option.convert`.
+
+Depends on nothing but the standard library.
+"""
+import argparse
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence, Tuple
+
+KINDS = ("switch", "int", "number", "choice", "path", "str")
+_INTEGER_RE = re.compile(r"[+-]?\d+")
+
+
+def shown(value: Any) -> str:
+    """A value as a model flag's error shows it: strings quoted, floats as %g."""
+    return repr(value) if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _bound(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def allowed(kind: str, minimum: Optional[float] = None, above: Optional[float] = None) -> str:
+    """What an ``int`` or ``number`` option takes: "an integer >= 1", "a real number > 0", ..."""
+    what = "an integer" if kind == "int" else "a real number"
+    if minimum is not None:
+        return f"{what} >= {_bound(minimum)}"
+    return f"{what} > {_bound(above)}" if above is not None else what
+
+
+def bounded(kind: str, value: Any, minimum: Optional[float] = None, above: Optional[float] = None):
+    """``value`` (a number, or its text) as an int (``kind`` "int") or a finite float within the
+    bound, else a ValueError "'VALUE': must be ALLOWED" (without the flag: the caller names it)."""
+    result = None
+    if not isinstance(value, bool):
+        if kind == "int":
+            if isinstance(value, int):
+                result = value
+            elif isinstance(value, str) and _INTEGER_RE.fullmatch(value.strip()):
+                result = int(value)
+        else:
+            try:
+                result = float(value)
+            except (TypeError, ValueError):
+                pass
+            if result is not None and not math.isfinite(result):
+                result = None
+    if result is None or (minimum is not None and result < minimum) or (above is not None and not result > above):
+        raise ValueError(f"'{value}': must be {allowed(kind, minimum, above)}")
+    return result
+
+
+def one_of(value: Any, choices: Sequence[str]):
+    """``value`` if it is one of ``choices``, else a ValueError "'VALUE' is not one of: A B"."""
+    if value not in choices:
+        raise ValueError(f"'{value}' is not one of: {' '.join(choices)}")
+    return value
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: ``--sas-gate-dim`` for ``dest`` sas_gate_dim (a command's field name fills
+    ``dest`` when its request is read: :func:`field_options`).
+
+    ``kind`` is one of :data:`KINDS`; an ``int`` or ``number`` may be bounded below,
+    ``minimum`` (>=) or ``above`` (>); a ``choice`` takes one of ``choices``.
+    ``owners_only`` (a connection kind's flag): setting it with a connection kind that does
+    not declare it is an error (``hint`` says why).
+    """
+
+    dest: str = ""
+    default: Any = None
+    help: str = ""
+    kind: str = "str"
+    minimum: Optional[float] = None
+    above: Optional[float] = None
+    choices: Tuple[str, ...] = ()
+    metavar: Optional[str] = None
+    owners_only: bool = False
+    hint: str = ""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"option kind {self.kind!r}: choose one of {', '.join(KINDS)}")
+        object.__setattr__(self, "choices", tuple(self.choices))
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+    @property
+    def allowed(self) -> str:
+        return allowed(self.kind, self.minimum, self.above)
+
+    def check(self, value: Any) -> Any:
+        """``value`` (command-line text or a typed value) checked and converted as declared,
+        else a ValueError naming the value and what is allowed (not the flag)."""
+        if self.kind in ("int", "number"):
+            return bounded(self.kind, value, self.minimum, self.above)
+        if self.kind == "choice":
+            return one_of(value, self.choices)
+        if self.kind == "path":
+            return Path(value)
+        if self.kind == "switch":
+            return bool(value)
+        return value
+
+    # ------------------------------------------------------------------ as a model flag
+
+    def add_to(self, parser) -> None:
+        """Add the flag to ``parser`` without a default (fairseq's model flags are SUPPRESSed)."""
+        if self.kind == "switch":
+            parser.add_argument(self.flag, action="store_true", help=self.help)
+            return
+        kwargs = dict(help=self.help)
+        if self.kind in ("int", "number"):
+            kwargs["type"] = self._argparse_type
+        if self.kind == "choice":
+            kwargs["choices"] = self.choices  # argparse's own words, which name the closest choices
+        if self.metavar is not None:
+            kwargs["metavar"] = self.metavar
+        parser.add_argument(self.flag, **kwargs)
+
+    def _argparse_type(self, text: str):
+        try:
+            return self.check(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be {self.allowed}") from None
+
+    def read(self, args) -> Any:
+        """The flag's value in ``args`` (a namespace or config), or its default where unset."""
+        value = getattr(args, self.dest, None)
+        return self.default if value is None else value
+
+    def problem(self, value: Any) -> Optional[str]:
+        """What the command line would refuse in ``value`` (a value built in Python), or None."""
+        if value is None:
+            return None
+        try:
+            self.check(value)
+        except ValueError:
+            if self.kind == "choice":
+                return f"{self.flag} {value!r}: choose one of {', '.join(self.choices)}"
+            return f"{self.flag} {shown(value)} is invalid: it must be {self.allowed}"
+        return None
+
+    # ------------------------------------------------------------------ as a command's option
+
+    def field(self):
+        """The dataclass field of a command's request: this option's default, and the option."""
+        return dataclasses.field(default=self.default, metadata={"option": self})
+
+    def convert(self, value: Any) -> Any:
+        """:meth:`check`, its ValueError naming the flag: "--flag 'VALUE': must be ..."."""
+        try:
+            return self.check(value)
+        except ValueError as e:
+            raise ValueError(f"{self.flag} {e}") from None
+
+
+def field_options(cls) -> Tuple[Option, ...]:
+    """The options of the dataclass ``cls`` (fields made with :meth:`Option.field`), each with
+    its field's name as ``dest``, in declaration order."""
+    return tuple(dataclasses.replace(f.metadata["option"], dest=f.name)
+                 for f in dataclasses.fields(cls) if "option" in f.metadata)
