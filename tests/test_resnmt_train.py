@@ -8,7 +8,7 @@ from model_utils import TINY
 from resnmt.connections import CONNECTION_FLAGS
 from resnmt.models.model_spec import resolve_model
 
-RESNMT_FLAGS = [*(flag.option for flag in CONNECTION_FLAGS.values()),
+RESNMT_FLAGS = [*(flag.flag for flag in CONNECTION_FLAGS.values()),
     "--residual", "--encoder-residual", "--decoder-residual", "--skip-lambda", "--sas-gate", "--sas-gamma",
     "--sas-gate-dim", "--sas-alpha-bias-init", "--sas-beta-bias-init", "--sas-gamma-bias-init",
     "--highway-bias-init", "--normalized-activation", "--normalized-activation-stats",
