@@ -1,0 +1,84 @@
+"""resnmt.options: one Option declaration gives a model flag, a spec check and a command's field,
+which refuse a value with the same words."""
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from resnmt.options import Option, field_options
+
+
+def parse_error(option: Option, argv, capsys) -> str:
+    parser = argparse.ArgumentParser(prog="p", argument_default=argparse.SUPPRESS)
+    option.add_to(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(argv)
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("option, text, typed, allowed", [
+    (Option("sas_gate_dim", None, kind="int", above=0), "0", 0, "an integer > 0"),
+    (Option("skip_lambda", 2.0, kind="number", above=0), "-1", -1.0, "a real number > 0"),
+    (Option("beam", 4, kind="int", minimum=1), "0", 0, "an integer >= 1"),
+    (Option("lenpen", 0.6, kind="number", minimum=0), "-0.1", -0.1, "a real number >= 0"),
+])
+def test_one_check_same_words_as_flag_spec_and_command(option, text, typed, allowed, capsys):
+    assert parse_error(option, [option.flag, text], capsys) == \
+        f"p: error: argument {option.flag}: invalid value '{text}': must be {allowed}"
+    assert option.problem(typed) == f"{option.flag} {typed:g} is invalid: it must be {allowed}"
+    with pytest.raises(ValueError, match=rf"^{option.flag} '{text}': must be {allowed}$"):
+        option.convert(text)
+
+
+@pytest.mark.parametrize("kind, text", [("int", "2.5"), ("int", "two"), ("int", "True"), ("number", "nan"),
+                                        ("number", "inf"), ("number", "x")])
+def test_not_a_number_is_refused(kind, text):
+    with pytest.raises(ValueError, match=rf"^--n '{text}': must be an? "):
+        Option("n", kind=kind).convert(text)
+
+
+def test_values_are_converted_to_their_kind():
+    assert Option("n", kind="int", minimum=0).convert("12") == 12
+    assert Option("n", kind="int", minimum=0).convert(3) == 3
+    assert Option("x", kind="number").convert("-2.5") == -2.5
+    assert Option("p", kind="path").convert("a/b") == Path("a/b")
+    assert Option("s", kind="switch").convert(1) is True
+    with pytest.raises(ValueError):
+        Option("n", kind="int").convert(True)  # a bool is not an integer
+
+
+def test_choice_words(capsys):
+    option = Option("sas_gate", "two_layer", kind="choice", choices=("two_layer", "single_layer"))
+    assert option.problem("three") == "--sas-gate 'three': choose one of two_layer, single_layer"
+    with pytest.raises(ValueError, match=r"^--sas-gate 'three' is not one of: two_layer single_layer$"):
+        option.convert("three")
+    assert "invalid choice: 'three'" in parse_error(option, ["--sas-gate", "three"], capsys)
+
+
+def test_a_model_flag_has_no_argparse_default_and_reads_its_own():
+    option = Option("hc_streams", 4, kind="int", above=0, metavar="N", help="streams")
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)  # as fairseq parses model flags
+    option.add_to(parser)
+    unset = parser.parse_args([])
+    assert not hasattr(unset, "hc_streams") and option.read(unset) == 4
+    assert option.read(parser.parse_args(["--hc-streams", "2"])) == 2
+    switch = Option("hc_dynamic", False, kind="switch")
+    switch.add_to(parser)
+    assert switch.read(parser.parse_args(["--hc-dynamic"])) is True
+
+
+def test_a_commands_field_is_the_same_option_named_by_the_field():
+    @dataclass
+    class Request:
+        beam: int = Option(default=4, kind="int", minimum=1, metavar="K", help="beam size").field()
+        plain: str = "not an option"
+
+    (beam,) = field_options(Request)
+    assert (beam.dest, beam.flag, beam.default, beam.metavar) == ("beam", "--beam", 4, "K")
+    assert Request().beam == 4
+
+
+def test_an_unknown_kind_is_refused():
+    with pytest.raises(ValueError, match="option kind 'float': choose one of switch, int, number, choice, path, str"):
+        Option("x", kind="float")
