@@ -153,8 +153,9 @@ class Option:
         return self.default if value is None else value
 
     def problem(self, value: Any) -> Optional[str]:
-        """What the command line would refuse in ``value`` (a value built in Python), or None."""
-        if value is None:
+        """What the command line would refuse in ``value`` (a value built in Python), or None.
+        None passes only where it is the default (the option left unset)."""
+        if value is None and self.default is None:
             return None
         try:
             self.check(value)

@@ -82,3 +82,9 @@ def test_a_commands_field_is_the_same_option_named_by_the_field():
 def test_an_unknown_kind_is_refused():
     with pytest.raises(ValueError, match="option kind 'float': choose one of switch, int, number, choice, path, str"):
         Option("x", kind="float")
+
+
+def test_none_passes_only_where_it_is_the_default():
+    assert Option("sas_gate_dim", None, kind="int", above=0).problem(None) is None
+    assert Option("dyt_alpha_init", 0.5, kind="number", above=0).problem(None) == \
+        "--dyt-alpha-init None is invalid: it must be a real number > 0"
