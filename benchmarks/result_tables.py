@@ -10,7 +10,7 @@ from collections import Counter, OrderedDict
 
 from rows import QUALITY_ROWS
 from stats import identical_noise, noise_floor
-from verdicts import PREDICTION_TARGET_DEFAULT, PREDICTION_TARGETS, pair_resolution, target_verdict
+from verdicts import PREDICTION_TARGET_DEFAULT, PREDICTION_TARGETS, RESOLVE_ROUNDS, pair_resolution, target_verdict
 
 
 def fmt_ratio(x):
@@ -248,8 +248,14 @@ MARKERS = {
 
 
 def speed_tables(records):
+    """speed.py's tables, on the CPU. On a GPU the update of these models is bound by the host,
+    and speed.py's ratios there spread by ±15 % between identical configurations: the GPU
+    numbers come from fairseq's trainer (gpu_train.py, the noise floor measured beside each
+    ratio); speed.py's GPU lines stay in speed.jsonl, out of the table."""
     groups = OrderedDict()
     for r in records:
+        if r["settings"]["device"] != "cpu":
+            continue
         key = (r["settings"]["device"], r["size"]["name"], r["settings"].get("dtype", "fp32"))
         groups.setdefault(key, []).append(r)
     parts = []
@@ -291,29 +297,50 @@ def speed_tables(records):
     return "\n".join(parts) if parts else "_no speed results yet_"
 
 
-GLANCE_ROWS = ("pre_ln", "rskip_ln (λ=2)", "deepnorm", "sas (gate h)", "sas (gate 64)", "nswish vs swish")
-GLANCE_GROUPS = (("cpu", "fp32", "CPU"), ("cuda", "bf16", "GPU bf16"))
+# the glance's rows: speed.py's row name -> gpu_train.py's configuration of the same kind
+GLANCE_ROWS = {"pre_ln": "pre_ln", "rskip_ln (λ=2)": "rskip_ln", "deepnorm": "deepnorm", "sas (gate h)": "sas",
+               "sas (gate 64)": "sas_gate64", "nswish vs swish": "nswish"}
+GLANCE_GPU_TOKENS = 4096
 
 
-def speed_glance(records, rows=GLANCE_ROWS, groups=GLANCE_GROUPS):
-    """Speed at a glance: a few rows of the speed tables (the latest run that measured each
-    row, per device and dtype), training and decoding throughput and peak memory as ratios
-    to the row's reference."""
+def gpu_glance_ratios(gpu_records, tokens=GLANCE_GPU_TOKENS) -> dict:
+    """{gpu_train configuration: its latest training ratio to its reference in bf16 at
+    ``tokens``}, only where that ratio is measured over RESOLVE_ROUNDS rounds or more beside a
+    measured noise floor (fewer rounds, or none beside it, resolve nothing on a GPU)."""
+    ratios = {}
+    for r in gpu_records:
+        if (r.get("kind") == "row" and r.get("dtype") == "bf16" and r.get("max_tokens") == tokens
+                and r.get("ratio") is not None and r.get("rounds", 0) >= RESOLVE_ROUNDS
+                and r.get("noise_floor") is not None):
+            ratios[r["config"]] = (r["ratio"], r["noise_floor"], r.get("device", "GPU"))
+    return ratios
+
+
+def speed_glance(records, gpu_records=(), rows=GLANCE_ROWS):
+    """Speed at a glance: a few rows of the CPU speed table (the latest run that measured each
+    row): training and decoding throughput and peak memory as ratios to the row's reference;
+    and each row's training ratio on a GPU through fairseq's trainer, where one is resolved
+    (:func:`gpu_glance_ratios`)."""
     latest = {}
     for r in sorted(records, key=lambda r: r["run_id"]):
-        latest[(r["settings"]["device"], r["settings"].get("dtype", "fp32"), r["row"])] = r
-    present = [g for g in groups if any((g[0], g[1], row) in latest for row in rows)]
-    if not present:
+        if r["settings"]["device"] == "cpu":
+            latest[r["row"]] = r
+    if not any(row in latest for row in rows):
         return "_no speed results yet_"
-    head = " | ".join(f"{name} train | {name} decode | {name} memory" for _, _, name in present)
-    lines = [f"| row (ratio to its reference) | {head} |", "|---|" + "---:|" * (3 * len(present))]
-    for row in rows:
-        cells = []
-        for device, dtype, _ in present:
-            r = latest.get((device, dtype, row))
-            cells += ([f"{r[k]['median']:.2f}" for k in ("train_ratio", "decode_ratio", "memory_ratio")]
-                      if r else ["", "", ""])
+    gpu = gpu_glance_ratios(gpu_records)
+    gpu_shown = any(config in gpu for config in rows.values())
+    head = "CPU train | CPU decode | CPU memory" + (" | GPU bf16 train (noise floor) |" if gpu_shown else " |")
+    lines = [f"| row (ratio to its reference) | {head}", "|---|" + "---:|" * (3 + gpu_shown)]
+    for row, config in rows.items():
+        r = latest.get(row)
+        cells = [f"{r[k]['median']:.2f}" for k in ("train_ratio", "decode_ratio", "memory_ratio")] if r else [""] * 3
+        if gpu_shown:
+            ratio, noise, _ = gpu.get(config, (None, None, None))
+            cells.append(f"{ratio:.2f} (±{100 * noise:.0f} %)" if ratio is not None else "")
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    if not gpu_shown:
+        lines.append(f"\nOn a GPU no kind's training ratio is measured yet over {RESOLVE_ROUNDS} or more rounds "
+                     "beside a noise floor (docs/benchmarks.md, GPU training through fairseq's trainer).")
     return "\n".join(lines)
 
 

@@ -455,8 +455,27 @@ def test_readme_glance_tables_are_generated(monkeypatch):
     assert f"{begin}\n{glance}\n{end}" in readme
     speed = [json.loads(x) for x in (BENCH / "results" / "speed.jsonl").read_text(encoding="utf-8").splitlines()]
     speed = [r for r in speed if r.get("benchmark") == "speed"]
+    gpu = [json.loads(x) for x in (BENCH / "results" / "gpu_train.jsonl").read_text(encoding="utf-8").splitlines()]
     begin, end = make_tables.MARKERS["speed-glance"]
-    assert f"{begin}\n{make_tables.speed_glance(speed)}\n{end}" in readme
+    assert f"{begin}\n{make_tables.speed_glance(speed, gpu)}\n{end}" in readme
+
+
+def test_speed_glance_shows_a_gpu_ratio_only_where_it_is_resolved(monkeypatch):
+    """The glance's GPU column: a trainer ratio measured over 4 rounds or more beside the job's
+    noise floor; fewer rounds, or no noise floor, show no column and say why."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import result_tables
+
+    speed = [{"settings": {"device": "cpu"}, "run_id": "r1", "row": "pre_ln",
+              **{k: {"median": v} for k, v in (("train_ratio", 0.99), ("decode_ratio", 1.02), ("memory_ratio", 1.0))}}]
+    row = {"kind": "row", "config": "pre_ln", "dtype": "bf16", "max_tokens": 4096, "ratio": 0.97, "rounds": 3,
+           "noise_floor": 0.01}
+    unresolved = result_tables.speed_glance(speed, [row])
+    assert "GPU" not in unresolved.splitlines()[0] and "no kind's training ratio is measured yet" in unresolved
+    assert "GPU" not in result_tables.speed_glance(speed, [{**row, "rounds": 4, "noise_floor": None}]).splitlines()[0]
+    resolved = result_tables.speed_glance(speed, [{**row, "rounds": 4}])
+    assert resolved.splitlines()[0].endswith("| GPU bf16 train (noise floor) |")
+    assert "| pre_ln | 0.99 | 1.02 | 1.00 | 0.97 (±1 %) |" in resolved and "measured yet" not in resolved
 
 
 def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
