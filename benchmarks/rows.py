@@ -328,8 +328,9 @@ WHOLE_RUNS = ",".join(WHOLE_RUN_NAMES[:4])
 # band, the fast path at issue 55's 3x
 WHOLE_TARGETS: Dict[str, Comparison] = {
     "resnmt_postln_fp16": Comparison("resnmt_postln_fp16", STOCK_RUN, band=(0.98, 1.02)),
-    **{name: Comparison(name, STOCK_RUN) for name in ("resnmt_train_recipe_bf16", "resnmt_train_recipe_compiled_bf16",
-                                                      "resnmt_train_recipe_flash_bf16", "resnmt_train_fast_eager_bf16")},
+    **{name: Comparison(name, STOCK_RUN) for name in (
+        "resnmt_train_recipe_bf16", "resnmt_train_recipe_compiled_bf16", "resnmt_train_recipe_flash_bf16",
+        "resnmt_train_fast_eager_bf16")},
     "resnmt_train_fast_bf16": Comparison("resnmt_train_fast_bf16", STOCK_RUN, times=3.0),
     "resnmt_train_fast_big_bf16": Comparison("resnmt_train_fast_big_bf16", STOCK_BIG_RUN),
 }

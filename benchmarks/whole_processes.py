@@ -57,7 +57,8 @@ def fast_path_log(text: str, intervals: List[dict]) -> dict:
     if steps:
         rec["steps"] = steps.group(1).strip()
     if steps or captures:
-        grew = [i["num_updates"] for prev, i in zip(intervals, intervals[1:]) if i.get("graphs", 0) > prev.get("graphs", 0)]
+        grew = [i["num_updates"] for prev, i in zip(intervals, intervals[1:])
+                if i.get("graphs", 0) > prev.get("graphs", 0)]
         rec.update(graphs=len(captures), capture_s=sum(captures), last_update_with_a_new_graph=max(grew, default=None))
     return rec
 
@@ -77,8 +78,9 @@ def whole_summaries(done: List[dict], env: dict) -> List[dict]:
     rounds: Dict[int, Dict[tuple, dict]] = {}
     for r in done:
         rounds.setdefault(r["round"], {})[(r["run"], r["repeat"])] = r
+    again = {(r["run"], r["repeat"]) for r in done if r["repeat"] > 1}
     repeated = [[steady_wps(by[(n, k)]) / steady_wps(by[(n, 1)]) for by in rounds.values()
-                 if (n, 1) in by and (n, k) in by] for n, k in {(r["run"], r["repeat"]) for r in done if r["repeat"] > 1}]
+                 if (n, 1) in by and (n, k) in by] for n, k in again]
     floors = [noise_floor(ratios) for ratios in repeated if ratios]
     noise = max(floors) if floors else None
     lines = []

@@ -150,7 +150,8 @@ def test_the_fast_paths_whole_processes():
     assert [x for x in eager if x not in fast] == ["--no-step-capture"]
     big, stock_big = argv("resnmt_train_fast_big_bf16"), argv("stock_fairseq_train_big_fp16")
     assert big[big.index("--arch") + 1] == "transformer_postln_big" and "--fast-path" in big
-    assert stock_big[:4] == ["-m", "fairseq_cli.train", "--arch", "transformer_wmt_en_de_big"] and stock_big[-1] == "--fp16"
+    assert stock_big[:4] == ["-m", "fairseq_cli.train", "--arch", "transformer_wmt_en_de_big"]
+    assert stock_big[-1] == "--fp16"
     assert big[big.index("--max-tokens") + 1] == "16384"
     assert whole_processes.WHOLE_TARGETS["resnmt_train_fast_big_bf16"].reference == "stock_fairseq_train_big_fp16"
     assert whole_processes.WHOLE_TARGETS["resnmt_train_fast_bf16"].times == 3.0
@@ -158,7 +159,8 @@ def test_the_fast_paths_whole_processes():
     assert [whole_processes.round_order(runs, r) for r in (1, 2, 3)] == [runs, runs[::-1], runs]
     job = (REPO_ROOT / "benchmarks" / "gpu_job.sh").read_text()
     part5 = job[job.index('elif [ "$PART" = 5 ]'):]
-    assert "resnmt_train_fast_bf16,$STOCK --whole-rounds 3" in part5 and "resnmt_train_fast_big_bf16" in part5
+    assert "--whole-rounds 3" in part5 and "--whole-runs $STOCK,resnmt_train_fast_bf16,$STOCK " in part5
+    assert "--whole-runs $STOCK_BIG,resnmt_train_fast_big_bf16,$STOCK_BIG " in part5
     assert "--whole-tokens 16384" in part5 and "resnmt_train_fast_eager_bf16" in part5
 
 
@@ -237,6 +239,20 @@ def test_gpu_tables_take_each_configurations_fullest_line():
     assert "the ratios (a run repeated in its job against its first): ±11.1 % in the median wps, ±5.0 %" in text
     assert "Noise floor of the ratios: not measured (no run repeated in its job)" in gpu_tables(
         [whole("stock_fairseq_train_fp16", 15000.0)])
+    # the whole processes in interleaved rounds: per run the summary with the most rounds of the
+    # newest job, its ratio to stock round by round, the noise floor beside it, MFU with its peak
+    def summary(run, rounds, wps, **extra):
+        return {"benchmark": "gpu_train", "kind": "whole_summary", "run": run, "device": "GPU X", "job": "j",
+                "precision": "bf16", "tokens": 4096, "rounds": rounds, "wps_steady": wps,
+                "wps_steady_rounds": [wps] * rounds, "noise_floor": 0.05, **extra}
+
+    fast = dict(reference="stock_fairseq_train_fp16", target=">= 3x stock fairseq train fp16", meets=False)
+    text = gpu_tables([summary("resnmt_train_fast_bf16", 1, 90000.0, ratio=2.0, ratio_rounds=[2.0], **fast),
+                       summary("resnmt_train_fast_bf16", 2, 90000.0, ratio=2.5, ratio_rounds=[2.0, 3.0],
+                               mfu_6nd=0.1, peak_dtype="bf16", **fast)])
+    assert "**GPU X, whole processes in interleaved rounds** (4096 tokens per update;" in text
+    assert ("| resnmt_train_fast_bf16 | bf16 | 2 | 90,000 (90,000 · 90,000) | 2.500 (2.000 · 3.000) | ±5.0 % | "
+            "stock_fairseq_train_fp16 | >= 3x stock fairseq train fp16 | False |  | 10.0 % (of the bf16 peak) |") in text
 
 
 def test_a_same_math_pair_resolves_only_over_four_rounds_above_its_noise_floor():
