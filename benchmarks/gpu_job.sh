@@ -109,13 +109,14 @@ elif [ "$PART" = 5 ]; then
         > "$OUT/fast_path_tests2.txt"
     tail -n 2 "$OUT/fast_path_tests2.txt"
     echo "[gpu_job] checks done at $((SECONDS - T0)) s"
-    STOCK=stock_fairseq_train_fp16 STOCK_BIG=stock_fairseq_train_big_fp16
+    STOCK=stock_fairseq_train_fp16 STOCK_BIG=stock_fairseq_train_big_fp16 BIG_TOKENS=16384
+    [ "${GPU_JOB_SMOKE:-0}" = 1 ] && BIG_TOKENS=1024  # (the rehearsal's CPU: a tiny model, few tokens)
     whole() { bench --tokens "" --no-recipe --whole-process --whole-rounds 3 "$@"; }
     whole --whole-runs $STOCK,resnmt_train_fast_bf16,$STOCK --whole-updates 200 --whole-interval 10 --whole-skip 20 \
         --whole-timeout 90 --deadline $(( $(left) - 80 )) "${SMOKE[@]}"
     echo "[gpu_job] base: the fast path against stock done at $((SECONDS - T0)) s"
     if [ "$(left)" -gt 120 ]; then
-        whole --whole-runs $STOCK_BIG,resnmt_train_fast_big_bf16,$STOCK_BIG --whole-tokens 16384 --whole-updates 80 \
+        whole --whole-runs $STOCK_BIG,resnmt_train_fast_big_bf16,$STOCK_BIG --whole-tokens $BIG_TOKENS --whole-updates 80 \
             --whole-interval 5 --whole-skip 10 --whole-timeout 80 --deadline $(( $(left) - 60 )) "${SMOKE[@]}"
         echo "[gpu_job] transformer-big done at $((SECONDS - T0)) s"
     fi

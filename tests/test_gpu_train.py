@@ -161,7 +161,7 @@ def test_the_fast_paths_whole_processes():
     part5 = job[job.index('elif [ "$PART" = 5 ]'):]
     assert "--whole-rounds 3" in part5 and "--whole-runs $STOCK,resnmt_train_fast_bf16,$STOCK " in part5
     assert "--whole-runs $STOCK_BIG,resnmt_train_fast_big_bf16,$STOCK_BIG " in part5
-    assert "--whole-tokens 16384" in part5 and "resnmt_train_fast_eager_bf16" in part5
+    assert "BIG_TOKENS=16384" in part5 and "--whole-tokens $BIG_TOKENS" in part5 and "resnmt_train_fast_eager_bf16" in part5
 
 
 def test_timed_updates_fit_the_time_left(monkeypatch):
