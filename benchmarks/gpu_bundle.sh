@@ -11,7 +11,7 @@
 # It fails, naming the cause, when a step fails, when what travels (the working tree's tracked
 # and untracked-unignored files plus .gpu/) is over the device tool's 64 MiB, or when a part's
 # rehearsal exits non-zero or records an error line. Then, with a GPU lent:
-#   run(command="bash benchmarks/gpu_job.sh 1", carry=[".gpu"], timeout_s=540)   (docs/benchmarks.md)
+#   run(command="bash benchmarks/gpu_job.sh 5", carry=[".gpu"], timeout_s=540)   (docs/benchmarks.md)
 #
 #   PYTHON=.venv/bin/python bash benchmarks/gpu_bundle.sh            # build and rehearse
 #   GPU_BUNDLE_PARTS="1 2" bash benchmarks/gpu_bundle.sh             # rehearse only these parts
@@ -22,7 +22,7 @@ PY=${PYTHON:-python3}
 BUNDLE=.gpu
 LIMIT_MIB=64
 MIRROR=${MULTI30K_MIRROR:-../shared/data/multi30k}
-PARTS=${GPU_BUNDLE_PARTS-1 2 3 4}
+PARTS=${GPU_BUNDLE_PARTS-1 2 3 4 5}
 say() { echo "[gpu-bundle] $*"; }
 die() { echo "gpu-bundle: $*" >&2; exit 1; }
 
@@ -71,4 +71,4 @@ for part in $PARTS; do
     say "part $part rehearsed: $(grep -c . "$out/gpu_train.jsonl") lines"
     rm -rf "$out"
 done
-say "ready: run(command=\"bash benchmarks/gpu_job.sh 1\", carry=[\".gpu\"], timeout_s=540)"
+say "ready: run(command=\"bash benchmarks/gpu_job.sh 5\", carry=[\".gpu\"], timeout_s=540)"
