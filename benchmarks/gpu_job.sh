@@ -7,6 +7,23 @@
 #   run(command="bash benchmarks/gpu_job.sh 1", carry=[".gpu"], timeout_s=540)   # a later lease
 #   run(command="bash benchmarks/gpu_job.sh 4", carry=[".gpu"], timeout_s=300)   # with part 1
 # (a 15-minute lease holds a start and two parts; docs/benchmarks.md says what each lease ran.)
+# The curves study at the papers' sizes (issue 56; parts 6 and 7, in benchmarks/gpu_study.sh):
+#   run(command="bash benchmarks/gpu_job.sh 6", carry=[".gpu"], timeout_s=570)   # its first lease: the sweep
+#   run(command="GPU_JOB_SECONDS=150 bash benchmarks/gpu_job.sh 7", carry=[".gpu"], timeout_s=200)  # at once after
+#   run(command="bash benchmarks/gpu_job.sh 7", carry=[".gpu"], timeout_s=570)   # every later lease: the study
+#   run(command="GPU_JOB_SECONDS=150 bash benchmarks/gpu_job.sh 7", carry=[".gpu"], timeout_s=200)  # at once after
+# Estimate (fp32, as the CPU study; from the H100 GPU lines of 2026-11-24/25 in
+# benchmarks/results/curves.jsonl, not yet measured under the new settings): base runs side by
+# side shared about 20 updates/s (3.3-3.9 each, five to six at once, checkpoints every 40
+# updates); one process alone is bound by the host at about 13 updates/s (H200, fp16,
+# 46.5k target tokens/s of 3439 per update, docs/benchmarks.md). A run cannot outlive its
+# lease (about 620 s for training and scoring after the start and two set-ups); each of its 4
+# milestones costs about 55 s beside training, so a lease holds W runs of 4000 updates where
+# 4000 / (20 / W) + 220 <= 620: W = 2 base runs per lease (a 12+12 run costs about twice a
+# base run: one per lease, and only if one run alone reaches ~13 updates/s). The 17 runs
+# (12 base, 5 at 12+12) need about 11 leases after the sweep's: 6 for base, 5 at 12+12 with the
+# stock path; part 6 measures the shared rate and part 7 then takes study.workers_for's count.
+# The fast path (GPU_STUDY_FAST_PATH=1), once its own part passed, is what can shorten this.
 #
 # .gpu/ (ignored by git; `make gpu-bundle` builds it and rehearses every part on the CPU) holds
 #   whl/        ve-fairseq 0.12.3 cp312 and the dependencies the machine lacks
@@ -47,7 +64,8 @@ case "$PART" in
     3) BUDGET=${GPU_JOB_SECONDS:-420} ;;
     2) BUDGET=${GPU_JOB_SECONDS:-300} ;;
     4) BUDGET=${GPU_JOB_SECONDS:-240} ;;
-    *) echo "gpu_job.sh: part '$PART': give 1, 2, 3 or 4"; exit 2 ;;
+    6|7) BUDGET=${GPU_JOB_SECONDS:-530} ;;
+    *) echo "gpu_job.sh: part '$PART': give 1, 2, 3, 4, 6 or 7"; exit 2 ;;
 esac
 T0=$SECONDS
 left() { echo $(( BUDGET - (SECONDS - T0) )); }
@@ -73,6 +91,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv 2>/dev/null || true
 echo "[gpu_job] part $PART set up in $((SECONDS - T0)) s"
 # every step ends by the part's budget, killed if need be (rows are written as rounds finish)
+if [ "$PART" = 6 ] || [ "$PART" = 7 ]; then  # the curves study (issue 56)
+    . benchmarks/gpu_study.sh
+    echo "[gpu_job] part $PART done in $((SECONDS - T0)) s"
+    exit "$STUDY_RC"
+fi
 bench() { timeout -k 5 "$(left)" "$PY" benchmarks/gpu_train.py --data .gpu/multi30k/bin --out "$OUT/gpu_train.jsonl" "$@"; }
 
 if [ "$PART" = 1 ]; then
