@@ -29,13 +29,18 @@ left out of the settings key.
     python benchmarks/curves.py --only small:post_ln:1 # one run
     python benchmarks/curves.py --workers 2 --threads 1 --only deep:pre_ln:1,deep:sas:1   # a pair side by side
     python benchmarks/curves.py --device cuda --workers 8 --threads 1   # on a GPU: the study, plus the base size
+    python benchmarks/curves.py --device cuda --sizes base,base12 --lr 7e-4 --warmup 2000 --save-every 100 \
+        --sdpa-backends flash,efficient,math --workers 2 --threads 1    # the papers' sizes (gpu_job.sh part 7)
 
 With ``--device cuda`` every run trains and decodes on the (first) GPU, several at once
 with ``--workers`` (these models are far too small to fill one), and the study adds the
-papers' base size (6+6 layers, d=512), which a CPU cannot train in a session. GPU lines
-record their device, are kept apart from the CPU lines (a GPU run never skips a milestone
-because the CPU run has it) and are plotted in panels of their own; the settings (and the
-settings key) are the same, fp32 on both.
+papers' sizes (base: 6+6 layers, d=512; base12: 12+12), which a CPU cannot train in a
+session. GPU lines record their device, are kept apart from the CPU lines (a GPU run never
+skips a milestone because the CPU run has it) and are plotted in panels of their own; fp32
+on both. Every line records its schedule; another schedule (the papers' sizes are trained
+under one of their own, chosen by ``--choose-schedule`` from a sweep of post-LN:
+benchmarks/gpu_job.sh part 6) gives another settings key, so its runs and their lines are
+others, tabulated and drawn apart.
 """
 import argparse
 import subprocess
@@ -161,7 +166,8 @@ def main(argv=None):
     lines = [a.out, *map(Path, a.done_from)]
 
     if a.choose_schedule:
-        keys = {c: settings_key({**settings, "lr": c[0], "warmup_updates": c[1]}) for c in SWEEP_SCHEDULES}
+        swept = {k: v for k, v in settings.items() if k != "fast_path"}  # the sweep runs the stock path
+        keys = {c: settings_key({**swept, "lr": c[0], "warmup_updates": c[1]}) for c in SWEEP_SCHEDULES}
         (lr, warmup), why = choose_schedule(lines, keys, a.device)
         print(why, file=sys.stderr)
         print(f"{lr:g} {warmup}")

@@ -15,8 +15,8 @@
 #   schedule (GPU_STUDY_LR/GPU_STUDY_WARMUP override it), GPU_STUDY_WORKERS side by side
 #   (default: part 6's measured number on this machine, else 2), to 4000 updates.
 # Both train with --sdpa-backends flash,efficient,math and a checkpoint every 100 updates
-# (5 averaged); GPU_STUDY_FAST_PATH=1 adds --fast-path (not yet run on a GPU: opt in only
-# after its own part has passed), GPU_STUDY_ONLY=SIZE:ROW:SEED,... restricts the runs. What
+# (5 averaged); GPU_STUDY_FAST_PATH=1 adds --fast-path to part 7 (not yet run on a GPU: opt in
+# only after its own part has passed; its runs have a settings key of their own), GPU_STUDY_ONLY=SIZE:ROW:SEED,... restricts the runs. What
 # comes back under $OUT: curves.jsonl (the lead appends it to benchmarks/results/curves.jsonl),
 # the run logs (logs/), study-list.txt (done, partial, missing), schedule.txt, throughput.txt.
 STUDY_WORK=${GPU_STUDY_WORK:-/tmp/resnmt-study}
@@ -24,6 +24,7 @@ mkdir -p "$STUDY_WORK" "$OUT/logs" && touch "$STUDY_WORK/lines.jsonl"
 if [ "${GPU_JOB_SMOKE:-0}" = 1 ]; then
     # the rehearsal: tiny models on the CPU, two milestones, two runs of the study
     STUDY=(--device cpu --tiny --max-tokens 1024 --save-every 1 --average 2 --analyze-sentences 8)
+    : "${GPU_STUDY_WORKERS:=2}"  # two runs side by side, as on the GPU
     SWEEP_MILESTONES=2 STUDY_MILESTONES=(--milestones 2,4) STUDY_ONLY=${GPU_STUDY_ONLY:-base:pre_ln:1,base12:post_ln:1}
 else
     pkill -f "benchmarks/curves.py|bin/fairseq-train|resnmt-analyze|fairseq-generate" && sleep 2
@@ -32,7 +33,7 @@ else
 fi
 STUDY+=(--data .gpu/multi30k --threads 1 --workdir "$STUDY_WORK/runs" --out "$OUT/curves.jsonl"
         --done-from benchmarks/results/curves.jsonl --done-from "$STUDY_WORK/lines.jsonl")
-[ "${GPU_STUDY_FAST_PATH:-0}" = 1 ] && STUDY+=(--fast-path)
+[ "$PART" = 7 ] && [ "${GPU_STUDY_FAST_PATH:-0}" = 1 ] && STUDY+=(--fast-path)  # the sweep: stock path only
 curves() { "$PY" benchmarks/curves.py "${STUDY[@]}" "$@"; }
 study_done() {  # what this part leaves: its lines for the next part, the logs, the plan's state
     [ -s "$OUT/curves.jsonl" ] && cat "$OUT/curves.jsonl" >> "$STUDY_WORK/lines.jsonl"

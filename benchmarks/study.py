@@ -66,7 +66,7 @@ GPU_ONLY_SIZES = ("base", "base12")
 
 # The GPU study's schedule (issue 56): inverse square root, as the CPU study's, with a lower
 # peak and a longer warm-up, chosen on the GPU by a measured sweep of post-LN at base size
-# (benchmarks/gpu_job.sh part 5 trains post-LN seed 1 under each candidate to 2000 updates,
+# (benchmarks/gpu_job.sh part 6 trains post-LN seed 1 under each candidate to 2000 updates,
 # side by side; `curves.py --choose-schedule` applies choose_schedule). The candidates:
 # Transformer-base's peak 7e-4 with 1000 and 2000 warm-up updates, and fairseq's IWSLT peak
 # 5e-4 with 1000; each reaches its peak within the sweep, where post-LN at lr 1e-3 failed
