@@ -28,10 +28,10 @@ if [ "${GPU_JOB_SMOKE:-0}" = 1 ]; then
     SWEEP_MILESTONES=2 STUDY_MILESTONES=(--milestones 2,4) STUDY_ONLY=${GPU_STUDY_ONLY:-base:pre_ln:1,base12:post_ln:1}
 else
     pkill -f "benchmarks/curves.py|bin/fairseq-train|resnmt-analyze|fairseq-generate" && sleep 2
-    STUDY=(--device cuda --save-every 100 --average 5 --sdpa-backends flash,efficient,math)
+    STUDY=(--device cuda --save-every 100 --average 5)
     SWEEP_MILESTONES=1000,2000 STUDY_MILESTONES=() STUDY_ONLY=${GPU_STUDY_ONLY:-}
 fi
-STUDY+=(--data .gpu/multi30k --threads 1 --workdir "$STUDY_WORK/runs" --out "$OUT/curves.jsonl"
+STUDY+=(--sdpa-backends flash,efficient,math --data .gpu/multi30k --threads 1 --workdir "$STUDY_WORK/runs" --out "$OUT/curves.jsonl"
         --done-from benchmarks/results/curves.jsonl --done-from "$STUDY_WORK/lines.jsonl")
 [ "$PART" = 7 ] && [ "${GPU_STUDY_FAST_PATH:-0}" = 1 ] && STUDY+=(--fast-path)  # the sweep: stock path only
 curves() { "$PY" benchmarks/curves.py "${STUDY[@]}" "$@"; }
