@@ -9,22 +9,24 @@
 # (a 15-minute lease holds a start and two parts; docs/benchmarks.md says what each lease ran.)
 # The curves study at the papers' sizes (issue 56; parts 6 and 7, in benchmarks/gpu_study.sh):
 #   run(command="bash benchmarks/gpu_job.sh 6", carry=[".gpu"], timeout_s=570)   # its first lease: the sweep
-#   run(command="GPU_JOB_SECONDS=150 bash benchmarks/gpu_job.sh 7", carry=[".gpu"], timeout_s=200)  # at once after
+#   run(command="GPU_JOB_SECONDS=150 GPU_STUDY_WORKERS=1 GPU_STUDY_ONLY=base:post_ln:1 bash benchmarks/gpu_job.sh 7",
+#       carry=[".gpu"], timeout_s=200)                                           # at once after: post-LN on
 #   run(command="bash benchmarks/gpu_job.sh 7", carry=[".gpu"], timeout_s=570)   # every later lease: the study
 #   run(command="GPU_JOB_SECONDS=150 bash benchmarks/gpu_job.sh 7", carry=[".gpu"], timeout_s=200)  # at once after
-# Estimate (fp32, as the CPU study; from the H100 GPU lines of 2026-11-24/25 in
-# benchmarks/results/curves.jsonl, not yet measured under the new settings): base runs side by
-# side shared about 20 updates/s (3.3-3.9 each, five to six at once, checkpoints every 40
-# updates); one process alone is bound by the host at about 13 updates/s (H200, fp16,
-# 46.5k target tokens/s of 3439 per update, docs/benchmarks.md). A run cannot outlive its
-# lease (about 620 s for training and scoring after the start and two set-ups); each of its 4
-# milestones costs about 55 s beside training, so a lease holds W runs of 4000 updates where
-# 4000 / (20 / W) + 220 <= 620: W = 2 base runs per lease (a 12+12 run costs about twice a
-# base run: one per lease, and only if one run alone reaches ~13 updates/s). The 17 runs
-# (12 base, 5 at 12+12) need about 11 leases after the sweep's: 6 for base, 5 at 12+12 with the
-# stock path; part 6 measures the shared rate and part 7 then takes study.workers_for's count.
-# The fast path (GPU_STUDY_FAST_PATH=1), once its own part passed, is what can shorten this.
-#
+# Estimate (fp32, as the CPU study; not yet measured under these settings): base-size runs
+# side by side on the H100 shared about 20 updates/s (3.3-3.9 each with five to six at once,
+# checkpoints every 40 updates; the GPU lines of 2026-11-24/25 in curves.jsonl), and one
+# process alone is bound by the host at about 13 updates/s (H200, fp16, 46.5k target tokens/s
+# at 3439 per update; docs/benchmarks.md). A run cannot outlive its lease: about 620 s are
+# left for training and scoring after the start (~150 s) and two set-ups, and its 4
+# milestones cost about 55 s each beside training, so W runs of 4000 updates fit where
+# 4000 / (20 / W) + 220 <= 620 s: W = 2 base runs per lease, or one 12+12 run (twice a base
+# run's cost per update), if one alone makes ~13 updates/s. The 17 runs (12 base, 5 at 12+12)
+# then take about 11 leases after the sweep's (6 for base, 5 for 12+12); the sweep's lease
+# gives post-LN under three schedules to 2000 updates. Part 6 measures the shared rate
+# (throughput.txt) and part 7 takes study.workers_for's count from it on the same machine;
+# later leases pass GPU_STUDY_WORKERS. The fast path (GPU_STUDY_FAST_PATH=1, once its own part
+# has passed on a GPU) is what can shorten this.
 # .gpu/ (ignored by git; `make gpu-bundle` builds it and rehearses every part on the CPU) holds
 #   whl/        ve-fairseq 0.12.3 cp312 and the dependencies the machine lacks
 #               (bitarray, hydra-core, omegaconf, antlr4-python3-runtime 4.9.3)

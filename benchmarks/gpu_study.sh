@@ -17,10 +17,12 @@
 # Both train with --sdpa-backends flash,efficient,math and a checkpoint every 100 updates
 # (5 averaged); GPU_STUDY_FAST_PATH=1 adds --fast-path to part 7 (not yet run on a GPU: opt in
 # only after its own part has passed; its runs have a settings key of their own), GPU_STUDY_ONLY=SIZE:ROW:SEED,... restricts the runs. What
-# comes back under $OUT: curves.jsonl (the lead appends it to benchmarks/results/curves.jsonl),
-# the run logs (logs/), study-list.txt (done, partial, missing), schedule.txt, throughput.txt.
+# comes back under $OUT (5 files; the device tool returns at most 8): job.log, curves.jsonl (the
+# lead appends it to benchmarks/results/curves.jsonl), logs.tar.gz (every run's log and the
+# sweep's output), schedule.txt, and throughput.txt (part 6) or study-list.txt (part 7: done,
+# partial, missing).
 STUDY_WORK=${GPU_STUDY_WORK:-/tmp/resnmt-study}
-mkdir -p "$STUDY_WORK" "$OUT/logs" && touch "$STUDY_WORK/lines.jsonl"
+mkdir -p "$STUDY_WORK/logs" && touch "$STUDY_WORK/lines.jsonl"
 if [ "${GPU_JOB_SMOKE:-0}" = 1 ]; then
     # the rehearsal: tiny models on the CPU, two milestones, two runs of the study
     STUDY=(--device cpu --tiny --max-tokens 1024 --save-every 1 --average 2 --analyze-sentences 8)
@@ -38,8 +40,9 @@ curves() { "$PY" benchmarks/curves.py "${STUDY[@]}" "$@"; }
 study_done() {  # what this part leaves: its lines for the next part, the logs, the plan's state
     [ -s "$OUT/curves.jsonl" ] && cat "$OUT/curves.jsonl" >> "$STUDY_WORK/lines.jsonl"
     for log in "$STUDY_WORK"/runs/*/*/*/log.txt; do
-        [ -f "$log" ] && cp "$log" "$OUT/logs/$(echo "${log#"$STUDY_WORK"/runs/}" | tr '/' '-')"
+        [ -f "$log" ] && cp "$log" "$STUDY_WORK/logs/$(echo "${log#"$STUDY_WORK"/runs/}" | tr '/' '-')"
     done
+    tar -czf "$OUT/logs.tar.gz" -C "$STUDY_WORK" logs  # one file: the device tool returns at most 8
     echo "[gpu_job] $(grep -c . "$OUT/curves.jsonl" 2>/dev/null || echo 0) milestone lines in this part"
 }
 STUDY_RC=0
@@ -53,7 +56,7 @@ for lr, warmup in SWEEP_SCHEDULES: print(f'{lr:g} {warmup}')")
         echo "[gpu_job] sweep: post-LN base, lr $lr, warm-up $warmup, to $SWEEP_MILESTONES updates"
         timeout -k 10 $(( $(left) - 40 )) "$PY" benchmarks/curves.py "${STUDY[@]}" --sizes base --only base:post_ln:1 \
             --lr "$lr" --warmup "$warmup" --milestones "$SWEEP_MILESTONES" --keep-checkpoints \
-            > "$OUT/sweep-lr$lr-warmup$warmup.log" 2>&1 &
+            > "$STUDY_WORK/logs/sweep-lr$lr-warmup$warmup.log" 2>&1 &
         pids+=($!)
     done
     for pid in "${pids[@]}"; do wait "$pid" || STUDY_RC=$?; done
