@@ -34,9 +34,9 @@ def setting_of(record) -> str:
     """Where and how a curves line was trained, as its panels and tables name it: the device
     (cpu, cuda), and where they are not the CPU study's, the schedule and the fast path
     (``"cuda, lr 0.0007, warm-up 2000"``): lines of another schedule are other runs."""
-    s = record["settings"]
+    s = record.get("settings", {})
     where = record.get("device", "cpu")
-    if (s["lr"], s["warmup_updates"]) != (STUDY_LR, STUDY_WARMUP):
+    if (s.get("lr", STUDY_LR), s.get("warmup_updates", STUDY_WARMUP)) != (STUDY_LR, STUDY_WARMUP):
         where += f", lr {s['lr']:g}, warm-up {s['warmup_updates']}"
     return where + (", fast path" if s.get("fast_path") else "")
 
