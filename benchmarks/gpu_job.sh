@@ -27,6 +27,7 @@
 # (throughput.txt) and part 7 takes study.workers_for's count from it on the same machine;
 # later leases pass GPU_STUDY_WORKERS. The fast path (GPU_STUDY_FAST_PATH=1, once its own part
 # has passed on a GPU) is what can shorten this.
+#
 # .gpu/ (ignored by git; `make gpu-bundle` builds it and rehearses every part on the CPU) holds
 #   whl/        ve-fairseq 0.12.3 cp312 and the dependencies the machine lacks
 #               (bitarray, hydra-core, omegaconf, antlr4-python3-runtime 4.9.3)

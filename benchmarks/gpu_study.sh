@@ -60,6 +60,7 @@ for lr, warmup in SWEEP_SCHEDULES: print(f'{lr:g} {warmup}')")
         pids+=($!)
     done
     for pid in "${pids[@]}"; do wait "$pid" || STUDY_RC=$?; done
+    [ "$STUDY_RC" = 124 ] && STUDY_RC=0  # stopped at the budget: choose_schedule judges the newest shared milestone
     echo "[gpu_job] sweep done at $((SECONDS - T0)) s (exit $STUDY_RC)"
     study_done
     curves --sizes base,base12 "${STUDY_MILESTONES[@]}" --throughput | tee "$OUT/throughput.txt"
