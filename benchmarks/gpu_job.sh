@@ -1,13 +1,37 @@
 #!/usr/bin/env bash
-# The GPU session's device calls for issues 40 and 55 (docs/benchmarks.md, "GPU training through
-# fairseq's trainer"). On a bare machine with Python 3.12 and its own torch, no network:
+# The GPU session's device calls for issues 55 and 56 (docs/benchmarks.md, "GPU training through
+# fairseq's trainer"; docs/study.md). On a bare machine with Python 3.12 and its own torch, no
+# network. A 15-minute lease holds a start (2-3 min) and about 12 minutes of parts. The plan:
 #
-#   run(command="bash benchmarks/gpu_job.sh 5", carry=[".gpu"], timeout_s=540)   # the next lease: the fast path
-#   run(command="bash benchmarks/gpu_job.sh 2", carry=[".gpu"], timeout_s=340)   # the next lease: first
-#   run(command="GPU_JOB_SECONDS=380 bash benchmarks/gpu_job.sh 3", carry=[".gpu"], timeout_s=420)  # at once after
-#   run(command="bash benchmarks/gpu_job.sh 1", carry=[".gpu"], timeout_s=540)   # a later lease
-#   run(command="bash benchmarks/gpu_job.sh 4", carry=[".gpu"], timeout_s=300)   # with part 1
-# (a 15-minute lease holds a start and two parts; docs/benchmarks.md says what each lease ran.)
+#   the next lease: issue 55's fast path (it decides how many leases the study needs)
+#   run(command="bash benchmarks/gpu_job.sh 5", carry=[".gpu"], timeout_s=540)
+#   the lease after: the study's schedule sweep and post-LN continued (parts 6 and 7, below)
+#   later leases: part 7 (with GPU_STUDY_FAST_PATH=1 where part 5 passed), or parts 1-4 again
+#   where a lever of part 5's profile needs them:
+#   run(command="bash benchmarks/gpu_job.sh 2", carry=[".gpu"], timeout_s=340)
+#   run(command="GPU_JOB_SECONDS=380 bash benchmarks/gpu_job.sh 3", carry=[".gpu"], timeout_s=420)
+#   run(command="bash benchmarks/gpu_job.sh 1", carry=[".gpu"], timeout_s=540)
+#   run(command="bash benchmarks/gpu_job.sh 4", carry=[".gpu"], timeout_s=300)
+# The curves study at the papers' sizes (issue 56; parts 6 and 7, in benchmarks/gpu_study.sh):
+#   run(command="bash benchmarks/gpu_job.sh 6", carry=[".gpu"], timeout_s=570)   # its first lease: the sweep
+#   run(command="GPU_JOB_SECONDS=150 GPU_STUDY_WORKERS=1 GPU_STUDY_ONLY=base:post_ln:1 bash benchmarks/gpu_job.sh 7",
+#       carry=[".gpu"], timeout_s=200)                                           # at once after: post-LN on
+#   run(command="bash benchmarks/gpu_job.sh 7", carry=[".gpu"], timeout_s=570)   # every later lease: the study
+#   run(command="GPU_JOB_SECONDS=150 bash benchmarks/gpu_job.sh 7", carry=[".gpu"], timeout_s=200)  # at once after
+# Estimate (fp32, as the CPU study; not yet measured under these settings): base-size runs
+# side by side on the H100 shared about 20 updates/s (3.3-3.9 each with five to six at once,
+# checkpoints every 40 updates; the GPU lines of 2026-11-24/25 in curves.jsonl), and one
+# process alone is bound by the host at about 13 updates/s (H200, fp16, 46.5k target tokens/s
+# at 3439 per update; docs/benchmarks.md). A run cannot outlive its lease: about 620 s are
+# left for training and scoring after the start (~150 s) and two set-ups, and its 4
+# milestones cost about 55 s each beside training, so W runs of 4000 updates fit where
+# 4000 / (20 / W) + 220 <= 620 s: W = 2 base runs per lease, or one 12+12 run (twice a base
+# run's cost per update), if one alone makes ~13 updates/s. The 17 runs (12 base, 5 at 12+12)
+# then take about 11 leases after the sweep's (6 for base, 5 for 12+12); the sweep's lease
+# gives post-LN under three schedules to 2000 updates. Part 6 measures the shared rate
+# (throughput.txt) and part 7 takes study.workers_for's count from it on the same machine;
+# later leases pass GPU_STUDY_WORKERS. The fast path (GPU_STUDY_FAST_PATH=1, once its own part
+# has passed on a GPU) is what can shorten this.
 #
 # .gpu/ (ignored by git; `make gpu-bundle` builds it and rehearses every part on the CPU) holds
 #   whl/        ve-fairseq 0.12.3 cp312 and the dependencies the machine lacks
@@ -38,8 +62,7 @@
 #   kinds against their references, at 4096 tokens in bf16 (gpu_train.CROSS_LAYER_ROWS).
 # Part 5 (default 500 s), issue 55's fast path (--fast-path, resnmt/training/fast/), the most
 #   decisive numbers first: the CUDA checks of tests/test_fast_path.py (the captured update equals
-#   the eager one; the fast path's losses equal fairseq's step; no host sync in an update but the
-#   model's padding checks; then, in a process of its own, captured training against eager)
+#   the eager one; the fast path's losses equal fairseq's step; no host sync in an update; then, in a process of its own, captured training against eager)
 #   -> fast_path_tests*.txt; whole processes at base size, 4096 tokens, 200 updates (Multi30k's
 #   first epoch is about 135), 3 interleaved rounds of stock fairseq-train --arch transformer
 #   --fp16, resnmt-train --fast-path --bf16 and stock again (the noise floor); then, as time
@@ -59,7 +82,8 @@ case "$PART" in
     2) BUDGET=${GPU_JOB_SECONDS:-300} ;;
     4) BUDGET=${GPU_JOB_SECONDS:-240} ;;
     5) BUDGET=${GPU_JOB_SECONDS:-500} ;;
-    *) echo "gpu_job.sh: part '$PART': give 1, 2, 3, 4 or 5"; exit 2 ;;
+    6|7) BUDGET=${GPU_JOB_SECONDS:-530} ;;
+    *) echo "gpu_job.sh: part '$PART': give 1, 2, 3, 4, 5, 6 or 7"; exit 2 ;;
 esac
 T0=$SECONDS
 left() { echo $(( BUDGET - (SECONDS - T0) )); }
@@ -85,6 +109,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv 2>/dev/null || true
 echo "[gpu_job] part $PART set up in $((SECONDS - T0)) s"
 # every step ends by the part's budget, killed if need be (rows are written as rounds finish)
+if [ "$PART" = 6 ] || [ "$PART" = 7 ]; then  # the curves study (issue 56)
+    . benchmarks/gpu_study.sh
+    echo "[gpu_job] part $PART done in $((SECONDS - T0)) s"
+    exit "$STUDY_RC"
+fi
 bench() { timeout -k 5 "$(left)" "$PY" benchmarks/gpu_train.py --data .gpu/multi30k/bin --out "$OUT/gpu_train.jsonl" "$@"; }
 
 if [ "$PART" = 1 ]; then
