@@ -29,13 +29,18 @@ left out of the settings key.
     python benchmarks/curves.py --only small:post_ln:1 # one run
     python benchmarks/curves.py --workers 2 --threads 1 --only deep:pre_ln:1,deep:sas:1   # a pair side by side
     python benchmarks/curves.py --device cuda --workers 8 --threads 1   # on a GPU: the study, plus the base size
+    python benchmarks/curves.py --device cuda --sizes base,base12 --lr 7e-4 --warmup 2000 --save-every 100 \
+        --sdpa-backends flash,efficient,math --workers 2 --threads 1    # the papers' sizes (gpu_job.sh part 7)
 
 With ``--device cuda`` every run trains and decodes on the (first) GPU, several at once
 with ``--workers`` (these models are far too small to fill one), and the study adds the
-papers' base size (6+6 layers, d=512), which a CPU cannot train in a session. GPU lines
-record their device, are kept apart from the CPU lines (a GPU run never skips a milestone
-because the CPU run has it) and are plotted in panels of their own; the settings (and the
-settings key) are the same, fp32 on both.
+papers' sizes (base: 6+6 layers, d=512; base12: 12+12), which a CPU cannot train in a
+session. GPU lines record their device, are kept apart from the CPU lines (a GPU run never
+skips a milestone because the CPU run has it) and are plotted in panels of their own; fp32
+on both. Every line records its schedule; another schedule (the papers' sizes are trained
+under one of their own, chosen by ``--choose-schedule`` from a sweep of post-LN:
+benchmarks/gpu_job.sh part 6) gives another settings key, so its runs and their lines are
+others, tabulated and drawn apart.
 """
 import argparse
 import subprocess
@@ -45,8 +50,8 @@ from pathlib import Path
 import flags
 from records import cpu_description, cuda_description, settings_key
 from rows import DEFAULT_MILESTONES, slug
-from study import (GPU_ONLY_SIZES, STUDY_ORDER, RunLock, done_milestones, planned, resume_point, run_dir_of,
-                   score_milestones)
+from study import (GPU_ONLY_SIZES, STUDY_ORDER, SWEEP_SCHEDULES, RunLock, choose_schedule, done_milestones, planned,
+                   resume_point, run_dir_of, score_milestones, updates_per_second, workers_for)
 
 from resnmt.experiment.runtime import tool_env
 
@@ -59,6 +64,7 @@ def study_settings(a) -> dict:
         "dropout": a.dropout, "label_smoothing": 0.1, "save_every": a.save_every, "average": a.average,
         "beam": 4, "lenpen": 0.6, "lenpen_form": "gnmt", "max_len_a": 1, "max_len_b": 50,
         **({"every_size": "tiny"} if a.tiny else {}),
+        **({"fast_path": True} if a.fast_path else {}),  # other batches (static shapes): other runs
     }
 
 
@@ -85,6 +91,26 @@ def parser() -> argparse.ArgumentParser:
                    help="where every run trains and decodes (default: cpu); cuda adds the base size (6+6, d=512)")
     p.add_argument("--workdir", help="checkpoints and logs (default: runs/curves, runs/curves-cuda with --device cuda)")
     flags.add_out(p, "curves.jsonl")
+    p.add_argument("--sizes", help="comma-separated sizes to plan, of " + ", ".join(DEFAULT_MILESTONES)
+                   + " (default: every size the device trains; the GPU study of benchmarks/gpu_job.sh plans "
+                   "base,base12)")
+    p.add_argument("--sdpa-backends", default="",
+                   help="the attention kernels torch may use (resnmt_translation's flag, e.g. flash,efficient,math: "
+                   "no cuDNN kernel planning every new batch shape on Hopper); recorded per line, not in the key")
+    p.add_argument("--fast-path", action="store_true",
+                   help="train on resnmt's fast path (resnmt_translation --fast-path: static batch shapes, CUDA "
+                   "graphs); its batches differ, so it is part of the settings key")
+    p.add_argument("--done-from", action="append", default=[], metavar="JSONL",
+                   help="more curves lines counted as done (read only; e.g. the committed results while --out is "
+                   "a fresh folder's), repeatable")
+    p.add_argument("--choose-schedule", action="store_true",
+                   help="print the GPU study's schedule as 'LR WARMUP', chosen by study.choose_schedule from the "
+                   "post-LN base runs (seed 1) of the schedule sweep (study.SWEEP_SCHEDULES) in --out and "
+                   "--done-from, the other settings as given; then exit")
+    p.add_argument("--throughput", action="store_true",
+                   help="print each run's updates per second in --workdir (fairseq's, its newest 10 intervals), "
+                   "their sum and the runs a GPU lease can train side by side to the last --milestones "
+                   "(study.workers_for; the last line is that number); then exit")
     p.add_argument("--tiny", action="store_true", help="train every run at the tiny size (smoke tests)")
     p.add_argument("--list", action="store_true",
                    help="print the planned runs, the milestones each has recorded and, for an unfinished run, "
@@ -96,6 +122,14 @@ def main(argv=None):
     p = parser()
     a = p.parse_args(argv)
 
+    a.sizes = [x.strip() for x in a.sizes.split(",") if x.strip()] if a.sizes else None
+    if a.sizes:
+        unknown = [x for x in a.sizes if x not in DEFAULT_MILESTONES]
+        if unknown:
+            p.error(f"--sizes {','.join(unknown)}: no such size; choose from {', '.join(DEFAULT_MILESTONES)}")
+        gpu_only = [x for x in a.sizes if x in GPU_ONLY_SIZES]
+        if gpu_only and a.device == "cpu" and not a.tiny:
+            p.error(f"--sizes {','.join(gpu_only)}: run only with --device cuda (or --tiny: the GPU job's rehearsal)")
     if a.milestones is None:
         a.milestones = {size: list(ms) for size, ms in DEFAULT_MILESTONES.items()}
     else:
@@ -104,7 +138,9 @@ def main(argv=None):
         except ValueError:
             p.error(f"--milestones {a.milestones!r}: expected comma-separated numbers of updates")
         a.milestones = {size: ms for size in DEFAULT_MILESTONES}
-    for ms in a.milestones.values():
+    for size, ms in a.milestones.items():
+        if a.sizes and size not in a.sizes:
+            continue
         bad = [m for m in ms if m <= 0 or m % a.save_every]
         if not ms or bad:
             p.error(f"--milestones {bad or ms}: each must be a positive multiple of --save-every {a.save_every}")
@@ -119,16 +155,34 @@ def main(argv=None):
             p.error(f"--only {','.join(unknown)}: not in the study; choose SIZE:ROW:SEED from: "
                     + ", ".join(f"{s}:{slug(r)}:{n}" for s, r, n in STUDY_ORDER))
         gpu_only = sorted(x for x in a.only if x.split(":", 1)[0] in GPU_ONLY_SIZES)
-        if gpu_only and a.device == "cpu":
-            p.error(f"--only {','.join(gpu_only)}: the {'/'.join(GPU_ONLY_SIZES)} size runs only with --device cuda")
+        if gpu_only and a.device == "cpu" and not a.tiny:
+            p.error(f"--only {','.join(gpu_only)}: the {'/'.join(GPU_ONLY_SIZES)} sizes run only with --device cuda "
+                    "(or --tiny: the GPU job's rehearsal)")
     a.workdir = Path(a.workdir or ("runs/curves" if a.device == "cpu" else f"runs/curves-{a.device}"))
     a.out = Path(a.out)
     settings = study_settings(a)
     key = settings_key(settings)
     plan = planned(a)
+    lines = [a.out, *map(Path, a.done_from)]
 
+    if a.choose_schedule:
+        swept = {k: v for k, v in settings.items() if k != "fast_path"}  # the sweep runs the stock path
+        keys = {c: settings_key({**swept, "lr": c[0], "warmup_updates": c[1]}) for c in SWEEP_SCHEDULES}
+        (lr, warmup), why = choose_schedule(lines, keys, a.device)
+        print(why, file=sys.stderr)
+        print(f"{lr:g} {warmup}")
+        return 0
+    if a.throughput:
+        rates = updates_per_second(a.workdir)
+        for run, ups in rates.items():
+            print(f"{run.relative_to(a.workdir)}: {ups:.2f} updates/s")
+        longest = max((a.milestones[size] for size in (a.sizes or a.milestones)), key=lambda ms: ms[-1])
+        print(f"{len(rates)} runs side by side: {sum(rates.values()):.2f} updates/s in all; each run to "
+              f"{longest[-1]} updates ({len(longest)} milestones) within a lease: workers")
+        print(workers_for(sum(rates.values()), longest[-1], len(longest)) if rates else 1)
+        return 0
     if a.list:
-        done = done_milestones(a.out, key, a.device)
+        done = done_milestones(lines, key, a.device)
         width = max((len(row) for _, row, _ in plan), default=0)
         for size, row, seed in plan:
             have = sorted(done.get((size, row, seed), ()))
@@ -154,7 +208,7 @@ def main(argv=None):
     env = tool_env(threads=a.threads, cpu_only=a.device == "cpu")
     device = cpu_description() if a.device == "cpu" else cuda_description()
     while True:
-        done = done_milestones(a.out, key, a.device)
+        done = done_milestones(lines, key, a.device)
         todo = [r for r in plan if not set(a.milestones[r[0]]) <= done.get(r, set())]
         for size, row, seed in todo:
             lock = RunLock(run_dir_of(a, key, size, row, seed))

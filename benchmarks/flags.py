@@ -77,11 +77,16 @@ def add_size(p: argparse.ArgumentParser, default: Optional[str], what: str) -> N
     p.add_argument("--size", default=default, choices=sorted(SIZES), help=f"model size: {what}")
 
 
+# The CPU study's schedule (the benchmarks' default): peak learning rate, warm-up updates.
+STUDY_LR, STUDY_WARMUP = 1e-3, 300
+
+
 def add_schedule(p: argparse.ArgumentParser, what: str = "") -> None:
     """``--max-tokens``, ``--lr``, ``--warmup``: the study's batches and learning-rate schedule."""
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch (default: 4096)")
-    p.add_argument("--lr", type=float, default=1e-3, help=f"peak learning rate (default: 1e-3{what})")
-    p.add_argument("--warmup", type=int, default=300, help=f"inverse-sqrt warm-up updates (default: 300{what})")
+    p.add_argument("--lr", type=float, default=STUDY_LR, help=f"peak learning rate (default: {STUDY_LR:g}{what})")
+    p.add_argument("--warmup", type=int, default=STUDY_WARMUP,
+                   help=f"inverse-sqrt warm-up updates (default: {STUDY_WARMUP}{what})")
 
 
 def add_checkpoints(p: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@
 # It fails, naming the cause, when a step fails, when what travels (the working tree's tracked
 # and untracked-unignored files plus .gpu/) is over the device tool's 64 MiB, or when a part's
 # rehearsal exits non-zero or records an error line. Then, with a GPU lent:
-#   run(command="bash benchmarks/gpu_job.sh 1", carry=[".gpu"], timeout_s=540)   (docs/benchmarks.md)
+#   run(command="bash benchmarks/gpu_job.sh 5", carry=[".gpu"], timeout_s=540)   (docs/benchmarks.md)
 #
 #   PYTHON=.venv/bin/python bash benchmarks/gpu_bundle.sh            # build and rehearse
 #   GPU_BUNDLE_PARTS="1 2" bash benchmarks/gpu_bundle.sh             # rehearse only these parts
@@ -22,7 +22,7 @@ PY=${PYTHON:-python3}
 BUNDLE=.gpu
 LIMIT_MIB=64
 MIRROR=${MULTI30K_MIRROR:-../shared/data/multi30k}
-PARTS=${GPU_BUNDLE_PARTS-1 2 3 4}
+PARTS=${GPU_BUNDLE_PARTS-1 2 3 4 5 6 7}
 say() { echo "[gpu-bundle] $*"; }
 die() { echo "gpu-bundle: $*" >&2; exit 1; }
 
@@ -58,17 +58,23 @@ say "travels: working tree $(( tree_kib / 1024 )) MiB + $BUNDLE $(( bundle_kib /
 [ "$total_mib" -le "$LIMIT_MIB" ] || die "what travels is ${total_mib} MiB, over the device tool's ${LIMIT_MIB} MiB: shrink $BUNDLE or the working tree"
 
 # 4. the rehearsal: every part of the job on the CPU, tiny model, with this bundle's data
+# (the study's parts 6 and 7 share one GPU_STUDY_WORK, as one warm machine's calls do)
+study_work=$(mktemp -d)
 for part in $PARTS; do
     out=$(mktemp -d)
+    lines="$out/gpu_train.jsonl"
+    case "$part" in 6|7) lines="$out/curves.jsonl" ;; esac
     say "rehearsing part $part (GPU_JOB_SMOKE=1, results in $out)"
-    OUT="$out" GPU_JOB_SMOKE=1 PYTHON="$PY" bash benchmarks/gpu_job.sh "$part" >"$out/rehearsal.log" 2>&1 \
+    OUT="$out" GPU_JOB_SMOKE=1 GPU_STUDY_WORK="$study_work" PYTHON="$PY" bash benchmarks/gpu_job.sh "$part" \
+        >"$out/rehearsal.log" 2>&1 \
         || { tail -n 20 "$out/rehearsal.log" >&2; die "part $part's rehearsal exited non-zero ($out/rehearsal.log)"; }
-    [ -s "$out/gpu_train.jsonl" ] || { tail -n 20 "$out/rehearsal.log" >&2; die "part $part's rehearsal recorded no rows ($out/rehearsal.log)"; }
-    if grep -q '"error"' "$out/gpu_train.jsonl"; then
-        grep '"error"' "$out/gpu_train.jsonl" | head -n 3 >&2
-        die "part $part's rehearsal recorded an error line ($out/gpu_train.jsonl)"
+    [ -s "$lines" ] || { tail -n 20 "$out/rehearsal.log" >&2; die "part $part's rehearsal recorded no rows ($out/rehearsal.log)"; }
+    if grep -q '"error"' "$lines"; then
+        grep '"error"' "$lines" | head -n 3 >&2
+        die "part $part's rehearsal recorded an error line ($lines)"
     fi
-    say "part $part rehearsed: $(grep -c . "$out/gpu_train.jsonl") lines"
+    say "part $part rehearsed: $(grep -c . "$lines") lines"
     rm -rf "$out"
 done
-say "ready: run(command=\"bash benchmarks/gpu_job.sh 1\", carry=[\".gpu\"], timeout_s=540)"
+rm -rf "$study_work"
+say "ready: run(command=\"bash benchmarks/gpu_job.sh 5\", carry=[\".gpu\"], timeout_s=540) first (gpu_job.sh's header: the lease plan)"

@@ -1,12 +1,37 @@
 #!/usr/bin/env bash
-# The GPU session's device calls for issue 40 (docs/benchmarks.md, "GPU training through
-# fairseq's trainer"). On a bare machine with Python 3.12 and its own torch, no network:
+# The GPU session's device calls for issues 55 and 56 (docs/benchmarks.md, "GPU training through
+# fairseq's trainer"; docs/study.md). On a bare machine with Python 3.12 and its own torch, no
+# network. A 15-minute lease holds a start (2-3 min) and about 12 minutes of parts. The plan:
 #
-#   run(command="bash benchmarks/gpu_job.sh 2", carry=[".gpu"], timeout_s=340)   # the next lease: first
-#   run(command="GPU_JOB_SECONDS=380 bash benchmarks/gpu_job.sh 3", carry=[".gpu"], timeout_s=420)  # at once after
-#   run(command="bash benchmarks/gpu_job.sh 1", carry=[".gpu"], timeout_s=540)   # a later lease
-#   run(command="bash benchmarks/gpu_job.sh 4", carry=[".gpu"], timeout_s=300)   # with part 1
-# (a 15-minute lease holds a start and two parts; docs/benchmarks.md says what each lease ran.)
+#   the next lease: issue 55's fast path (it decides how many leases the study needs)
+#   run(command="bash benchmarks/gpu_job.sh 5", carry=[".gpu"], timeout_s=540)
+#   the lease after: the study's schedule sweep and post-LN continued (parts 6 and 7, below)
+#   later leases: part 7 (with GPU_STUDY_FAST_PATH=1 where part 5 passed), or parts 1-4 again
+#   where a lever of part 5's profile needs them:
+#   run(command="bash benchmarks/gpu_job.sh 2", carry=[".gpu"], timeout_s=340)
+#   run(command="GPU_JOB_SECONDS=380 bash benchmarks/gpu_job.sh 3", carry=[".gpu"], timeout_s=420)
+#   run(command="bash benchmarks/gpu_job.sh 1", carry=[".gpu"], timeout_s=540)
+#   run(command="bash benchmarks/gpu_job.sh 4", carry=[".gpu"], timeout_s=300)
+# The curves study at the papers' sizes (issue 56; parts 6 and 7, in benchmarks/gpu_study.sh):
+#   run(command="bash benchmarks/gpu_job.sh 6", carry=[".gpu"], timeout_s=570)   # its first lease: the sweep
+#   run(command="GPU_JOB_SECONDS=150 GPU_STUDY_WORKERS=1 GPU_STUDY_ONLY=base:post_ln:1 bash benchmarks/gpu_job.sh 7",
+#       carry=[".gpu"], timeout_s=200)                                           # at once after: post-LN on
+#   run(command="bash benchmarks/gpu_job.sh 7", carry=[".gpu"], timeout_s=570)   # every later lease: the study
+#   run(command="GPU_JOB_SECONDS=150 bash benchmarks/gpu_job.sh 7", carry=[".gpu"], timeout_s=200)  # at once after
+# Estimate (fp32, as the CPU study; not yet measured under these settings): base-size runs
+# side by side on the H100 shared about 20 updates/s (3.3-3.9 each with five to six at once,
+# checkpoints every 40 updates; the GPU lines of 2026-11-24/25 in curves.jsonl), and one
+# process alone is bound by the host at about 13 updates/s (H200, fp16, 46.5k target tokens/s
+# at 3439 per update; docs/benchmarks.md). A run cannot outlive its lease: about 620 s are
+# left for training and scoring after the start (~150 s) and two set-ups, and its 4
+# milestones cost about 55 s each beside training, so W runs of 4000 updates fit where
+# 4000 / (20 / W) + 220 <= 620 s: W = 2 base runs per lease, or one 12+12 run (twice a base
+# run's cost per update), if one alone makes ~13 updates/s. The 17 runs (12 base, 5 at 12+12)
+# then take about 11 leases after the sweep's (6 for base, 5 for 12+12); the sweep's lease
+# gives post-LN under three schedules to 2000 updates. Part 6 measures the shared rate
+# (throughput.txt) and part 7 takes study.workers_for's count from it on the same machine;
+# later leases pass GPU_STUDY_WORKERS. The fast path (GPU_STUDY_FAST_PATH=1, once its own part
+# has passed on a GPU) is what can shorten this.
 #
 # .gpu/ (ignored by git; `make gpu-bundle` builds it and rehearses every part on the CPU) holds
 #   whl/        ve-fairseq 0.12.3 cp312 and the dependencies the machine lacks
@@ -35,8 +60,17 @@
 #   recipe at 16384.
 # Part 4 (default 240 s): the methods that cross layers, Peri-LN, RMSNorm/DyT and the 2025
 #   kinds against their references, at 4096 tokens in bf16 (gpu_train.CROSS_LAYER_ROWS).
+# Part 5 (default 500 s), issue 55's fast path (--fast-path, resnmt/training/fast/), the most
+#   decisive numbers first: the CUDA checks of tests/test_fast_path.py (the captured update equals
+#   the eager one; the fast path's losses equal fairseq's step; no host sync in an update; then, in a process of its own, captured training against eager)
+#   -> fast_path_tests*.txt; whole processes at base size, 4096 tokens, 200 updates (Multi30k's
+#   first epoch is about 135), 3 interleaved rounds of stock fairseq-train --arch transformer
+#   --fp16, resnmt-train --fast-path --bf16 and stock again (the noise floor); then, as time
+#   allows, transformer-big at 16384 tokens (stock, the fast path, stock again: MFU against the
+#   measured bf16 peak) and the fast path without its CUDA graphs (--no-step-capture).
 # Each step stops starting new work at its deadline; whatever finished is under $OUT:
-# job.log, gpu_tests*.txt (the CUDA checks of parts 1-3), gpu_train.jsonl, profile.json.
+# job.log, gpu_tests*.txt and fast_path_tests*.txt (the CUDA checks of parts 1-3 and 5),
+# gpu_train.jsonl (a line per finished whole process, as it ends), profile.json.
 # GPU_JOB_SMOKE=1 rehearses the steps on the CPU (tiny model, few updates) where fairseq
 # is already installed; PYTHON names the interpreter (default python3).
 set -uo pipefail
@@ -47,7 +81,9 @@ case "$PART" in
     3) BUDGET=${GPU_JOB_SECONDS:-420} ;;
     2) BUDGET=${GPU_JOB_SECONDS:-300} ;;
     4) BUDGET=${GPU_JOB_SECONDS:-240} ;;
-    *) echo "gpu_job.sh: part '$PART': give 1, 2, 3 or 4"; exit 2 ;;
+    5) BUDGET=${GPU_JOB_SECONDS:-500} ;;
+    6|7) BUDGET=${GPU_JOB_SECONDS:-530} ;;
+    *) echo "gpu_job.sh: part '$PART': give 1, 2, 3, 4, 5, 6 or 7"; exit 2 ;;
 esac
 T0=$SECONDS
 left() { echo $(( BUDGET - (SECONDS - T0) )); }
@@ -73,6 +109,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv 2>/dev/null || true
 echo "[gpu_job] part $PART set up in $((SECONDS - T0)) s"
 # every step ends by the part's budget, killed if need be (rows are written as rounds finish)
+if [ "$PART" = 6 ] || [ "$PART" = 7 ]; then  # the curves study (issue 56)
+    . benchmarks/gpu_study.sh
+    echo "[gpu_job] part $PART done in $((SECONDS - T0)) s"
+    exit "$STUDY_RC"
+fi
 bench() { timeout -k 5 "$(left)" "$PY" benchmarks/gpu_train.py --data .gpu/multi30k/bin --out "$OUT/gpu_train.jsonl" "$@"; }
 
 if [ "$PART" = 1 ]; then
@@ -88,6 +129,30 @@ elif [ "$PART" = 4 ]; then
     bench --tokens 4096 --dtypes bf16 --no-recipe --warmup 10 --updates 30 --rounds 8 \
         --rows transformer,transformer_prenorm,post_ln,pre_ln,peri_ln,b2t,resi_dual,dlcl,dlcl_post,pre_ln_rms_norm,post_ln_rms_norm,pre_ln_dyt,post_ln_dyt,hyper,mhc,mix_ln,ln_scaling,hybrid_norm,denseformer \
         --deadline $(( $(left) - 40 )) "${SMOKE[@]}"
+elif [ "$PART" = 5 ]; then
+    timeout 100 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_fast_path.py \
+        -k "on_cuda and not captured_training" 2>&1 | tail -n 40 > "$OUT/fast_path_tests.txt"
+    tail -n 3 "$OUT/fast_path_tests.txt"
+    timeout 60 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
+        tests/test_fast_path.py::test_on_cuda_captured_training_equals_eager_training 2>&1 | tail -n 60 \
+        > "$OUT/fast_path_tests2.txt"
+    tail -n 2 "$OUT/fast_path_tests2.txt"
+    echo "[gpu_job] checks done at $((SECONDS - T0)) s"
+    STOCK=stock_fairseq_train_fp16 STOCK_BIG=stock_fairseq_train_big_fp16 BIG_TOKENS=16384
+    [ "${GPU_JOB_SMOKE:-0}" = 1 ] && BIG_TOKENS=1024  # (the rehearsal's CPU: a tiny model, few tokens)
+    whole() { bench --tokens "" --no-recipe --whole-process --whole-rounds 3 "$@"; }
+    whole --whole-runs $STOCK,resnmt_train_fast_bf16,$STOCK --whole-updates 200 --whole-interval 10 --whole-skip 20 \
+        --whole-timeout 90 --deadline $(( $(left) - 80 )) "${SMOKE[@]}"
+    echo "[gpu_job] base: the fast path against stock done at $((SECONDS - T0)) s"
+    if [ "$(left)" -gt 120 ]; then
+        whole --whole-runs $STOCK_BIG,resnmt_train_fast_big_bf16,$STOCK_BIG --whole-tokens $BIG_TOKENS --whole-updates 80 \
+            --whole-interval 5 --whole-skip 10 --whole-timeout 80 --deadline $(( $(left) - 60 )) "${SMOKE[@]}"
+        echo "[gpu_job] transformer-big done at $((SECONDS - T0)) s"
+    fi
+    if [ "$(left)" -gt 120 ]; then
+        whole --whole-runs $STOCK,resnmt_train_fast_eager_bf16 --whole-updates 200 --whole-interval 10 --whole-skip 20 \
+            --whole-timeout 90 --deadline $(( $(left) - 60 )) "${SMOKE[@]}"
+    fi
 elif [ "$PART" = 2 ]; then
     timeout 60 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
         tests/test_sdpa_backends.py::test_on_cuda_kernels_compute_the_same_in_bf16 2>&1 | tail -n 20 > "$OUT/gpu_tests2.txt"

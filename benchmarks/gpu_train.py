@@ -37,11 +37,14 @@ Method (docs/benchmarks.md, "GPU training through fairseq's trainer"):
   a GPU, where its synchronisations come from);
 * ``--whole-process``: complete ``fairseq-train`` runs, stock (``--arch transformer
   --fp16``) against ``--user-dir resnmt --arch transformer_postln_base --fp16`` and the
-  recipe through resnmt-train (also with ``--sdpa-backends flash,efficient,math``),
+  recipe through resnmt-train (also with ``--sdpa-backends flash,efficient,math``), and
+  the fast path (``--fast-path``, with and without ``--no-step-capture``; base and big),
   fairseq's own ``wps`` parsed from its json log (the median over the logged intervals,
   and separately over the first epoch, where every batch shape is new, and the later
-  ones) and the per-update losses compared; a run named twice in ``--whole-runs`` is
-  repeated, the repeats' difference the noise floor of the processes' ratios.
+  ones), the fast path's padding and CUDA graphs from its log, and the per-update losses
+  compared; ``--whole-rounds`` interleaved rounds, the order reversed every other round; a
+  run named twice in ``--whole-runs`` is repeated in each round, the repeats' difference
+  the noise floor of the processes' per-round ratios (whole_processes.py).
 
 Rows are written to ``--out`` as JSON lines after every round (the line with the most
 rounds of a job counts; make_tables.py), the profile as soon as it is taken; the markdown
@@ -109,6 +112,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--whole-runs", default=WHOLE_RUNS, help=f"comma-separated whole-process runs, of "
                    f"{', '.join(WHOLE_RUN_NAMES)}, in the order given; a run named again is repeated, and the "
                    f"repeats' difference is the noise floor of the ratios (default: {WHOLE_RUNS})")
+    p.add_argument("--whole-rounds", type=int, default=1, help="interleaved rounds of --whole-runs, the order "
+                   "reversed every other round (default: 1; a ratio from one round never resolves)")
     p.add_argument("--whole-timeout", type=float, default=300, help="seconds a whole-process run may take (default: 300)")
     p.add_argument("--whole-updates", type=int, default=300, help="updates per whole-process run (default: 300)")
     p.add_argument("--whole-tokens", type=int, default=4096, help="--max-tokens of the whole-process runs (default: 4096)")
@@ -154,6 +159,8 @@ def parse(argv=None):
     bad = [r for r in a.whole_runs.split(",") if r not in WHOLE_RUN_NAMES]
     if bad:
         p.error(f"--whole-runs {','.join(bad)}: unknown; choose from {', '.join(WHOLE_RUN_NAMES)}")
+    if a.whole_rounds < 1:
+        p.error(f"--whole-rounds {a.whole_rounds}: at least 1")
     if a.cpu:
         dtypes = ["fp32"]  # bf16 on the CPU is tested in tests/test_bf16.py; timing here is only the smoke check
     return a, rows, dtypes, tokens, limits
@@ -186,7 +193,10 @@ def main(argv=None):
            "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "settings": portable_settings(a), "fairseq": fairseq.__version__}
     # the peak of each dtype that will train (the smoke test: fp32 on the CPU)
-    trained = sorted({c.dtype for t in tokens for c in configs_at(a, t, rows, dtypes, limits)})
+    trained = {c.dtype for t in tokens for c in configs_at(a, t, rows, dtypes, limits)}
+    if a.whole_process:  # each whole process's precision is its name's last word
+        trained |= {"fp32"} if a.cpu else {name.rsplit("_", 1)[1] for name in a.whole_runs.split(",")}
+    trained = sorted(trained)
     env.update(peak_rates(a.cpu, 512 if a.smoke else a.matmul_size, trained))
     record(out, env)
     print(json.dumps(env), flush=True)

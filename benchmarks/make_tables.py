@@ -51,7 +51,8 @@ def main(argv=None):
     quality = quality_table([r for r in records if r.get("benchmark") == "quality"], a.quality_settings)
     fp16 = fp16_tables([r for r in records if r.get("benchmark") == "fp16"])
     headroom = headroom_tables([r for r in records if r.get("benchmark") == "fp16-headroom"])
-    glance = speed_glance([r for r in records if r.get("benchmark") == "speed"])
+    glance = speed_glance([r for r in records if r.get("benchmark") == "speed"],
+                          [r for r in records if r.get("benchmark") == "gpu_train"])
     gpu = gpu_tables([r for r in records if r.get("benchmark") == "gpu_train"])
     study = study_tables.tables(study_tables.runs_of(records))
     tables = {"speed": speed, "quality": quality, "fp16": fp16, "fp16-headroom": headroom, "speed-glance": glance,

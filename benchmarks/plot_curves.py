@@ -333,9 +333,9 @@ def plot_learned(runs, figures: Path) -> list:
 
     written = []
     for (device, size, row), (record, kinds) in sorted(newest_learned(runs).items()):
-        title = (f"{row}, {SIZE_TITLES.get(size, size)}{' (GPU)' if device == 'cuda' else ''}, seed 1, "
+        title = (f"{row}, {SIZE_TITLES.get(size, size)}{f' ({device})' if device != 'cpu' else ''}, seed 1, "
                  f"{record['updates']} updates")
-        stem = f"curves-learned-{slug(row)}-{size}{'-cuda' if device == 'cuda' else ''}"
+        stem = f"curves-learned-{slug(row)}-{size}{f'-{slug(device)}' if device != 'cpu' else ''}"
         for name, sides in record["analysis"].get("streams", {}).items():
             written.append(plot_stream_weights(name, sides, title, figures / f"{stem}-{name}.png"))
         for name, sides in record["analysis"].get("norms", {}).items():

@@ -10,7 +10,7 @@ from collections import Counter, OrderedDict
 
 from rows import QUALITY_ROWS
 from stats import identical_noise, noise_floor
-from verdicts import PREDICTION_TARGET_DEFAULT, PREDICTION_TARGETS, pair_resolution, target_verdict
+from verdicts import PREDICTION_TARGET_DEFAULT, PREDICTION_TARGETS, RESOLVE_ROUNDS, pair_resolution, target_verdict
 
 
 def fmt_ratio(x):
@@ -139,7 +139,7 @@ def gpu_tables(records) -> str:
     """gpu_train.py's results (``benchmark == "gpu_train"``), per device: the trainer table
     (each configuration's line with the most rounds of the newest job that measured it) and
     the whole fairseq-train processes (fairseq's own wps; the resnmt runs against stock)."""
-    rows, whole, first_rounds = OrderedDict(), OrderedDict(), {}
+    rows, whole, first_rounds, summaries = OrderedDict(), OrderedDict(), {}, OrderedDict()
     for r in records:
         if r.get("kind") == "row":
             key = (r["device"], r["dtype"], r["max_tokens"], r["config"])
@@ -149,28 +149,56 @@ def gpu_tables(records) -> str:
             if old is None or (r["job"], r["rounds"]) >= (old["job"], old["rounds"]):
                 rows[key] = with_rounds_of_two(r, first_rounds.get(key + (r["job"],)))
         elif r.get("kind") == "whole_process" and "error" not in r:
-            whole[(r["device"], r["run"], r.get("repeat", 1))] = r  # the newest run of each
+            # the newest run of each (lines from before the token setting was recorded: 4096)
+            whole[(r["device"], r.get("tokens", 4096), r["run"], r.get("repeat", 1))] = r
+        elif r.get("kind") == "whole_summary":
+            key = (r["device"], r["tokens"], r["run"])
+            if key not in summaries or (r["job"], r["rounds"]) >= (summaries[key]["job"], summaries[key]["rounds"]):
+                summaries[key] = r  # the line with the most rounds of the newest job
     parts = []
-    for device in OrderedDict.fromkeys([k[0] for k in rows] + [k[0] for k in whole]):
+    for device in OrderedDict.fromkeys([k[0] for k in rows] + [k[0] for k in whole] + [k[0] for k in summaries]):
         mine = [r for k, r in rows.items() if k[0] == device]
         if mine:
             parts.append(f"**{device}, fairseq's Trainer** (jobs {', '.join(sorted({r['job'] for r in mine}))})\n\n"
                          + gpu_training_table(mine))
-        firsts = {k[1]: r for k, r in whole.items() if k[0] == device and k[2] == 1}
-        # a repeated run beside the newest first run of its name, from the same job
-        runs = [r for k, r in whole.items() if k[0] == device and k[1] in firsts and r["job"] == firsts[k[1]]["job"]]
-        if runs:
+        for tokens in OrderedDict.fromkeys(k[1] for k in whole if k[0] == device):
+            firsts = {k[2]: r for k, r in whole.items() if k[:2] == (device, tokens) and k[3] == 1}
+            # a repeated run beside the newest first run of its name, from the same job
+            runs = [r for k, r in whole.items()
+                    if k[:2] == (device, tokens) and k[2] in firsts and r["job"] == firsts[k[2]]["job"]]
             parts.append(whole_process_table(device, runs))
+        for tokens in OrderedDict.fromkeys(k[1] for k in summaries if k[0] == device):
+            parts.append(whole_rounds_table(device, [r for k, r in summaries.items() if k[:2] == (device, tokens)]))
     return "\n\n".join(parts) if parts else "_no GPU training results yet_"
+
+
+def whole_rounds_table(device, lines) -> str:
+    """The whole processes of one device and token setting run in interleaved rounds
+    (whole_processes.py's summary lines): each run's steady-state wps round by round, its
+    per-round ratio to stock of its size, the noise floor beside it, the verdict, MFU."""
+    out = [f"**{device}, whole processes in interleaved rounds** ({lines[0]['tokens']} tokens per update; "
+           "steady-state wps: the median of each process's later epochs; the ratio to the reference of the same "
+           "round; jobs " + ", ".join(sorted({r["job"] for r in lines})) + ")", "",
+           "| run | precision | rounds | steady wps median (each round) | ratio median (each round) | noise floor "
+           "| reference | target | meets | resolves | MFU (6ND) |", "|" + "---|" * 11]
+    for r in lines:
+        wps = f"{r['wps_steady']:,.0f} ({' · '.join(f'{x:,.0f}' for x in r['wps_steady_rounds'])})"
+        ratio = (f"{r['ratio']:.3f} ({' · '.join(f'{x:.3f}' for x in r['ratio_rounds'])})" if "ratio" in r else "")
+        mfu = (f"{100 * r['mfu_6nd']:.1f} % (of the {r['peak_dtype']} peak)" if "mfu_6nd" in r else "")
+        out.append(f"| {r['run']} | {r['precision']} | {r['rounds']} | {wps} | {ratio} | "
+                   f"{noise_cell(r['noise_floor']) if ratio else ''} | {r.get('reference', '')} | "
+                   f"{r.get('target', '')} | {r.get('meets', '')} | {r.get('resolves', '')} | {mfu} |")
+    return "\n".join(out)
 
 
 def whole_process_table(device, runs) -> str:
     """The whole fairseq-train processes of one device: each run's wps against stock's, and
     under the table the noise floor (a run repeated in its job against its first)."""
-    stock = next((r for r in runs if r["run"] == "stock_fairseq_train_fp16" and r.get("repeat", 1) == 1), None)
+    stock = next((r for r in runs if r["run"].startswith("stock_") and r.get("repeat", 1) == 1), None)
     repeated = any(r.get("repeat", 1) > 1 for r in runs)
-    lines = [f"**{device}, whole fairseq-train processes** (base size, 4096 tokens per update, "
-             f"{runs[0]['updates']} updates each; fairseq's own wps per logged interval, median (min-max) "
+    size = "big" if stock and "_big_" in stock["run"] else "base"
+    lines = [f"**{device}, whole fairseq-train processes** ({size} size, {runs[0].get('tokens', 4096)} tokens per "
+             f"update, {runs[0]['updates']} updates each; fairseq's own wps per logged interval, median (min-max) "
              f"of the {runs[0]['wps_intervals']} intervals after the warm-up; one process each"
              + (" (a run named again: the same command line repeated)" if repeated else "") + ", one after "
              "the other; the first epoch, where every batch shape is new, and the later ones apart "
@@ -248,8 +276,14 @@ MARKERS = {
 
 
 def speed_tables(records):
+    """speed.py's tables, on the CPU. On a GPU the update of these models is bound by the host,
+    and speed.py's ratios there spread by ±15 % between identical configurations: the GPU
+    numbers come from fairseq's trainer (gpu_train.py, the noise floor measured beside each
+    ratio); speed.py's GPU lines stay in speed.jsonl, out of the table."""
     groups = OrderedDict()
     for r in records:
+        if r["settings"]["device"] != "cpu":
+            continue
         key = (r["settings"]["device"], r["size"]["name"], r["settings"].get("dtype", "fp32"))
         groups.setdefault(key, []).append(r)
     parts = []
@@ -291,29 +325,50 @@ def speed_tables(records):
     return "\n".join(parts) if parts else "_no speed results yet_"
 
 
-GLANCE_ROWS = ("pre_ln", "rskip_ln (λ=2)", "deepnorm", "sas (gate h)", "sas (gate 64)", "nswish vs swish")
-GLANCE_GROUPS = (("cpu", "fp32", "CPU"), ("cuda", "bf16", "GPU bf16"))
+# the glance's rows: speed.py's row name -> gpu_train.py's configuration of the same kind
+GLANCE_ROWS = {"pre_ln": "pre_ln", "rskip_ln (λ=2)": "rskip_ln", "deepnorm": "deepnorm", "sas (gate h)": "sas",
+               "sas (gate 64)": "sas_gate64", "nswish vs swish": "nswish"}
+GLANCE_GPU_TOKENS = 4096
 
 
-def speed_glance(records, rows=GLANCE_ROWS, groups=GLANCE_GROUPS):
-    """Speed at a glance: a few rows of the speed tables (the latest run that measured each
-    row, per device and dtype), training and decoding throughput and peak memory as ratios
-    to the row's reference."""
+def gpu_glance_ratios(gpu_records, tokens=GLANCE_GPU_TOKENS) -> dict:
+    """{gpu_train configuration: its latest training ratio to its reference in bf16 at
+    ``tokens``}, only where that ratio is measured over RESOLVE_ROUNDS rounds or more beside a
+    measured noise floor (fewer rounds, or none beside it, resolve nothing on a GPU)."""
+    ratios = {}
+    for r in gpu_records:
+        if (r.get("kind") == "row" and r.get("dtype") == "bf16" and r.get("max_tokens") == tokens
+                and r.get("ratio") is not None and r.get("rounds", 0) >= RESOLVE_ROUNDS
+                and r.get("noise_floor") is not None):
+            ratios[r["config"]] = (r["ratio"], r["noise_floor"], r.get("device", "GPU"))
+    return ratios
+
+
+def speed_glance(records, gpu_records=(), rows=GLANCE_ROWS):
+    """Speed at a glance: a few rows of the CPU speed table (the latest run that measured each
+    row): training and decoding throughput and peak memory as ratios to the row's reference;
+    and each row's training ratio on a GPU through fairseq's trainer, where one is resolved
+    (:func:`gpu_glance_ratios`)."""
     latest = {}
     for r in sorted(records, key=lambda r: r["run_id"]):
-        latest[(r["settings"]["device"], r["settings"].get("dtype", "fp32"), r["row"])] = r
-    present = [g for g in groups if any((g[0], g[1], row) in latest for row in rows)]
-    if not present:
+        if r["settings"]["device"] == "cpu":
+            latest[r["row"]] = r
+    if not any(row in latest for row in rows):
         return "_no speed results yet_"
-    head = " | ".join(f"{name} train | {name} decode | {name} memory" for _, _, name in present)
-    lines = [f"| row (ratio to its reference) | {head} |", "|---|" + "---:|" * (3 * len(present))]
-    for row in rows:
-        cells = []
-        for device, dtype, _ in present:
-            r = latest.get((device, dtype, row))
-            cells += ([f"{r[k]['median']:.2f}" for k in ("train_ratio", "decode_ratio", "memory_ratio")]
-                      if r else ["", "", ""])
+    gpu = gpu_glance_ratios(gpu_records)
+    gpu_shown = any(config in gpu for config in rows.values())
+    head = "CPU train | CPU decode | CPU memory" + (" | GPU bf16 train (noise floor) |" if gpu_shown else " |")
+    lines = [f"| row (ratio to its reference) | {head}", "|---|" + "---:|" * (3 + gpu_shown)]
+    for row, config in rows.items():
+        r = latest.get(row)
+        cells = [f"{r[k]['median']:.2f}" for k in ("train_ratio", "decode_ratio", "memory_ratio")] if r else [""] * 3
+        if gpu_shown:
+            ratio, noise, _ = gpu.get(config, (None, None, None))
+            cells.append(f"{ratio:.2f} (±{100 * noise:.0f} %)" if ratio is not None else "")
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    if not gpu_shown:
+        lines.append(f"\nOn a GPU no kind's training ratio is measured yet over {RESOLVE_ROUNDS} or more rounds "
+                     "beside a noise floor (docs/benchmarks.md, GPU training through fairseq's trainer).")
     return "\n".join(lines)
 
 

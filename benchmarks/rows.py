@@ -101,11 +101,15 @@ CURVES_ROWS: Dict[str, Row] = {**QUALITY_ROWS, **CONTROL_ROWS}
 # 12000 updates, 0.19 to 14400, then 0.01 and 0.15 over the next two 2400-update steps
 # (36.79, 36.80, 36.95), its validation loss 0.035, then 0.015 and 0.012 (4.118 at 14400).
 # A 6+6 run costs about 3 times as much per update: 2400 updates is what two of them side
-# by side (1 thread each) reach within one 3-hour session on this CPU.
+# by side (1 thread each) reach within one 3-hour session on this CPU. The papers' sizes
+# (GPU only, benchmarks/gpu_job.sh parts 5-6) are scored every 1000 updates to 4000: each
+# milestone restarts fairseq-train and decodes test2016 (about 30-50 s on a shared GPU), and
+# a run must end within one GPU lease, which its checkpoints cannot outlive.
 DEFAULT_MILESTONES = {
     "small": (200, 600, 1200, 1800, 2400, 3600, 4800, 7200, 9600, 12000, 14400),
     "deep": (200, 600, 1200, 1800, 2400),
-    "base": (200, 600, 1200, 1800, 2400, 3600, 4800),
+    "base": (1000, 2000, 3000, 4000),
+    "base12": (1000, 2000, 3000, 4000),
 }
 
 
@@ -161,8 +165,8 @@ CONFIGS = {
 
 @dataclass(frozen=True)
 class Comparison:
-    """A config of ``CONFIGS`` measured against its reference, and the ratios to the
-    reference it should reach (None: no fixed target)."""
+    """A config of ``CONFIGS`` (or a run of ``WHOLE_PROCESSES``) measured against its
+    reference, and the ratios to the reference it should reach (None: no fixed target)."""
 
     config: str
     reference: Optional[str] = None  # None: a reference itself
@@ -304,12 +308,33 @@ RECIPE_TARGET = Comparison("post_ln", STOCK, times=3.0)
 # whole fairseq-train processes: name -> (the program's module, its model flags); the
 # precision is the name's last word
 RESNMT_POST_LN = ("--user-dir", str(USER_DIR), "--arch", "transformer_postln_base")
+RESNMT_POST_LN_BIG = ("--user-dir", str(USER_DIR), "--arch", "transformer_postln_big")
+# issue 55's fast path (resnmt/training/fast/): static-shape buckets, the update without host
+# syncs, each step captured as a CUDA graph per shape (--no-step-capture: the steps eagerly)
+FAST_FLAGS = RECIPE_FLAGS + RESNMT_TASK + ("--fast-path",)
+STOCK_RUN, STOCK_BIG_RUN = "stock_fairseq_train_fp16", "stock_fairseq_train_big_fp16"
 WHOLE_PROCESSES = {
-    "stock_fairseq_train_fp16": ("fairseq_cli.train", ("--arch", "transformer")),
+    STOCK_RUN: ("fairseq_cli.train", ("--arch", "transformer")),
     "resnmt_postln_fp16": ("fairseq_cli.train", RESNMT_POST_LN),
     "resnmt_train_recipe_bf16": ("resnmt.cli.train", RESNMT_POST_LN + RECIPES["recipe"]),
     "resnmt_train_recipe_compiled_bf16": ("resnmt.cli.train", RESNMT_POST_LN + RECIPES["recipe_compiled"]),
     "resnmt_train_recipe_flash_bf16": ("resnmt.cli.train", RESNMT_POST_LN + RECIPES["recipe_flash"]),
+    "resnmt_train_fast_bf16": ("resnmt.cli.train", RESNMT_POST_LN + FAST_FLAGS),
+    "resnmt_train_fast_eager_bf16": ("resnmt.cli.train", RESNMT_POST_LN + FAST_FLAGS + ("--no-step-capture",)),
+    # transformer-big (d=1024, FFN 4096, 16 heads): stock's and resnmt's post-LN (its model)
+    STOCK_BIG_RUN: ("fairseq_cli.train", ("--arch", "transformer_wmt_en_de_big")),
+    "resnmt_train_fast_big_bf16": ("resnmt.cli.train", RESNMT_POST_LN_BIG + FAST_FLAGS),
 }
 WHOLE_RUN_NAMES = tuple(WHOLE_PROCESSES)
 WHOLE_RUNS = ",".join(WHOLE_RUN_NAMES[:4])
+# each whole process against stock fairseq-train of its size, round by round (a stock run is
+# the reference of none: repeated in its job, it is the noise floor); the same-math pair in a
+# band, the fast path at issue 55's 3x
+WHOLE_TARGETS: Dict[str, Comparison] = {
+    "resnmt_postln_fp16": Comparison("resnmt_postln_fp16", STOCK_RUN, band=(0.98, 1.02)),
+    **{name: Comparison(name, STOCK_RUN) for name in (
+        "resnmt_train_recipe_bf16", "resnmt_train_recipe_compiled_bf16", "resnmt_train_recipe_flash_bf16",
+        "resnmt_train_fast_eager_bf16")},
+    "resnmt_train_fast_bf16": Comparison("resnmt_train_fast_bf16", STOCK_RUN, times=3.0),
+    "resnmt_train_fast_big_bf16": Comparison("resnmt_train_fast_big_bf16", STOCK_BIG_RUN),
+}

@@ -5,6 +5,7 @@ decoded, scored and analysed, one JSON line per milestone.
 """
 import fcntl
 import shutil
+import statistics
 import sys
 from pathlib import Path
 
@@ -16,6 +17,18 @@ from resnmt.checkpoints.averaging import numbered_checkpoints
 from resnmt.experiment import steps
 from resnmt.experiment.presets import SIZES
 from resnmt.shared import append_jsonl, read_jsonl
+
+# The papers' sizes (GPU only), most decisive first: post-LN against pre-LN, rSkip+LN and
+# SAS at base (6+6, d=512) under the GPU schedule; second seeds of the first three; the
+# newer methods; then 12+12 at d=512, where post-LN is known to fail. Pairs that compare
+# directly are adjacent, so that workers started together train them side by side.
+PAPERS_SIZE_ORDER = (
+    [("base", r, 1) for r in ("post_ln", "pre_ln", "rskip_ln (λ=2)", "sas")]
+    + [("base", r, 2) for r in ("post_ln", "pre_ln", "rskip_ln (λ=2)")]
+    + [("base", r, 1) for r in ("b2t", "hyper")]
+    + [("base12", r, 1) for r in ("post_ln", "pre_ln", "rskip_ln (λ=2)")]
+    + [("base12", r, 1) for r in ("b2t", "hyper")]
+)
 
 # The study, most decisive runs first: (size, row, seed). Pairs that compare directly are
 # adjacent, so that `--workers 2 --threads 1` trains them side by side. What is done is in
@@ -34,8 +47,7 @@ STUDY_ORDER = (
     + [("deep", r, 1) for r in ("b2t (warm-up 1000)", "resi_dual (warm-up 1000)")]
     # second seeds where a verdict rests on one (beside post-LN's and pre-LN's seed 2 above)
     + [(size, r, 2) for r in ("b2t", "pre_ln + dyt", "post_ln + dyt") for size in ("small", "deep")]
-    + [("base", r, 1) for r in ("post_ln", "rskip_ln (λ=2)", "pre_ln", "sas")]
-    + [("base", r, 1) for r in CONTROL_ROWS]
+    + PAPERS_SIZE_ORDER
     + [(size, r, 1) for r in GEN2025_KINDS for size in ("deep", "small") if (size, r) not in SAME_RUN]
     # a second seed where one seed puts a 2025 kind ahead of post-LN at 2+2 (by less than, or
     # about, a row's seed spread)
@@ -49,7 +61,108 @@ STUDY_ORDER = (
 
 # Sizes planned only with --device cuda: a CPU trains the papers' base size ~20x slower
 # than the 6+6 d=128 model.
-GPU_ONLY_SIZES = ("base",)
+GPU_ONLY_SIZES = ("base", "base12")
+
+
+# The GPU study's schedule (issue 56): inverse square root, as the CPU study's, with a lower
+# peak and a longer warm-up, chosen on the GPU by a measured sweep of post-LN at base size
+# (benchmarks/gpu_job.sh part 6 trains post-LN seed 1 under each candidate to 2000 updates,
+# side by side; `curves.py --choose-schedule` applies choose_schedule). The candidates:
+# Transformer-base's peak 7e-4 with 1000 and 2000 warm-up updates, and fairseq's IWSLT peak
+# 5e-4 with 1000; each reaches its peak within the sweep, where post-LN at lr 1e-3 failed
+# (diverged with 300 warm-up updates, stalled at 24 BLEU with 1000). FALLBACK_SCHEDULE, the
+# lowest peak with the issue's longest warm-up, is taken when no candidate trains.
+SWEEP_SCHEDULES = ((7e-4, 2000), (7e-4, 1000), (5e-4, 1000))
+FALLBACK_SCHEDULE = (5e-4, 4000)
+# A candidate trains when, at the newest milestone every candidate reached, its BLEU is at
+# least SWEEP_MIN_BLEU and above its previous milestone's, and its newest validation loss is
+# within SWEEP_RISE of its lowest (a loss that climbs again after the peak is post-LN's
+# failure). Of those, the lowest newest validation loss wins; a lower peak or a longer
+# warm-up within SWEEP_TIE of it is preferred (the safer schedule for the updates to come).
+SWEEP_MIN_BLEU, SWEEP_RISE, SWEEP_TIE = 10.0, 0.05, 0.05
+
+
+def schedule_of(settings: dict) -> dict:
+    """The learning-rate schedule a line was trained under (recorded in each line; its
+    numbers are in the settings, so another schedule has another settings key)."""
+    return {"lr_scheduler": "inverse_sqrt", "lr": settings["lr"], "warmup_updates": settings["warmup_updates"]}
+
+
+def execution_flags(a) -> list:
+    """fairseq-train flags of how a run executes (recorded per line): the attention kernels,
+    which compute the same (out of the settings key); and the fast path, whose static batch
+    shapes make other batches (in the key: ``"fast_path"``)."""
+    flags = []
+    if a.sdpa_backends or a.fast_path:
+        flags += ["--task", "resnmt_translation"]
+    if a.sdpa_backends:
+        flags += ["--sdpa-backends", a.sdpa_backends]
+    if a.fast_path:
+        flags += ["--fast-path"]
+    return flags
+
+
+def choose_schedule(lines, keys: dict, device: str = "cuda"):
+    """((lr, warm-up), why): the GPU study's schedule from the sweep's post-LN base runs
+    (seed 1) in the curves ``lines`` (files), ``keys`` mapping each candidate (lr, warm-up)
+    to its settings key; by the rule above. FALLBACK_SCHEDULE when no candidate trains or
+    one was not run."""
+    runs = {c: {} for c in keys}
+    for path in lines:
+        for r in read_jsonl(path):
+            for c, key in keys.items():
+                if (r.get("benchmark") == "curves" and r["settings_key"] == key and r.get("device", "cpu") == device
+                        and r["size"]["name"] == "base" and r["row"] == "post_ln" and r["seed"] == 1):
+                    runs[c][r["updates"]] = r
+    missing = [c for c, recs in runs.items() if not recs]
+    if missing:
+        return FALLBACK_SCHEDULE, f"fallback {FALLBACK_SCHEDULE}: no sweep line for {missing}"
+    budget = min(max(recs) for recs in runs.values())
+    verdicts = {}
+    for c, recs in runs.items():
+        r = recs.get(budget)
+        earlier = [u for u in recs if u < budget]
+        valid = [loss for u, loss, *_ in (r["valid"] if r else []) if u <= budget]
+        trains = (r is not None and valid and r["bleu"] >= SWEEP_MIN_BLEU
+                  and (not earlier or r["bleu"] > recs[max(earlier)]["bleu"]) and valid[-1] <= min(valid) + SWEEP_RISE)
+        verdicts[c] = (bool(trains), valid[-1] if valid else float("inf"), r["bleu"] if r else None)
+    why = "; ".join(f"lr {c[0]:g} warm-up {c[1]}: {'trains' if t else 'fails'} (BLEU {b}, valid loss {v:.3f})"
+                    for c, (t, v, b) in verdicts.items()) + f" at {budget} updates"
+    training = [c for c, (t, _, _) in verdicts.items() if t]
+    if not training:
+        return FALLBACK_SCHEDULE, f"fallback {FALLBACK_SCHEDULE}: no candidate trains: {why}"
+    best = min(verdicts[c][1] for c in training)
+    near = [c for c in training if verdicts[c][1] <= best + SWEEP_TIE]
+    chosen = min(near, key=lambda c: (c[0], -c[1]))
+    return chosen, f"chose lr {chosen[0]:g} warm-up {chosen[1]}: {why}"
+
+
+# How many runs a GPU lease trains side by side (benchmarks/gpu_job.sh). A run's checkpoints
+# cannot outlive the lease, so each run must reach its last milestone within it: LEASE_SECONDS
+# of a 15-minute lease are left for training and scoring (after the machine's start, about
+# 150 s, and two parts' set-ups, about 40 s each), and each milestone costs about
+# MILESTONE_SECONDS besides training (fairseq-train's restart, the average, beam-4 decoding
+# of test2016, resnmt-analyze; 25-50 s each on the H100 in 2026-11-24/25's GPU lines).
+LEASE_SECONDS, MILESTONE_SECONDS = 620, 55
+
+
+def updates_per_second(workdir: Path) -> dict:
+    """{run directory: fairseq's updates per second, the median of its newest 10 logged
+    intervals} of every run with a log under ``workdir`` (runs side by side measure their
+    shared rate)."""
+    rates = {}
+    for log in sorted(Path(workdir).glob("*/*/*/log.txt")):
+        ups = [float(x["ups"]) for x in steps.FairseqLog.read(log).inner if "ups" in x][-10:]
+        if ups:
+            rates[log.parent] = statistics.median(ups)
+    return rates
+
+
+def workers_for(total_ups: float, updates: int, milestones: int) -> int:
+    """The most runs side by side that each reach ``updates`` within a lease, when runs share
+    ``total_ups`` updates per second: W with updates / (total_ups / W) + milestones *
+    MILESTONE_SECONDS <= LEASE_SECONDS (at least 1)."""
+    return max(1, int(total_ups * (LEASE_SECONDS - milestones * MILESTONE_SECONDS) / updates))
 
 
 def planned(a):
@@ -57,7 +170,9 @@ def planned(a):
     for size, row, seed in STUDY_ORDER:
         if row not in CURVES_ROWS:  # a connection kind that has not landed yet
             continue
-        if a.device == "cpu" and size in GPU_ONLY_SIZES:
+        if a.device == "cpu" and size in GPU_ONLY_SIZES and not a.tiny:  # tiny: the GPU job's rehearsal
+            continue
+        if a.sizes and size not in a.sizes:
             continue
         if a.only and f"{size}:{row}:{seed}" not in a.only and f"{size}:{slug(row)}:{seed}" not in a.only:
             continue
@@ -65,10 +180,11 @@ def planned(a):
     return runs
 
 
-def done_milestones(out: Path, key: str, device: str):
-    """{(size, row, seed): milestones recorded} for these settings on ``device`` (cpu or cuda)."""
+def done_milestones(lines, key: str, device: str):
+    """{(size, row, seed): milestones recorded} for these settings on ``device`` (cpu or cuda)
+    in the curves ``lines`` (a file, or several)."""
     done = {}
-    for r in read_jsonl(out):
+    for r in (r for path in ([lines] if isinstance(lines, (str, Path)) else lines) for r in read_jsonl(path)):
         if r.get("benchmark") == "curves" and r["settings_key"] == key and r.get("device", "cpu") == device:
             done.setdefault((r["size"]["name"], r["row"], r["seed"]), set()).add(r["updates"])
     return done
@@ -113,7 +229,7 @@ def score_milestones(a, settings, key, size, row, seed, milestones_done, env, de
     model_size = SIZES["tiny" if a.tiny else size]
     train_argv = runs.benchmark_train_argv(
         a.bin_dir, arch, row_flags, model_size, seed=seed, max_tokens=a.max_tokens, lr=a.lr, warmup=a.warmup,
-        dropout=a.dropout, save_every=a.save_every, keep=a.average, validate=True)
+        dropout=a.dropout, save_every=a.save_every, keep=a.average, validate=True) + execution_flags(a)
     for updates in a.milestones[size]:
         if updates in milestones_done:
             continue
@@ -146,6 +262,7 @@ def score_milestones(a, settings, key, size, row, seed, milestones_done, env, de
             "averaged": [p.name for p in ckpts],
             "data": portable_path(a.bin_dir, Path(a.data)), "ref": portable_path(a.ref, Path(a.data)),
             "train_seconds": round(total, 1), "decode_seconds": round(decode_seconds, 1),
+            "schedule": schedule_of(settings), "execution_flags": execution_flags(a),
             **device, "torch_threads": a.threads,
             "finished": run_id(),
         }

@@ -9,12 +9,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
+from flags import STUDY_LR, STUDY_WARMUP
 from rows import CONTROLS, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, SAME_RUN
 from verdicts import claim_verdict
 
 from resnmt.shared import read_jsonl
 
-SIZE_TITLES = {"small": "2+2 layers, d=128", "deep": "6+6 layers, d=128", "base": "6+6 layers, d=512"}
+SIZE_TITLES = {"small": "2+2 layers, d=128", "deep": "6+6 layers, d=128", "base": "6+6 layers, d=512",
+               "base12": "12+12 layers, d=512"}
 MARKERS = {
     "curves-table": ("<!-- curves-table:begin -->", "<!-- curves-table:end -->"),
     "glance-table": ("<!-- glance-table:begin -->", "<!-- glance-table:end -->"),
@@ -28,12 +30,25 @@ def load(path: Path):
     return runs_of(read_jsonl(path))
 
 
+def setting_of(record) -> str:
+    """Where and how a curves line was trained, as its panels and tables name it: the device
+    (cpu, cuda), and where they are not the CPU study's, the schedule and the fast path
+    (``"cuda, lr 0.0007, warm-up 2000"``): lines of another schedule are other runs."""
+    s = record.get("settings", {})
+    where = record.get("device", "cpu")
+    if (s.get("lr", STUDY_LR), s.get("warmup_updates", STUDY_WARMUP)) != (STUDY_LR, STUDY_WARMUP):
+        where += f", lr {s['lr']:g}, warm-up {s['warmup_updates']}"
+    return where + (", fast path" if s.get("fast_path") else "")
+
+
 def runs_of(records):
-    """{(device, size): {row: {seed: {updates: record}}}} of the curves lines among ``records``."""
+    """{(setting, size): {row: {seed: {updates: record}}}} of the curves lines among
+    ``records``; the setting is :func:`setting_of`'s (``cpu``, ``cuda`` for the CPU study's
+    schedule)."""
     runs = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
     for r in records:
         if r.get("benchmark") == "curves":
-            runs[(r.get("device", "cpu"), r["size"]["name"])][r["row"]][r["seed"]][r["updates"]] = r
+            runs[(setting_of(r), r["size"]["name"])][r["row"]][r["seed"]][r["updates"]] = r
     return runs
 
 
@@ -131,7 +146,7 @@ class Claim(NamedTuple):
     method: str = ""  # the glance table's row: claims of one method share it (default: the claim's own)
 
 
-SIZE_SHORT = {"small": "2+2, d=128", "deep": "6+6, d=128", "base": "6+6, d=512"}
+SIZE_SHORT = {"small": "2+2, d=128", "deep": "6+6, d=128", "base": "6+6, d=512", "base12": "12+12, d=512"}
 # The papers' numbers are IWSLT'15 EN-VI BLEU at base size, trained to convergence; the
 # study's are Multi30k EN-DE sacreBLEU, so only the direction compares. The 2+2 rows are
 # measured at the final budget; the 6+6 rows at the last budget most of their seeds reach.
@@ -219,7 +234,7 @@ def glance_table(runs, claims=CLAIMS, baseline: str = "post_ln") -> str:
                     else f"{values[0]:.2f}")
 
         measured = f"{mean_std(own)} vs {mean_std(other)}, {_mean_std([diffs[s] for s in seeds])}"
-        setting = f"{SIZE_SHORT.get(c.size, c.size)}, {c.updates} updates{', GPU' if c.device == 'cuda' else ''}"
+        setting = f"{SIZE_SHORT.get(c.size, c.size)}, {c.updates} updates{', GPU' if c.device.startswith('cuda') else ''}"
         answer = claim_verdict([diffs[s] for s in seeds], c.at_least) + (f"; {c.note}" if c.note else "")
         methods.setdefault(c.method or c.claim, []).append((c.claim, setting, c.papers, measured, answer))
     for method, cells in methods.items():

@@ -263,6 +263,8 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
         assert math.isfinite(r["bleu"]) and r["n_sentences"] == 60 and r["device"] == "cpu"
         assert r["size"]["layers"] == 2 and r["settings"]["dropout"] == 0.3  # SIZES["tiny"]
         assert "threads" not in r["settings"] and r["torch_threads"] == 1  # execution, not a setting
+        assert r["schedule"] == {"lr_scheduler": "inverse_sqrt", "lr": 1e-3, "warmup_updates": 1}
+        assert r["execution_flags"] == []
         assert len(r["analysis"]["statistics"]["grad_norm"]["encoder"]["output"]) == r["size"]["layers"]
         assert len(r["averaged"]) == 2
         assert (r["data"], r["ref"]) == (f"{tiny_bin.parent.name}/bin", f"{tiny_bin.parent.name}/text/test.de")
@@ -309,7 +311,95 @@ def test_curves_keeps_gpu_runs_apart_from_cpu_runs(tmp_path, monkeypatch, capsys
     with pytest.raises(SystemExit) as stop:
         curves.main(["--out", str(out), "--only", "base:post_ln:1"])
     assert stop.value.code == 2
-    assert "--only base:post_ln:1: the base size runs only with --device cuda" in capsys.readouterr().err
+    assert "--only base:post_ln:1: the base/base12 sizes run only with --device cuda" in capsys.readouterr().err
+
+
+GPU_SCHEDULE = ["--lr", "7e-4", "--warmup", "2000", "--save-every", "100"]
+
+
+def test_curves_gpu_study_plans_the_papers_sizes_under_its_own_schedule(tmp_path, monkeypatch, capsys):
+    """The GPU study (gpu_job.sh part 7) plans base and 12+12 in priority order; its schedule
+    gives another settings key, so the GPU lines of the CPU study's schedule do not mark its
+    runs done, and the tables keep them in a setting of their own."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import curves
+    import study
+    import study_tables
+
+    out = tmp_path / "curves.jsonl"
+    gpu = ["--out", str(out), "--device", "cuda", "--sizes", "base,base12", *GPU_SCHEDULE]
+    assert curves.main([*gpu, "--list"]) == 0
+    listed = [re.match(r"(\w+) +(\w+) +(.+?) +seed (\d)", line).groups() for line in capsys.readouterr().out.splitlines()]
+    assert [(size, row, int(seed)) for _, size, row, seed in listed] == list(study.PAPERS_SIZE_ORDER)
+    assert ("base12", "post_ln", 1) in study.PAPERS_SIZE_ORDER and ("base", "sas", 1) in study.PAPERS_SIZE_ORDER
+    assert {state for state, *_ in listed} == {"missing"}
+
+    settings = curves.study_settings(curves.parser().parse_args(GPU_SCHEDULE))
+    cpu_key = default_settings_key(curves)
+    assert study.schedule_of(settings) == {"lr_scheduler": "inverse_sqrt", "lr": 7e-4, "warmup_updates": 2000}
+    keys = {records_key(curves, ["--lr", str(lr), "--warmup", str(w), "--save-every", "100"])
+            for lr, w in (*study.SWEEP_SCHEDULES, study.FALLBACK_SCHEDULE)}
+    assert len(keys) == len(study.SWEEP_SCHEDULES) + 1 and cpu_key not in keys
+    old = {"benchmark": "curves", "settings_key": cpu_key, "size": {"name": "base"}, "row": "post_ln", "seed": 1,
+           "updates": 1000, "device": "cuda", "settings": {"lr": 1e-3, "warmup_updates": 300}}
+    new = dict(old, settings_key=records_key(curves, GPU_SCHEDULE), settings=settings)
+    out.write_text(json.dumps(old) + "\n", encoding="utf-8")
+    assert curves.main([*gpu, "--list", "--only", "base:post_ln:1"]) == 0
+    assert capsys.readouterr().out.startswith("missing  base  post_ln")
+    assert set(study_tables.runs_of([old, new])) == {("cuda", "base"), ("cuda, lr 0.0007, warm-up 2000", "base")}
+    with pytest.raises(SystemExit):
+        curves.main(["--out", str(out), "--sizes", "base12", "--list"])
+    assert "--sizes base12: run only with --device cuda" in capsys.readouterr().err
+
+
+def records_key(curves, argv) -> str:
+    import records
+
+    return records.settings_key(curves.study_settings(curves.parser().parse_args(argv)))
+
+
+def sweep_line(study, lr, warmup, updates, bleu, valid):
+    return {"benchmark": "curves", "settings_key": f"k{lr}-{warmup}", "device": "cuda", "size": {"name": "base"},
+            "row": "post_ln", "seed": 1, "updates": updates, "bleu": bleu, "valid": valid}
+
+
+def test_choose_schedule_takes_the_lowest_loss_that_trains_the_safer_one_on_a_tie(tmp_path, monkeypatch):
+    """study.choose_schedule: a candidate whose validation loss climbs again, or whose BLEU
+    stalls, fails; of those that train the lowest validation loss wins, a lower peak within
+    SWEEP_TIE of it is preferred; a missing candidate or none training gives the fallback."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import study
+
+    (a, b, c) = study.SWEEP_SCHEDULES
+    keys = {cand: f"k{cand[0]}-{cand[1]}" for cand in study.SWEEP_SCHEDULES}
+    lines = [
+        sweep_line(study, *a, 1000, 20.0, [[500, 6.0, 5.0], [1000, 5.0, 4.0]]),
+        sweep_line(study, *a, 2000, 30.0, [[1500, 4.50, 3.5], [2000, 4.40, 3.4]]),  # trains, lowest loss
+        sweep_line(study, *b, 1000, 22.0, [[1000, 4.9, 3.9]]),
+        sweep_line(study, *b, 2000, 25.0, [[1500, 4.3, 3.3], [2000, 4.6, 3.6]]),  # its loss climbs again: fails
+        sweep_line(study, *c, 1000, 18.0, [[1000, 5.2, 4.2]]),
+        sweep_line(study, *c, 2000, 28.0, [[2000, 4.43, 3.4]]),  # trains, within the tie of a's
+    ]
+    path = tmp_path / "curves.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    chosen, why = study.choose_schedule([path], keys)
+    assert chosen == c and c[0] < a[0] and "fails (BLEU 25.0" in why  # c: the lower peak
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines[:4]), encoding="utf-8")
+    assert study.choose_schedule([path], keys)[0] == study.FALLBACK_SCHEDULE  # c was not run
+    stalled = [dict(x, bleu=5.0) for x in lines]
+    path.write_text("".join(json.dumps(x) + "\n" for x in stalled), encoding="utf-8")
+    assert study.choose_schedule([path], keys)[0] == study.FALLBACK_SCHEDULE
+    # a lease of LEASE_SECONDS: 20 updates/s shared, 4000 updates and 4 milestones each -> 2 runs
+    assert study.workers_for(20.0, 4000, 4) == int(20 * (study.LEASE_SECONDS - 4 * study.MILESTONE_SECONDS) / 4000)
+    assert study.workers_for(1.0, 4000, 4) == 1
+    # the shared rate: each run's fairseq ups, the median of its newest 10 logged intervals
+    for run, ups in (("post_ln.seed1", (1.0, 6.0, 7.0, 8.0)), ("pre_ln.seed1", (5.0,))):
+        log = tmp_path / "runs" / "key" / "base" / run / "log.txt"
+        log.parent.mkdir(parents=True)
+        log.write_text("".join(f"x | INFO | train_inner | epoch 002:  {50 * i} / 207 loss=9.1, ups={u}, "
+                               f"num_updates={50 * i}\n" for i, u in enumerate(ups)), encoding="utf-8")
+    rates = study.updates_per_second(tmp_path / "runs")
+    assert {run.name: ups for run, ups in rates.items()} == {"post_ln.seed1": 6.5, "pre_ln.seed1": 5.0}
 
 
 def test_curves_list_names_the_update_a_partial_run_resumes_from(tmp_path, monkeypatch, capsys):
@@ -418,7 +508,7 @@ def test_encoder_gradient_share_by_hand(monkeypatch):
 TABLE_HOMES = {
     "speed-table": "docs/benchmarks.md", "fp16-table": "docs/benchmarks.md",
     "fp16-headroom-table": "docs/benchmarks.md", "quality-table": "docs/study.md",
-    "curves-table": "docs/study.md", "glance-table": "README.md", "speed-glance": "README.md",
+    "curves-table": "docs/study.md", "glance-table": "docs/study.md", "speed-glance": "README.md",
     "cross-layer-table": "docs/study.md",
     "gen2025-table": "docs/study.md", "gpu-train-table": "docs/benchmarks.md",
 }
@@ -442,21 +532,41 @@ def test_each_generated_table_lives_in_one_document(monkeypatch):
         assert text.count(f"<!-- {name}:begin -->") == 1 and text.count(f"<!-- {name}:end -->") == 1
 
 
-def test_readme_glance_tables_are_generated(monkeypatch):
-    """The README's results and speed at a glance are what the generators write from the
-    committed results (regenerate with make_tables.py --write README.md)."""
+def test_glance_tables_are_generated(monkeypatch):
+    """The study's verdicts per claim (docs/study.md) and the README's speed at a glance are
+    what the generators write from the committed results (make_tables.py --write)."""
     monkeypatch.syspath_prepend(str(BENCH))
     import make_tables
     import study_tables
 
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    study = (REPO_ROOT / "docs" / "study.md").read_text(encoding="utf-8")
     glance = study_tables.glance_table(study_tables.load(BENCH / "results" / "curves.jsonl"))
     begin, end = study_tables.MARKERS["glance-table"]
-    assert f"{begin}\n{glance}\n{end}" in readme
+    assert f"{begin}\n{glance}\n{end}" in study
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     speed = [json.loads(x) for x in (BENCH / "results" / "speed.jsonl").read_text(encoding="utf-8").splitlines()]
     speed = [r for r in speed if r.get("benchmark") == "speed"]
+    gpu = [json.loads(x) for x in (BENCH / "results" / "gpu_train.jsonl").read_text(encoding="utf-8").splitlines()]
     begin, end = make_tables.MARKERS["speed-glance"]
-    assert f"{begin}\n{make_tables.speed_glance(speed)}\n{end}" in readme
+    assert f"{begin}\n{make_tables.speed_glance(speed, gpu)}\n{end}" in readme
+
+
+def test_speed_glance_shows_a_gpu_ratio_only_where_it_is_resolved(monkeypatch):
+    """The glance's GPU column: a trainer ratio measured over 4 rounds or more beside the job's
+    noise floor; fewer rounds, or no noise floor, show no column and say why."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import result_tables
+
+    speed = [{"settings": {"device": "cpu"}, "run_id": "r1", "row": "pre_ln",
+              **{k: {"median": v} for k, v in (("train_ratio", 0.99), ("decode_ratio", 1.02), ("memory_ratio", 1.0))}}]
+    row = {"kind": "row", "config": "pre_ln", "dtype": "bf16", "max_tokens": 4096, "ratio": 0.97, "rounds": 3,
+           "noise_floor": 0.01}
+    unresolved = result_tables.speed_glance(speed, [row])
+    assert "GPU" not in unresolved.splitlines()[0] and "no kind's training ratio is measured yet" in unresolved
+    assert "GPU" not in result_tables.speed_glance(speed, [{**row, "rounds": 4, "noise_floor": None}]).splitlines()[0]
+    resolved = result_tables.speed_glance(speed, [{**row, "rounds": 4}])
+    assert resolved.splitlines()[0].endswith("| GPU bf16 train (noise floor) |")
+    assert "| pre_ln | 0.99 | 1.02 | 1.00 | 0.97 (±1 %) |" in resolved and "measured yet" not in resolved
 
 
 def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):

@@ -38,8 +38,8 @@ from resnmt.training.fast.capture import StepGraphs
 from resnmt.training.fast.step import FastPathTrainer, unsupported
 from resnmt.training.fast.update import DeviceUpdate
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/fast_path_job.sh "
-                          "runs it)")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/gpu_job.sh "
+                          "part 5 runs it)")
 
 MAX_TOKENS = 600
 

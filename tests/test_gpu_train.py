@@ -18,8 +18,9 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     proc = run_cli([sys.executable, SCRIPT, "--smoke", "--cpu", "--data", tiny_bin, "--out", out,
                     "--rows", "transformer,post_ln", "--tokens", "600", "--warmup", "2", "--updates", "2",
                     "--rounds", "2", "--batches", "3", "--profile", profile, "--compile-backend", "eager", "--whole-process",
-                    "--whole-runs", "stock_fairseq_train_fp16,stock_fairseq_train_fp16", "--whole-updates", "4",
-                    "--whole-interval", "1", "--whole-skip", "1", "--whole-tokens", "600"])
+                    "--whole-runs", "stock_fairseq_train_fp16,resnmt_train_fast_bf16,stock_fairseq_train_fp16",
+                    "--whole-rounds", "2", "--whole-updates", "4", "--whole-interval", "1", "--whole-skip", "1",
+                    "--whole-tokens", "600"])
     records = [json.loads(line) for line in out.read_text().splitlines()]
     env = records[0]
     # the peak of the dtype that trained: fp32 on the CPU (bf16 may be emulated there, far slower)
@@ -84,20 +85,83 @@ def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
         assert all(r["device"] == "cpu" and r["per_update"] > 0 for r in p["host_reads"])
 
     whole = [r for r in records if r["kind"] == "whole_process"]
-    assert len(whole) == 2 and not any("error" in r for r in whole), whole
+    assert len(whole) == 6 and not any("error" in r for r in whole), whole
+    # two interleaved rounds, the second in reverse order (here the same: stock, fast, stock again)
+    assert [(r["round"], r["run"], r["repeat"]) for r in whole] == [
+        (1, "stock_fairseq_train_fp16", 1), (1, "resnmt_train_fast_bf16", 1), (1, "stock_fairseq_train_fp16", 2),
+        (2, "stock_fairseq_train_fp16", 1), (2, "resnmt_train_fast_bf16", 1), (2, "stock_fairseq_train_fp16", 2)]
+    stock, fast, again = whole[:3]
     # stock again: the same command line, its losses stock's to the last digit logged (the CPU
-    # is deterministic), its wps against the first stock's the noise floor under the table
-    assert [r["repeat"] for r in whole] == [1, 2] and whole[1]["argv"] == whole[0]["argv"]
-    assert whole[1]["max_abs_loss_diff_vs_stock"] == 0 and whole[1]["loss_diff_updates"] == 4
-    assert whole[0]["run"] == "stock_fairseq_train_fp16" and whole[0]["updates"] == 4 and whole[0]["wps_median"] > 0
-    assert whole[0]["argv"][:4] == ["-m", "fairseq_cli.train", "--arch", "transformer"]
-    assert whole[0]["argv"][4] == f"{tiny_bin.parent.name}/bin" and not any(a.startswith("/") for a in whole[0]["argv"])
-    assert whole[0]["device"] == "cpu" and whole[0]["job"] == env["time"]
-    assert [i["num_updates"] for i in whole[0]["intervals"]] == [2, 3, 4]  # fairseq's own, after --whole-skip 1
-    assert all(i["train_wall"] is not None and i["ups"] is not None for i in whole[0]["intervals"])
-    assert all(i["epoch"] == 1 and i["loss"] > 0 for i in whole[0]["intervals"])  # 4 updates: the first epoch
-    assert whole[0]["wps_intervals_first_epoch"] == 3 and whole[0]["wps_median_later_epochs"] is None
-    assert whole[0]["wps_median_first_epoch"] == whole[0]["wps_median"]
+    # is deterministic), its wps against the first stock's the noise floor of the ratios
+    assert again["argv"] == stock["argv"] and again["max_abs_loss_diff_vs_stock"] == 0
+    assert again["loss_diff_updates"] == 4
+    assert stock["run"] == "stock_fairseq_train_fp16" and stock["updates"] == 4 and stock["wps_median"] > 0
+    assert stock["argv"][:4] == ["-m", "fairseq_cli.train", "--arch", "transformer"]
+    assert stock["argv"][4] == f"{tiny_bin.parent.name}/bin" and not any(a.startswith("/") for a in stock["argv"])
+    assert stock["device"] == "cpu" and stock["job"] == env["time"] and stock["tokens"] == 600
+    assert [i["num_updates"] for i in stock["intervals"]] == [2, 3, 4]  # fairseq's own, after --whole-skip 1
+    assert all(i["train_wall"] is not None and i["ups"] is not None for i in stock["intervals"])
+    assert all(i["epoch"] == 1 and i["loss"] > 0 for i in stock["intervals"])  # 4 updates: the first epoch
+    assert stock["wps_intervals_first_epoch"] == 3 and stock["wps_median_later_epochs"] is None
+    assert stock["wps_median_first_epoch"] == stock["wps_median"] and stock["params"] > 0
+    # the fast path's process: resnmt-train --fast-path; its log's buckets' padding and its
+    # steps (eagerly on the CPU: no graph recorded); none of that in stock's record
+    assert fast["argv"][:2] == ["-m", "resnmt.cli.train"] and "--fast-path" in fast["argv"]
+    assert 0 < fast["padding_fraction"] < 1 and fast["shapes"] >= 1 and 0 < fast["fairseq_padding_fraction"] < 1
+    assert fast["steps"] == "steps run eagerly" and fast["graphs"] == 0 and fast["last_update_with_a_new_graph"] is None
+    assert "padding_fraction" not in stock and "graphs" not in stock
+    # after each round a summary per run: steady wps round by round, the ratio to stock of the
+    # same round, the noise floor (stock again against stock, the largest over the rounds)
+    summaries = [r for r in records if r["kind"] == "whole_summary"]
+    assert [(s["run"], s["rounds"]) for s in summaries] == [
+        ("stock_fairseq_train_fp16", 1), ("resnmt_train_fast_bf16", 1),
+        ("stock_fairseq_train_fp16", 2), ("resnmt_train_fast_bf16", 2)]
+    fast_sum = summaries[-1]
+    ratios = [f["wps_median"] / s["wps_median"] for s, f in ((whole[0], whole[1]), (whole[3], whole[4]))]
+    assert fast_sum["ratio_rounds"] == pytest.approx(ratios) and fast_sum["reference"] == "stock_fairseq_train_fp16"
+    noise = max(max(x, 1 / x) for x in (whole[2]["wps_median"] / whole[0]["wps_median"],
+                                        whole[5]["wps_median"] / whole[3]["wps_median"])) - 1
+    assert fast_sum["noise_floor"] == pytest.approx(noise) and fast_sum["target"] == ">= 3x stock fairseq train fp16"
+    assert "reference" not in summaries[-2]  # stock is no one's ratio: repeated, it is the noise floor
+    # MFU: 6 x parameters x steady wps over the measured peak of the precision that ran
+    assert fast_sum["peak_dtype"] == "fp32" and fast_sum["mfu_6nd"] == pytest.approx(
+        6 * fast["params"] * fast_sum["wps_steady"] / (env["peak_tflops"]["fp32"] * 1e12))
+
+
+def test_the_fast_paths_whole_processes():
+    """The fast path's whole processes (gpu_job.sh part 5): resnmt-train --fast-path --bf16 (and
+    without its CUDA graphs, and at transformer-big against stock's big) as rows.WHOLE_PROCESSES,
+    interleaved in rounds with the order reversed every other round, each against stock
+    fairseq-train of its size; the fast path's target is 3x stock."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import gpu_train
+    import whole_processes
+
+    a = gpu_train.parser().parse_args(["--data", "bin", "--out", "y", "--whole-tokens", "16384"])
+
+    def argv(name):
+        return whole_processes.whole_argv(a, name, "scratch")[1:]
+
+    fast, eager = argv("resnmt_train_fast_bf16"), argv("resnmt_train_fast_eager_bf16")
+    assert fast[:2] == ["-m", "resnmt.cli.train"] and fast[-1] == "--bf16" and "--no-step-capture" not in fast
+    assert fast[fast.index("--arch") + 1] == "transformer_postln_base"
+    assert "--fast-path" in fast and fast[fast.index("--optimizer") + 1] == "adam_fused"
+    assert fast[fast.index("--task") + 1] == "resnmt_translation" and fast.count("--optimizer") == 1
+    assert [x for x in eager if x not in fast] == ["--no-step-capture"]
+    big, stock_big = argv("resnmt_train_fast_big_bf16"), argv("stock_fairseq_train_big_fp16")
+    assert big[big.index("--arch") + 1] == "transformer_postln_big" and "--fast-path" in big
+    assert stock_big[:4] == ["-m", "fairseq_cli.train", "--arch", "transformer_wmt_en_de_big"]
+    assert stock_big[-1] == "--fp16"
+    assert big[big.index("--max-tokens") + 1] == "16384"
+    assert whole_processes.WHOLE_TARGETS["resnmt_train_fast_big_bf16"].reference == "stock_fairseq_train_big_fp16"
+    assert whole_processes.WHOLE_TARGETS["resnmt_train_fast_bf16"].times == 3.0
+    runs = ["stock", "fast", "stock", "eager"]
+    assert [whole_processes.round_order(runs, r) for r in (1, 2, 3)] == [runs, runs[::-1], runs]
+    job = (REPO_ROOT / "benchmarks" / "gpu_job.sh").read_text()
+    part5 = job[job.index('elif [ "$PART" = 5 ]'):]
+    assert "--whole-rounds 3" in part5 and "--whole-runs $STOCK,resnmt_train_fast_bf16,$STOCK " in part5
+    assert "--whole-runs $STOCK_BIG,resnmt_train_fast_big_bf16,$STOCK_BIG " in part5
+    assert "BIG_TOKENS=16384" in part5 and "--whole-tokens $BIG_TOKENS" in part5 and "resnmt_train_fast_eager_bf16" in part5
 
 
 def test_timed_updates_fit_the_time_left(monkeypatch):
@@ -175,6 +239,20 @@ def test_gpu_tables_take_each_configurations_fullest_line():
     assert "the ratios (a run repeated in its job against its first): ±11.1 % in the median wps, ±5.0 %" in text
     assert "Noise floor of the ratios: not measured (no run repeated in its job)" in gpu_tables(
         [whole("stock_fairseq_train_fp16", 15000.0)])
+    # the whole processes in interleaved rounds: per run the summary with the most rounds of the
+    # newest job, its ratio to stock round by round, the noise floor beside it, MFU with its peak
+    def summary(run, rounds, wps, **extra):
+        return {"benchmark": "gpu_train", "kind": "whole_summary", "run": run, "device": "GPU X", "job": "j",
+                "precision": "bf16", "tokens": 4096, "rounds": rounds, "wps_steady": wps,
+                "wps_steady_rounds": [wps] * rounds, "noise_floor": 0.05, **extra}
+
+    fast = dict(reference="stock_fairseq_train_fp16", target=">= 3x stock fairseq train fp16", meets=False)
+    text = gpu_tables([summary("resnmt_train_fast_bf16", 1, 90000.0, ratio=2.0, ratio_rounds=[2.0], **fast),
+                       summary("resnmt_train_fast_bf16", 2, 90000.0, ratio=2.5, ratio_rounds=[2.0, 3.0],
+                               mfu_6nd=0.1, peak_dtype="bf16", **fast)])
+    assert "**GPU X, whole processes in interleaved rounds** (4096 tokens per update;" in text
+    assert ("| resnmt_train_fast_bf16 | bf16 | 2 | 90,000 (90,000 · 90,000) | 2.500 (2.000 · 3.000) | ±5.0 % | "
+            "stock_fairseq_train_fp16 | >= 3x stock fairseq train fp16 | False |  | 10.0 % (of the bf16 peak) |") in text
 
 
 def test_a_same_math_pair_resolves_only_over_four_rounds_above_its_noise_floor():

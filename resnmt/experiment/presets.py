@@ -52,6 +52,7 @@ SIZES = {
     "deep": ModelSize(6, 128, 512, 4),    # the demo's width at the papers' depth
     "cpu": ModelSize(6, 256, 1024, 4),    # the CPU speed table (benchmarks/speed.py)
     "base": ModelSize(6, 512, 2048, 8),   # transformer_wmt_en_de
+    "base12": ModelSize(12, 512, 2048, 8),  # base at twice the depth, where post-LN fails (GPU study only)
 }
 
 # ---------------------------------------------------------------------------- datasets
