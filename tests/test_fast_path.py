@@ -489,6 +489,7 @@ def test_install_replaces_fairseq_trains_trainer_and_uninstall_restores_it():
     assert train_cli.Trainer is original and not fast.installed()
 
 
+@pytest.mark.slow  # two gloo ranks, ~40 s: with make test-slow
 def test_two_cpu_ranks_on_the_fast_path_train_as_one_process_with_two_batches(tiny_bin, tmp_path):
     """Data-parallel --fast-path (2 ranks over gloo, --ddp-backend legacy_ddp): the ranks
     stay identical and equal a single process accumulating the same two batches per update
