@@ -130,18 +130,27 @@ class MultiTensorAdam(torch.optim.Optimizer):
                                 beta2=beta2, weight_decay=wd, eps=eps / math.sqrt(bias_correction2),
                                 amsgrad=False, maximize=False)
         else:  # fairseq's Adam.step, operation for operation, over all the tensors at once
-            torch._foreach_mul_(exp_avgs, beta1)
-            torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
-            torch._foreach_mul_(exp_avg_sqs, beta2)
-            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
-            denom = torch._foreach_sqrt(exp_avg_sqs)
-            torch._foreach_add_(denom, eps)
+            denom = adam_moments(exp_avgs, exp_avg_sqs, grads, beta1, beta2, eps)
             step_size = lr * math.sqrt(bias_correction2) / bias_correction1
             if wd != 0:
                 torch._foreach_add_(values, values, alpha=-wd * lr)
             torch._foreach_addcdiv_(values, exp_avgs, denom, value=-step_size)
         if half:
             torch._foreach_copy_(params, values)
+
+
+def adam_moments(exp_avgs: List[torch.Tensor], exp_avg_sqs: List[torch.Tensor], grads: List[torch.Tensor],
+                 beta1: float, beta2: float, eps: float) -> List[torch.Tensor]:
+    """fairseq's ``Adam.step`` up to the parameter update, over all the tensors at once: the
+    moments updated in place, and the denominators ``sqrt(v) + eps`` returned (eps outside
+    the bias correction, as fairseq has it). Shared with the fast path's update."""
+    torch._foreach_mul_(exp_avgs, beta1)
+    torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+    denom = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_add_(denom, eps)
+    return denom
 
 
 @dataclass

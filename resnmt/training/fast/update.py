@@ -42,6 +42,8 @@ from typing import List
 
 import torch
 
+from resnmt.training.optim import adam_moments
+
 ADAM_STATE_KEYS = {"step", "exp_avg", "exp_avg_sq"}
 
 
@@ -171,13 +173,8 @@ class DeviceUpdate:
 
     def _adam(self, grads: List[torch.Tensor]) -> None:
         """fairseq's ``Adam.step`` over all the parameters at once (module docstring)."""
-        m, v, params = self.exp_avgs, self.exp_avg_sqs, self.params
-        torch._foreach_mul_(m, self.beta1)
-        torch._foreach_add_(m, grads, alpha=1 - self.beta1)
-        torch._foreach_mul_(v, self.beta2)
-        torch._foreach_addcmul_(v, grads, grads, value=1 - self.beta2)
-        denom = torch._foreach_sqrt(v)
-        torch._foreach_add_(denom, self.eps)
+        m, params = self.exp_avgs, self.params
+        denom = adam_moments(m, self.exp_avg_sqs, grads, self.beta1, self.beta2, self.eps)
         if self.weight_decay != 0:
             torch._foreach_add_(params, torch._foreach_mul(params, self.decay))
         steps = torch._foreach_mul(m, self.neg_step_size)  # addcdiv's order: (value * m) / denom
