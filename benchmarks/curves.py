@@ -50,17 +50,21 @@ from pathlib import Path
 import flags
 from records import cpu_description, cuda_description, settings_key
 from rows import DEFAULT_MILESTONES, slug
-from study import (GPU_ONLY_SIZES, STUDY_ORDER, SWEEP_SCHEDULES, RunLock, choose_schedule, done_milestones, planned,
-                   resume_point, run_dir_of, score_milestones, updates_per_second, workers_for)
+from study import (GPU_ONLY_SIZES, PLANS, SWEEP_SCHEDULES, RunLock, choose_schedule, done_milestones, plan_order,
+                   planned, resume_point, run_dir_of, score_milestones, updates_per_second, workers_for)
 
+from resnmt.data.corpora import MULTI30K, MULTI30K_EN_FR
 from resnmt.experiment.runtime import tool_env
+
+# the study's language pairs: "en-de" -> the Multi30k dataset of that pair
+PAIRS = {"-".join(d.langs): d for d in (MULTI30K, MULTI30K_EN_FR)}
 
 
 def study_settings(a) -> dict:
     """What every run of the study shares (the milestones and the size are per line).
     The torch thread count is not a setting: it is recorded per line (``torch_threads``)."""
     return {
-        "corpus": "multi30k", "max_tokens": a.max_tokens, "lr": a.lr, "warmup_updates": a.warmup,
+        "corpus": PAIRS[a.pair].name, "max_tokens": a.max_tokens, "lr": a.lr, "warmup_updates": a.warmup,
         "dropout": a.dropout, "label_smoothing": 0.1, "save_every": a.save_every, "average": a.average,
         "beam": 4, "lenpen": 0.6, "lenpen_form": "gnmt", "max_len_a": 1, "max_len_b": 50,
         **({"every_size": "tiny"} if a.tiny else {}),
@@ -71,12 +75,17 @@ def study_settings(a) -> dict:
 def parser() -> argparse.ArgumentParser:
     """curves.py's command line; its defaults are the study's settings."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    flags.add_data(p, binarized=False)
+    p.add_argument("--pair", default="en-de", choices=list(PAIRS),
+                   help="the Multi30k language pair, which picks the plan (the runs and milestones) and the "
+                   "prepared corpus (default: en-de; " + "; ".join(
+                       f"{pair}: resnmt-prepare {d.name} data/{d.name}" for pair, d in PAIRS.items()) + ")")
+    flags.add_data(p, binarized=False, default=None)
     flags.add_reference(p)
     p.add_argument("--milestones",
                    help="comma-separated budgets in updates at which each run of every size is scored; the "
-                   "last is the run's length (default, per size: " + "; ".join(
-                       f"{size} {','.join(map(str, ms))}" for size, ms in DEFAULT_MILESTONES.items()) + ")")
+                   "last is the run's length (default, per pair and size: " + "; ".join(
+                       f"{pair} {size} {','.join(map(str, ms))}" for pair, plan in PLANS.items()
+                       for size, ms in plan.milestones.items()) + ")")
     p.add_argument("--only", help="comma-separated runs SIZE:ROW:SEED (e.g. small:post_ln:1,deep:sas:1)")
     flags.add_schedule(p)
     p.add_argument("--dropout", type=float, default=0.3,
@@ -130,8 +139,9 @@ def main(argv=None):
         gpu_only = [x for x in a.sizes if x in GPU_ONLY_SIZES]
         if gpu_only and a.device == "cpu" and not a.tiny:
             p.error(f"--sizes {','.join(gpu_only)}: run only with --device cuda (or --tiny: the GPU job's rehearsal)")
+    a.data = a.data or str(flags.CORPUS.parent / PAIRS[a.pair].name)
     if a.milestones is None:
-        a.milestones = {size: list(ms) for size, ms in DEFAULT_MILESTONES.items()}
+        a.milestones = {size: list(ms) for size, ms in PLANS[a.pair].milestones.items()}
     else:
         try:
             ms = sorted({int(m) for m in a.milestones.split(",") if m.strip()})
@@ -149,11 +159,12 @@ def main(argv=None):
                     f"(--average) every {a.save_every} updates (--save-every), so at least {a.average * a.save_every}")
     a.only = set(x.strip() for x in a.only.split(",")) if a.only else None
     if a.only:
-        known = {f"{s}:{r}:{n}" for s, r, n in STUDY_ORDER} | {f"{s}:{slug(r)}:{n}" for s, r, n in STUDY_ORDER}
+        order = plan_order(a, [Path(a.out), *map(Path, a.done_from)])
+        known = {f"{s}:{r}:{n}" for s, r, n in order} | {f"{s}:{slug(r)}:{n}" for s, r, n in order}
         unknown = sorted(a.only - known)
         if unknown:
-            p.error(f"--only {','.join(unknown)}: not in the study; choose SIZE:ROW:SEED from: "
-                    + ", ".join(f"{s}:{slug(r)}:{n}" for s, r, n in STUDY_ORDER))
+            p.error(f"--only {','.join(unknown)}: not in the {a.pair} study; choose SIZE:ROW:SEED from: "
+                    + ", ".join(f"{s}:{slug(r)}:{n}" for s, r, n in order))
         gpu_only = sorted(x for x in a.only if x.split(":", 1)[0] in GPU_ONLY_SIZES)
         if gpu_only and a.device == "cpu" and not a.tiny:
             p.error(f"--only {','.join(gpu_only)}: the {'/'.join(GPU_ONLY_SIZES)} sizes run only with --device cuda "
@@ -162,8 +173,8 @@ def main(argv=None):
     a.out = Path(a.out)
     settings = study_settings(a)
     key = settings_key(settings)
-    plan = planned(a)
     lines = [a.out, *map(Path, a.done_from)]
+    plan = planned(a, lines)
 
     if a.choose_schedule:
         swept = {k: v for k, v in settings.items() if k != "fast_path"}  # the sweep runs the stock path
@@ -192,7 +203,7 @@ def main(argv=None):
             where = f"  (checkpoints to update {resumes} in {a.workdir})" if resumes else ""
             print(f"{state}  {size:5s} {row:{width}s} seed {seed}  milestones {have}{where}")
         return 0
-    a.bin_dir, a.ref = flags.scored_corpus(p, a.data, a.ref)
+    a.bin_dir, a.ref = flags.scored_corpus(p, a.data, a.ref, PAIRS[a.pair])
     if a.device == "cuda":
         import torch
 

@@ -11,24 +11,28 @@ from typing import Dict, List, Optional, Tuple
 
 from records import REPO_ROOT, RESULTS
 
+from resnmt.data.corpora import MULTI30K
 from resnmt.experiment.presets import SIZES
 
 CORPUS = REPO_ROOT / "data" / "multi30k"  # resnmt-prepare multi30k's OUTDIR (benchmarks/run_all.sh prepares it)
 
 
-def add_data(p: argparse.ArgumentParser, binarized: bool, required: bool = False) -> None:
-    """``--data``: the binarized corpus (``binarized``) or the prepared one."""
+def add_data(p: argparse.ArgumentParser, binarized: bool, required: bool = False, default: Optional[str] = "") -> None:
+    """``--data``: the binarized corpus (``binarized``) or the prepared one; ``default`` None:
+    the command picks it (and says so in its own help)."""
     if binarized:
-        what, default = "fairseq-binarized data (train and valid splits, a joined dictionary)", CORPUS / "bin"
+        what, folder = "fairseq-binarized data (train and valid splits, a joined dictionary)", CORPUS / "bin"
     else:
-        what, default = "prepared corpus (OUTDIR of resnmt-prepare multi30k: OUTDIR/bin, OUTDIR/raw/test.de)", CORPUS
+        what, folder = "prepared corpus (OUTDIR of resnmt-prepare multi30k: OUTDIR/bin, OUTDIR/raw/test.de)", CORPUS
     if required:
         p.add_argument("--data", required=True, help=what)
+    elif default is None:
+        p.add_argument("--data", help=f"{what} (default: data/DATASET, the --pair's Multi30k)")
     else:
-        p.add_argument("--data", default=str(default), help=f"{what} (default: {default.relative_to(REPO_ROOT)})")
+        p.add_argument("--data", default=str(folder), help=f"{what} (default: {folder.relative_to(REPO_ROOT)})")
 
 
-def binarized_folder(p: argparse.ArgumentParser, data, prepared: bool = False) -> Path:
+def binarized_folder(p: argparse.ArgumentParser, data, prepared: bool = False, dataset=MULTI30K) -> Path:
     """The binarized folder of ``--data`` (``prepared``: its ``bin/``), checked: it must
     hold a fairseq dictionary."""
     data = Path(data)
@@ -36,7 +40,7 @@ def binarized_folder(p: argparse.ArgumentParser, data, prepared: bool = False) -
     if not list(bin_dir.glob("dict.*.txt")):
         corpus = data if prepared else data.parent
         p.error(f"--data {data}: no fairseq dictionary (dict.*.txt) in {bin_dir}; prepare the corpus with "
-                f"resnmt-prepare multi30k {corpus} (--mirror DIR on a machine without network)")
+                f"resnmt-prepare {dataset.name} {corpus} (--mirror DIR on a machine without network)")
     return bin_dir
 
 
@@ -57,11 +61,17 @@ def add_reference(p: argparse.ArgumentParser) -> None:
                    help="passed to resnmt-evaluate (default: sentencepiece)")
 
 
-def scored_corpus(p: argparse.ArgumentParser, data, ref) -> Tuple[Path, Path]:
-    """The binarized folder of the prepared corpus ``--data`` and the reference file
-    (``--ref``, else the corpus's raw test set), both checked."""
-    bin_dir = binarized_folder(p, data, prepared=True)
-    ref = Path(ref) if ref else Path(data) / "raw" / "test.de"
+def scored_corpus(p: argparse.ArgumentParser, data, ref, dataset=MULTI30K) -> Tuple[Path, Path]:
+    """The binarized folder of the prepared corpus ``--data`` of ``dataset`` (a
+    resnmt.data.corpora.Dataset) and the reference file (``--ref``, else the corpus's raw test
+    set), both checked: the binarized data must be of the dataset's language pair."""
+    bin_dir = binarized_folder(p, data, prepared=True, dataset=dataset)
+    pair = f"{dataset.src}-{dataset.tgt}"
+    if not list(bin_dir.glob(f"train.{pair}.*.idx")):
+        found = sorted({x.name.split(".")[1] for x in bin_dir.glob("train.*.idx")})
+        p.error(f"--data {data}: its binarized data is {', '.join(found) or 'of no pair'}, not {pair}; "
+                f"prepare {pair} with resnmt-prepare {dataset.name} DIR")
+    ref = Path(ref) if ref else Path(data) / "raw" / f"test.{dataset.tgt}"
     if not ref.is_file():
         p.error(f"--ref {ref}: no such file; the prepared corpus's references are in {Path(data) / 'raw'}")
     return bin_dir, ref

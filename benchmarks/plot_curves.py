@@ -31,7 +31,7 @@ from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from records import REPO_ROOT, RESULTS  # noqa: E402
 from rows import CONTROLS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, slug  # noqa: E402
-from study_tables import SIZE_TITLES, load, ordered_keys, paired_differences, reference_row  # noqa: E402
+from study_tables import SIZE_TITLES, load, ordered_keys, paired_differences, reference_row, titled  # noqa: E402
 
 # The budget chosen where post-LN's curve flattens (2+2 only: the other sizes stop where a
 # session's compute does, not at a chosen budget).
@@ -84,7 +84,7 @@ def updates_axis(ax, size: str) -> None:
 
 
 def label_panel(ax, device: str, size: str, ylabel: str) -> None:
-    ax.set_title(f"{SIZE_TITLES.get(size, size)} ({device})")
+    ax.set_title(f"{SIZE_TITLES.get(size, size)} ({titled(device)})")
     updates_axis(ax, size)
     ax.set_xlabel("updates (4096 tokens each)")
     ax.set_ylabel(ylabel)
@@ -232,7 +232,7 @@ def plot_diagnostics(runs, out: Path) -> None:
     fig, axes = plt.subplots(max(len(keys), 1), 4, figsize=(22, 4.4 * max(len(keys), 1)), squeeze=False,
                              constrained_layout=True)
     for (device, size), row_axes in zip(keys, axes):
-        rows, where = runs[(device, size)], f"{SIZE_TITLES.get(size, size)} ({device})"
+        rows, where = runs[(device, size)], f"{SIZE_TITLES.get(size, size)} ({titled(device)})"
         rskip = rows.get(RSKIP, {}).get(1, {})
         for side, ax in zip(("encoder", "decoder"), row_axes[:2]):
             _ratio_panel(ax, rskip, side, f"{where}: rSkip+LN λ=2 {side}, skip : residual")
@@ -333,7 +333,7 @@ def plot_learned(runs, figures: Path) -> list:
 
     written = []
     for (device, size, row), (record, kinds) in sorted(newest_learned(runs).items()):
-        title = (f"{row}, {SIZE_TITLES.get(size, size)}{f' ({device})' if device != 'cpu' else ''}, seed 1, "
+        title = (f"{row}, {SIZE_TITLES.get(size, size)} ({titled(device)}), seed 1, "
                  f"{record['updates']} updates")
         stem = f"curves-learned-{slug(row)}-{size}{f'-{slug(device)}' if device != 'cpu' else ''}"
         for name, sides in record["analysis"].get("streams", {}).items():

@@ -7,11 +7,13 @@ import fcntl
 import shutil
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import runs
+import study_tables
 from records import portable_path, run_id
-from rows import CONTROL_ROWS, CURVES_ROWS, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, SAME_RUN, slug
+from rows import CONTROL_ROWS, CURVES_ROWS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, SAME_RUN, slug
 
 from resnmt.checkpoints.averaging import numbered_checkpoints
 from resnmt.experiment import steps
@@ -57,6 +59,33 @@ STUDY_ORDER = (
     # pre-LN's own seed spread (0.67) or a little more
     + [("deep", r, 2) for r in ("ln_scaling", "mix_ln", "mhc", "denseformer")]
 )
+
+
+# The study's positive claims again on a second language pair, Multi30k EN-FR: at 2+2 the
+# kinds that led post-LN on EN-DE (hyper-connections, HybridNorm) and the two references; at
+# 6+6 the kinds that led pre-LN or trained where post-LN failed, and the references. Each
+# size to the budget its EN-DE verdict is read at (study_tables.VERDICT_BUDGETS).
+CROSS_PAIR_ORDER = (
+    [("small", r, 1) for r in ("post_ln", "hybrid_norm", "pre_ln", "hyper")]
+    + [("deep", r, 1) for r in ("post_ln", "pre_ln", "rskip_ln (λ=2)", "b2t", "hyper", "denseformer", "mhc")]
+)
+CROSS_PAIR_MILESTONES = {"small": (600, 1200, 2400), "deep": (600, 1200)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the study trains on one language pair of Multi30k: its runs in priority order and
+    each size's milestones."""
+
+    order: tuple
+    milestones: dict
+
+
+# language pair -> its plan; the pair names the prepared corpus (resnmt.data.corpora)
+PLANS = {
+    "en-de": Plan(STUDY_ORDER, DEFAULT_MILESTONES),
+    "en-fr": Plan(CROSS_PAIR_ORDER, CROSS_PAIR_MILESTONES),
+}
 
 
 # Sizes planned only with --device cuda: a CPU trains the papers' base size ~20x slower
@@ -165,9 +194,20 @@ def workers_for(total_ups: float, updates: int, milestones: int) -> int:
     return max(1, int(total_ups * (LEASE_SECONDS - milestones * MILESTONE_SECONDS) / updates))
 
 
-def planned(a):
+def plan_order(a, lines) -> list:
+    """The runs of ``a.pair``'s plan in priority order; on another pair than the study's own,
+    then the second seeds its verdicts ask for (study_tables.second_seeds, from the curves
+    ``lines``)."""
+    order = list(PLANS[a.pair].order)
+    if a.pair != study_tables.MAIN_PAIR:
+        runs = study_tables.runs_of(r for path in lines for r in read_jsonl(path))
+        order += [r for r in study_tables.second_seeds(runs, other=a.pair) if r not in order]
+    return order
+
+
+def planned(a, lines=()):
     runs = []
-    for size, row, seed in STUDY_ORDER:
+    for size, row, seed in plan_order(a, lines):
         if row not in CURVES_ROWS:  # a connection kind that has not landed yet
             continue
         if a.device == "cpu" and size in GPU_ONLY_SIZES and not a.tiny:  # tiny: the GPU job's rehearsal
@@ -260,7 +300,7 @@ def score_milestones(a, settings, key, size, row, seed, milestones_done, env, de
                          "connections": analysis["connections"], "statistics": analysis["statistics"],
                          "streams": analysis["streams"], "norms": analysis["norms"]},
             "averaged": [p.name for p in ckpts],
-            "data": portable_path(a.bin_dir, Path(a.data)), "ref": portable_path(a.ref, Path(a.data)),
+            "pair": a.pair, "data": portable_path(a.bin_dir, Path(a.data)), "ref": portable_path(a.ref, Path(a.data)),
             "train_seconds": round(total, 1), "decode_seconds": round(decode_seconds, 1),
             "schedule": schedule_of(settings), "execution_flags": execution_flags(a),
             **device, "torch_threads": a.threads,

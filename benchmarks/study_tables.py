@@ -11,8 +11,9 @@ from typing import NamedTuple
 
 from flags import STUDY_LR, STUDY_WARMUP
 from rows import CONTROLS, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, SAME_RUN
-from verdicts import claim_verdict
+from verdicts import LEVEL, claim_verdict
 
+from resnmt.data.corpora import DATASETS
 from resnmt.shared import read_jsonl
 
 SIZE_TITLES = {"small": "2+2 layers, d=128", "deep": "6+6 layers, d=128", "base": "6+6 layers, d=512",
@@ -22,6 +23,7 @@ MARKERS = {
     "glance-table": ("<!-- glance-table:begin -->", "<!-- glance-table:end -->"),
     "cross-layer-table": ("<!-- cross-layer-table:begin -->", "<!-- cross-layer-table:end -->"),
     "gen2025-table": ("<!-- gen2025-table:begin -->", "<!-- gen2025-table:end -->"),
+    "pairs-table": ("<!-- pairs-table:begin -->", "<!-- pairs-table:end -->"),
 }
 
 
@@ -30,15 +32,39 @@ def load(path: Path):
     return runs_of(read_jsonl(path))
 
 
+# The study's own language pair: its settings are named without it (``"cpu"``); another
+# pair's name it (``"cpu, Multi30k EN-FR"``).
+MAIN_PAIR = "en-de"
+
+
+def pair_of(record) -> str:
+    """The language pair a curves line was trained on (``"en-fr"``): its corpus's, by the
+    dataset its settings name (resnmt.data.corpora)."""
+    dataset = DATASETS[record.get("settings", {}).get("corpus", "multi30k")]
+    return f"{dataset.src}-{dataset.tgt}"
+
+
+def pair_title(pair: str) -> str:
+    """``"en-fr"`` -> ``"Multi30k EN-FR"``."""
+    return f"Multi30k {pair.upper()}"
+
+
 def setting_of(record) -> str:
     """Where and how a curves line was trained, as its panels and tables name it: the device
-    (cpu, cuda), and where they are not the CPU study's, the schedule and the fast path
-    (``"cuda, lr 0.0007, warm-up 2000"``): lines of another schedule are other runs."""
+    (cpu, cuda), and where they are not the CPU study's, the schedule, the fast path and the
+    language pair (``"cuda, lr 0.0007, warm-up 2000"``, ``"cpu, Multi30k EN-FR"``): lines of
+    another schedule or pair are other runs."""
     s = record.get("settings", {})
     where = record.get("device", "cpu")
     if (s.get("lr", STUDY_LR), s.get("warmup_updates", STUDY_WARMUP)) != (STUDY_LR, STUDY_WARMUP):
         where += f", lr {s['lr']:g}, warm-up {s['warmup_updates']}"
-    return where + (", fast path" if s.get("fast_path") else "")
+    pair = pair_of(record)
+    return where + (", fast path" if s.get("fast_path") else "") + (f", {pair_title(pair)}" if pair != MAIN_PAIR else "")
+
+
+def titled(setting: str) -> str:
+    """A setting as a table's or a figure's title names it, its language pair always said."""
+    return setting if "Multi30k" in setting else f"{setting}, {pair_title(MAIN_PAIR)}"
 
 
 def runs_of(records):
@@ -63,7 +89,7 @@ def bleu_table(runs) -> str:
     for device, size in ordered_keys(runs):
         rows = runs[(device, size)]
         milestones = sorted({u for seeds in rows.values() for recs in seeds.values() for u in recs})
-        lines += [f"**{SIZE_TITLES.get(size, size)} ({device})**: sacreBLEU mean ± std over seeds (n seeds)", "",
+        lines += [f"**{SIZE_TITLES.get(size, size)} ({titled(device)})**: sacreBLEU mean ± std over seeds (n seeds)", "",
                   "| row | " + " | ".join(str(u) for u in milestones) + " |",
                   "|---|" + "---:|" * len(milestones)]
         for row, seeds in sorted(rows.items()):
@@ -117,7 +143,7 @@ def difference_table(runs, baseline: str = "post_ln") -> str:
             continue
         milestones = sorted({u for r in {baseline, *map(reference_row, others)} for recs in rows.get(r, {}).values()
                              for u in recs})
-        lines += [f"**{SIZE_TITLES.get(size, size)} ({device})**: sacreBLEU minus the reference row's, paired by seed, "
+        lines += [f"**{SIZE_TITLES.get(size, size)} ({titled(device)})**: sacreBLEU minus the reference row's, paired by seed, "
                   "mean ± std (n seeds)", "",
                   "| row | minus | " + " | ".join(str(u) for u in milestones) + " |",
                   "|---|---|" + "---:|" * len(milestones)]
@@ -305,8 +331,91 @@ def cross_layer_table(runs, rows=NEW_KINDS) -> str:
     return "\n".join(lines)
 
 
+class PairClaim(NamedTuple):
+    """A positive claim of the study, repeated on a second language pair: ``row`` minus
+    ``reference`` at ``size``'s verdict budget (:data:`VERDICT_BUDGETS`), paired by seed."""
+    claim: str
+    size: str
+    row: str
+    reference: str
+
+
+# The claims the study found to hold (or, for post-LN at 6+6, to fail) on EN-DE: the kinds
+# ahead of post-LN at 2+2, and those ahead of pre-LN (or repairing post-LN) at 6+6.
+PAIR_CLAIMS = (
+    PairClaim("Hyper-Connections > post-LN", "small", "hyper", "post_ln"),
+    PairClaim("HybridNorm > post-LN", "small", "hybrid_norm", "post_ln"),
+    PairClaim("Hyper-Connections > pre-LN", "small", "hyper", "pre_ln"),
+    PairClaim("HybridNorm > pre-LN", "small", "hybrid_norm", "pre_ln"),
+    PairClaim("pre-LN > post-LN", "deep", "pre_ln", "post_ln"),
+    PairClaim("rSkip+LN λ=2 > post-LN", "deep", "rskip_ln (λ=2)", "post_ln"),
+    PairClaim("rSkip+LN λ=2 > pre-LN", "deep", "rskip_ln (λ=2)", "pre_ln"),
+    PairClaim("B2T > post-LN", "deep", "b2t", "post_ln"),
+    PairClaim("B2T > pre-LN", "deep", "b2t", "pre_ln"),
+    PairClaim("Hyper-Connections > pre-LN", "deep", "hyper", "pre_ln"),
+    PairClaim("DenseFormer > pre-LN", "deep", "denseformer", "pre_ln"),
+    PairClaim("mHC > pre-LN", "deep", "mhc", "pre_ln"),
+)
+
+
+def pair_differences(runs, claim: PairClaim, setting: str) -> list:
+    """``claim``'s row minus its reference at the size's verdict budget in ``setting``, one
+    difference per seed both rows have there."""
+    rows, budget = runs.get((setting, claim.size), {}), VERDICT_BUDGETS[claim.size]
+    return [recs[budget]["bleu"] - rows[claim.reference][seed][budget]["bleu"]
+            for seed, recs in sorted(rows.get(claim.row, {}).items())
+            if budget in recs and budget in rows.get(claim.reference, {}).get(seed, {})]
+
+
+def across_pairs(main: list, other: list) -> str:
+    """The verdict of one claim over two pairs from each pair's differences: holds on both,
+    holds on one (the other mixed or level), reverses (every seed of one pair the other way),
+    fails on both; "not yet" while a pair has no seed."""
+    if not main or not other:
+        return "not yet"
+    words = [claim_verdict(d).split(" ")[0] for d in (main, other)]
+    if words == ["yes", "yes"]:
+        return "holds on both"
+    if words == ["no", "no"]:
+        return "fails on both"
+    if "yes" in words and "no" in words:
+        return "reverses"
+    return "holds on one" if "yes" in words else "mixed"
+
+
+def second_seeds(runs, claims=PAIR_CLAIMS, other: str = "en-fr") -> list:
+    """The (size, row, 2) runs on ``other`` that a claim's verdict needs: where seed 1's margin
+    there is within :data:`verdicts.LEVEL` of zero, or of the other sign than the study's
+    pair's mean margin, seed 2 of the row and of its reference."""
+    setting, wanted = f"cpu, {pair_title(other)}", []
+    for c in claims:
+        main, first = pair_differences(runs, c, "cpu"), pair_differences(runs, c, setting)[:1]
+        if first and main and (abs(first[0]) < LEVEL or (first[0] > 0) != (statistics.mean(main) > 0)):
+            wanted += [r for r in ((c.size, c.row, 2), (c.size, c.reference, 2)) if r not in wanted]
+    return wanted
+
+
+def pairs_table(runs, claims=PAIR_CLAIMS, other: str = "en-fr") -> str:
+    """Each claim of ``claims`` on the study's pair and on ``other`` (CPU, the study's
+    schedule): the difference (mean ± std over seeds, n), each pair's verdict
+    (:func:`verdicts.claim_verdict`) and the verdict across the pairs (:func:`across_pairs`).
+    Claims that neither pair has measured are left out."""
+    settings = ("cpu", f"cpu, {pair_title(other)}")
+    lines = [f"| claim | setting | {pair_title(MAIN_PAIR)}: difference (n) | holds? | {pair_title(other)}: "
+             "difference (n) | holds? | across the pairs |", "|---|---|---:|---|---:|---|---|"]
+    for c in claims:
+        diffs = [pair_differences(runs, c, s) for s in settings]
+        if not any(diffs):
+            continue
+        cells = [f"{_mean_std(d)} | {claim_verdict(d)}" if d else "— | —" for d in diffs]
+        setting = f"{SIZE_SHORT[c.size]}, {VERDICT_BUDGETS[c.size]} updates"
+        lines.append(f"| {c.claim} | {setting} | {cells[0]} | {cells[1]} | {across_pairs(*diffs)} |")
+    return "\n".join(lines)
+
+
 def tables(runs) -> dict:
     """The study's tables as the documents hold them, by marker name (:data:`MARKERS`)."""
     return {"curves-table": (bleu_table(runs) + "\n" + difference_table(runs)).strip() + "\n",
             "glance-table": glance_table(runs), "cross-layer-table": cross_layer_table(runs) + "\n",
-            "gen2025-table": cross_layer_table(runs, rows=GEN2025_KINDS + GEN2025_VARIANTS) + "\n"}
+            "gen2025-table": cross_layer_table(runs, rows=GEN2025_KINDS + GEN2025_VARIANTS) + "\n",
+            "pairs-table": pairs_table(runs) + "\n"}

@@ -510,7 +510,7 @@ TABLE_HOMES = {
     "fp16-headroom-table": "docs/benchmarks.md", "quality-table": "docs/study.md",
     "curves-table": "docs/study.md", "glance-table": "docs/study.md", "speed-glance": "README.md",
     "cross-layer-table": "docs/study.md",
-    "gen2025-table": "docs/study.md", "gpu-train-table": "docs/benchmarks.md",
+    "gen2025-table": "docs/study.md", "gpu-train-table": "docs/benchmarks.md", "pairs-table": "docs/study.md",
 }
 
 
@@ -723,3 +723,93 @@ def test_recorded_paths_hold_no_machines_folders(tmp_path, monkeypatch):
         records = [json.loads(line) for line in text.splitlines()] if path.suffix == ".jsonl" else [json.loads(text)]
         absolute = {s for r in records for s in strings(r) if s.startswith("/") and "/" in s[1:]}
         assert not absolute, (path.name, sorted(absolute)[:3])
+
+
+def test_pairs_table_and_second_seeds_from_handwritten_curves(monkeypatch):
+    """A claim on two pairs: each pair's difference paired by seed at the size's verdict
+    budget, each pair's verdict and the verdict across them; seed 2 of a row and its
+    reference is planned on EN-FR where seed 1's margin there is within 0.5 BLEU of zero or
+    of the other sign than EN-DE's mean; the EN-FR lines are another setting, named."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import study_tables
+
+    def line(corpus, size, row, seed, updates, bleu):
+        return {"benchmark": "curves", "size": {"name": size}, "row": row, "seed": seed, "updates": updates,
+                "bleu": bleu, "device": "cpu", "settings": {"corpus": corpus}}
+
+    de, fr = "multi30k", "multi30k-en-fr"
+    lines = [line(de, "small", "post_ln", 1, 2400, 30.0), line(de, "small", "post_ln", 2, 2400, 30.2),
+             line(de, "small", "hybrid_norm", 1, 2400, 30.9), line(de, "small", "hybrid_norm", 2, 2400, 31.0),
+             line(de, "small", "hyper", 1, 2400, 31.0),
+             line(fr, "small", "post_ln", 1, 2400, 40.0), line(fr, "small", "hybrid_norm", 1, 2400, 39.5),
+             line(fr, "small", "hyper", 1, 2400, 41.0), line(fr, "small", "hyper", 1, 1200, 30.0),
+             line(de, "deep", "pre_ln", 1, 1200, 26.0), line(de, "deep", "mhc", 1, 1200, 27.0),
+             line(fr, "deep", "pre_ln", 1, 1200, 30.0), line(fr, "deep", "mhc", 1, 1200, 30.3)]
+    runs = study_tables.runs_of(lines)
+    assert set(runs) == {("cpu", "small"), ("cpu, Multi30k EN-FR", "small"), ("cpu", "deep"),
+                         ("cpu, Multi30k EN-FR", "deep")}
+    table = study_tables.pairs_table(runs).splitlines()
+    assert table[0] == ("| claim | setting | Multi30k EN-DE: difference (n) | holds? | Multi30k EN-FR: difference (n) "
+                        "| holds? | across the pairs |")
+    assert ("| HybridNorm > post-LN | 2+2, d=128, 2400 updates | +0.85 ± 0.07 (2) | yes | -0.50 (1) | no (1 seed) "
+            "| reverses |") in table
+    assert ("| Hyper-Connections > post-LN | 2+2, d=128, 2400 updates | +1.00 (1) | yes (1 seed) | +1.00 (1) "
+            "| yes (1 seed) | holds on both |") in table
+    assert ("| mHC > pre-LN | 6+6, d=128, 1200 updates | +1.00 (1) | yes (1 seed) | +0.30 (1) | yes (1 seed) "
+            "| holds on both |") in table
+    assert not any(x.startswith("| B2T") for x in table)  # measured on neither pair
+    # HybridNorm flips sign, mHC is within 0.5 of zero: seed 2 of each row and its reference
+    assert study_tables.second_seeds(runs) == [("small", "hybrid_norm", 2), ("small", "post_ln", 2),
+                                               ("deep", "mhc", 2), ("deep", "pre_ln", 2)]
+    assert study_tables.across_pairs([0.3], []) == "not yet"
+    assert study_tables.across_pairs([0.3, 0.2], [0.4, -0.1]) == "holds on one"
+
+
+def test_curves_pair_picks_the_plan_the_corpus_and_the_settings_key(tmp_path, monkeypatch, capsys):
+    """--pair en-de keeps the study's settings key (the committed lines' own); en-fr has
+    another, its own plan and milestones, refuses a run of another plan and a corpus of
+    another pair (one line each); its lines name the pair in their settings."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import curves
+    import records
+
+    def key(*argv):
+        return records.settings_key(curves.study_settings(curves.parser().parse_args(list(argv))))
+
+    committed = {json.loads(x)["settings_key"] for x in (BENCH / "results" / "curves.jsonl").read_text(
+        encoding="utf-8").splitlines() if json.loads(x).get("device", "cpu") == "cpu"}
+    assert key() == key("--pair", "en-de") and key() in committed
+    assert key("--pair", "en-fr") != key() and key("--pair", "en-fr") not in committed
+    assert curves.study_settings(curves.parser().parse_args(["--pair", "en-fr"]))["corpus"] == "multi30k-en-fr"
+    out = tmp_path / "curves.jsonl"
+    assert curves.main(["--pair", "en-fr", "--out", str(out), "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 11 and all(x.startswith("missing") for x in listed)
+    assert [x.split()[1:3] for x in listed[:4]] == [["small", "post_ln"], ["small", "hybrid_norm"],
+                                                   ["small", "pre_ln"], ["small", "hyper"]]
+    with pytest.raises(SystemExit):
+        curves.main(["--pair", "en-fr", "--out", str(out), "--only", "deep:sas:1", "--list"])
+    assert "--only deep:sas:1: not in the en-fr study" in capsys.readouterr().err.splitlines()[-1]
+    data = tmp_path / "corpus"
+    (data / "bin").mkdir(parents=True)
+    (data / "bin" / "dict.en.txt").write_text("a 1\n")
+    (data / "bin" / "train.en-de.en.idx").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        curves.main(["--pair", "en-fr", "--data", str(data), "--out", str(out)])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.endswith(f"--data {data}: its binarized data is en-de, not en-fr; prepare en-fr with "
+                        "resnmt-prepare multi30k-en-fr DIR")
+
+
+def test_multi30k_en_fr_pins_the_published_files():
+    """resnmt-prepare multi30k-en-fr fetches the published EN-FR files, each with the sha256
+    of the copy in ../shared/data, under their published names."""
+    from resnmt.data.corpora import DATASETS
+
+    sums = dict(reversed(x.split()) for x in (REPO_ROOT.parent / "shared" / "data" / "multi30k-en-fr" / "SHA256SUMS")
+                .read_text().splitlines())
+    ds = DATASETS["multi30k-en-fr"]
+    assert (ds.src, ds.tgt) == ("en", "fr")
+    assert {f.name: f.sha256 for f in ds.files} == sums
+    assert all(f.url.endswith("/data/task1/raw/" + f.name) for f in ds.files)
+    assert DATASETS["multi30k"].langs == ("en", "de") and len(DATASETS["multi30k"].files) == 6

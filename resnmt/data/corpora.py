@@ -102,35 +102,47 @@ MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw"
 MULTI30K_SHA256 = {
     "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
     "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
     "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
     "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
     "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
     "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
 }
+MULTI30K_SPLITS = ("train", "val", "test_2016_flickr")
 
-MULTI30K = Dataset(
-    name="multi30k",
-    summary="Multi30k task 1, English->German (29,000 train / 1,014 val / 1,000 test2016\n"
-    "pairs, raw untokenized text), segmented with one joint sentencepiece model\n"
-    "trained on train.en + train.de, binarized with fairseq-preprocess\n"
-    "--joined-dictionary (so --share-all-embeddings works).",
-    src="en",
-    tgt="de",
-    files=tuple(Published(n, f"{MULTI30K_URL}/{n}", h) for n, h in MULTI30K_SHA256.items()),
-    train=(both("train.{lang}.gz", "en", "de"),),
-    valid=(both("val.{lang}.gz", "en", "de"),),
-    test=(both("test_2016_flickr.{lang}.gz", "en", "de"),),
-    files_help=f"Files ({MULTI30K_URL}/):\n"
-    "  train.{en,de}.gz val.{en,de}.gz test_2016_flickr.{en,de}.gz  (sha256 pinned)",
-    test_help="raw test source/reference for sacreBLEU (and valid.*)",
-    expected_pairs={"train": 29000, "valid": 1014, "test": 1000},
-    subword_methods=("sentencepiece",),
-    subword_size=8000,
-    subword_min_size=10,
-    subword_size_help="sentencepiece vocabulary size",
-    max_len=None,
-    max_train_lines=False,
-)
+
+def multi30k(name: str, tgt: str, tgt_name: str) -> Dataset:
+    """Multi30k task 1, English->``tgt``: the published raw files of the three splits."""
+    files = [f"{split}.{lang}.gz" for split in MULTI30K_SPLITS for lang in ("en", tgt)]
+    return Dataset(
+        name=name,
+        summary=f"Multi30k task 1, English->{tgt_name} (29,000 train / 1,014 val / 1,000 test2016\n"
+        "pairs, raw untokenized text), segmented with one joint sentencepiece model\n"
+        f"trained on train.en + train.{tgt}, binarized with fairseq-preprocess\n"
+        "--joined-dictionary (so --share-all-embeddings works).",
+        src="en",
+        tgt=tgt,
+        files=tuple(Published(n, f"{MULTI30K_URL}/{n}", MULTI30K_SHA256[n]) for n in files),
+        train=(both("train.{lang}.gz", "en", tgt),),
+        valid=(both("val.{lang}.gz", "en", tgt),),
+        test=(both("test_2016_flickr.{lang}.gz", "en", tgt),),
+        files_help=f"Files ({MULTI30K_URL}/):\n"
+        f"  train.{{en,{tgt}}}.gz val.{{en,{tgt}}}.gz test_2016_flickr.{{en,{tgt}}}.gz  (sha256 pinned)",
+        test_help="raw test source/reference for sacreBLEU (and valid.*)",
+        expected_pairs={"train": 29000, "valid": 1014, "test": 1000},
+        subword_methods=("sentencepiece",),
+        subword_size=8000,
+        subword_min_size=10,
+        subword_size_help="sentencepiece vocabulary size",
+        max_len=None,
+        max_train_lines=False,
+    )
+
+
+MULTI30K = multi30k("multi30k", "de", "German")
+MULTI30K_EN_FR = multi30k("multi30k-en-fr", "fr", "French")
 
 IWSLT_URL = "https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi"
 # sha256 of the published test sets, checked against a copy of the files as published at
@@ -235,7 +247,7 @@ WMT14_EN_FR = wmt14(
                  Published("training-giga-fren.tar", "http://statmt.org/wmt10/training-giga-fren.tar")],
 )
 
-DATASETS = {d.name: d for d in (MULTI30K, IWSLT15_EN_VI, WMT14_EN_DE, WMT14_EN_FR)}
+DATASETS = {d.name: d for d in (MULTI30K, MULTI30K_EN_FR, IWSLT15_EN_VI, WMT14_EN_DE, WMT14_EN_FR)}
 
 # ------------------------------------------------------------------ your own corpus
 
