@@ -30,7 +30,7 @@ import torch
 from hyper_connections import HyperConnections
 from torch import nn
 
-from resnmt.connections.hyper import DynamicHyperConnection
+from resnmt.connections.hyper import DynamicHyperMixer
 from resnmt.connections.norms import build_norm
 
 T, B, C, N = 3, 2, 8, 4
@@ -38,7 +38,7 @@ T, B, C, N = 3, 2, 8, 4
 
 def ours_and_theirs(index, seed=0):
     """Our DHC (RMSNorm) moved off its init in float64, and the package's with the same values."""
-    ours = DynamicHyperConnection(C, build_norm(C, "rms_norm"), N, index).double()
+    ours = DynamicHyperMixer(C, build_norm(C, "rms_norm"), N, index).double()
     theirs = HyperConnections(N, dim=C, layer_index=index, tanh=True, dropout=0.0).double()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -82,7 +82,7 @@ def inputs(seed=1):
 
 @pytest.mark.parametrize("index", [0, 1, 3, 6])
 def test_initial_values_are_the_packages(index):
-    ours = DynamicHyperConnection(C, build_norm(C, "rms_norm"), N, index)
+    ours = DynamicHyperMixer(C, build_norm(C, "rms_norm"), N, index)
     theirs = HyperConnections(N, dim=C, layer_index=index)
     assert torch.equal(theirs.static_alpha.data, ours.alpha.data)
     assert torch.equal(theirs.static_beta.data, ours.beta.data)
