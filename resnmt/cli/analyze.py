@@ -242,7 +242,7 @@ def stream_weights(model) -> Dict[str, Dict[str, list]]:
         for layer in stack.layers:
             for attr in ("self_attn_connection", "encoder_attn_connection", "ffn_connection"):
                 conn = getattr(layer, attr, None)
-                if conn is not None and getattr(conn, "multi_stream", False):
+                if conn is not None:
                     for name, row in conn.learned().items():
                         out.setdefault(name, {}).setdefault(side, []).append(row)
     return out

@@ -51,8 +51,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from resnmt.connections.base import FFN_OUT, OUTPUT
-from resnmt.connections.classic import PreLNConnection
+from resnmt.connections.base import FFN_OUT, OUTPUT, SublayerConnection
 from resnmt.connections.spec import ConnectionSpec, register_connection
 from resnmt.connections.streams import ResidualStream, State
 from resnmt.options import Option
@@ -202,16 +201,20 @@ HC_STREAMS = Option(
 )
 
 
-class MultiStreamConnection(PreLNConnection):
-    """What Hyper-Connections and mHC share: pre-LN's norm for the sublayer's input, one
-    :class:`StreamMixer` (``streams``) built for the sublayer's index k in its stack
-    (``spec.sublayer_index``), and the stack's :class:`HyperStream`."""
+class MultiStreamConnection(SublayerConnection):
+    """What Hyper-Connections and mHC share: a norm for the sublayer's input (as pre-LN's),
+    one :class:`StreamMixer` built for the sublayer's index k in its stack
+    (``spec.sublayer_index``; held as ``streams``, its name in checkpoints), the stack's
+    :class:`HyperStream` and its final norm."""
 
+    final_norm = True
     multi_stream = True
+    crosses_layers = True
     flags: Tuple[Option, ...] = (HC_STREAMS,)
 
     def __init__(self, dim: int, spec: ConnectionSpec):
-        super().__init__(dim, spec)
+        super().__init__()
+        self.norm = spec.norm(dim)
         self.streams = self.build_mixer(dim, spec)
 
     def build_mixer(self, dim: int, spec: ConnectionSpec) -> nn.Module:  # pragma: no cover - abstract
@@ -220,6 +223,9 @@ class MultiStreamConnection(PreLNConnection):
     @classmethod
     def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
         return HyperStream(spec.hc_streams)
+
+    def prenorm(self, x: Tensor) -> Tensor:
+        return self.norm(x)
 
     def read(self, x: Tensor) -> Tuple[Tensor, List[Tensor]]:
         """The width step: the streams ``x`` (T, B, n, C) -> (the sublayer's input, normed
@@ -237,11 +243,6 @@ class MultiStreamConnection(PreLNConnection):
         ``fx`` (T, B, C)."""
         _, mixed, write = self.streams.width(x)
         return self.streams.depth(fx, mixed, write)
-
-    def learned(self) -> Dict[str, List[float]]:  # pragma: no cover - abstract
-        """What ``resnmt-analyze`` reports of this sublayer's learned mixing: one row per
-        name (the static part; the per-position dynamic part is left out)."""
-        raise NotImplementedError
 
 
 @register_connection

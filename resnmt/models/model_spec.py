@@ -89,7 +89,7 @@ def resolve_model(args) -> ModelSpec:
             **settings, **{flag.dest: flag.read(args) for flag in own_flags},  # a side holds its own kind's flags
         )
         layerdrop = float(getattr(args, f"{side}_layerdrop", 0) or 0)
-        if layerdrop > 0 and specs[side].crosses_layers():
+        if layerdrop > 0 and specs[side].crosses_layers:
             raise ConnectionConfigError(
                 f"--{side}-layerdrop {layerdrop:g} is invalid for --residual {kind}: its residual stream "
                 "combines the layers' outputs by their position in the stack (use 0)"
