@@ -16,7 +16,7 @@ from rows import CONTROL_ROWS, CURVES_ROWS, GEN2025_KINDS, GEN2025_VARIANTS, NEW
 from resnmt.checkpoints.averaging import numbered_checkpoints
 from resnmt.experiment import steps
 from resnmt.experiment.presets import SIZES
-from resnmt.shared import append_jsonl, read_jsonl
+from resnmt.experiment.results import append_jsonl, read_jsonl
 
 # The papers' sizes (GPU only), most decisive first: post-LN against pre-LN, rSkip+LN and
 # SAS at base (6+6, d=512) under the GPU schedule; second seeds of the first three; the

@@ -20,7 +20,7 @@ from stats import identical_noise, median_min_max, middle_half, round_ratios
 from verdicts import trainer_verdict
 
 from resnmt.experiment.presets import SIZES, ModelSize
-from resnmt.shared import append_jsonl
+from resnmt.experiment.results import append_jsonl
 
 BENCHMARK = "gpu_train"  # every line's "benchmark" (benchmarks/results/gpu_train.jsonl, make_tables.py)
 SMOKE_SIZE = ModelSize(2, 64, 256, 4)

@@ -17,11 +17,10 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 from resnmt.data.corpora import DATASETS, Dataset, custom
 from resnmt.data.manifest import ManifestError, binarized_data_problem, read_manifest
 from resnmt.experiment.errors import ExperimentError, Log, UsageError, quiet
-from resnmt.experiment.fairseq_flags import check_training_flags
+from resnmt.experiment.fairseq_flags import check_arch, check_training_flags
 from resnmt.experiment.options import convert_options, option
 from resnmt.experiment.runtime import USER_DIR, require_commands, which
 from resnmt.experiment.schedule import Schedule, flag_value, warmup_to_fit
-from resnmt.shared import closest
 
 # ----------------------------------------------------------------------------- sizes
 
@@ -203,24 +202,6 @@ def count_gpus() -> int:
     import torch
 
     return torch.cuda.device_count()
-
-
-def closest_archs(arch: str, known: Sequence[str]) -> str:
-    """"closest: A B C; " for the names among ``known`` that look like a mistyped ``arch``
-    ('' when none does)."""
-    close = closest(arch, known)
-    return f"closest: {' '.join(close)}; " if close else ""
-
-
-def check_arch(arch: str) -> None:
-    """``arch`` must be an arch of resnmt_transformer or fairseq's ``transformer``."""
-    import resnmt  # noqa: F401  registers the archs
-    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
-
-    allowed = sorted(a for a, m in ARCH_MODEL_NAME_REGISTRY.items() if m == "resnmt_transformer") + ["transformer"]
-    if arch not in allowed:
-        raise UsageError(f"ARCH '{arch}' is not a resnmt_transformer arch or 'transformer'; "
-                         f"{closest_archs(arch, allowed)}allowed: {' '.join(allowed)}")
 
 
 # ------------------------------------------------------------------------------- plan
