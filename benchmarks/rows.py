@@ -69,7 +69,7 @@ GEN2025_KINDS = ("hyper", "mhc", "mix_ln", "ln_scaling", "hybrid_norm", "densefo
 GEN2025_VARIANTS = ("hybrid_norm_star",)
 # (size, row) -> the row whose run it is, bit for bit (same weights, same computation), so
 # the study reads that run instead of training it again: Mix-LN's post-LN layers are the
-# lowest int(0.25 * 2) = 0 of 2 (tests/test_gen2025_kinds.py::test_mix_ln_at_two_layers_is_pre_ln)
+# lowest int(0.25 * 2) = 0 of 2 (tests/test_depth_and_stream_kinds.py::test_mix_ln_at_two_layers_is_pre_ln)
 SAME_RUN = {("small", "mix_ln"): "pre_ln"}
 
 
