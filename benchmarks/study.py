@@ -64,14 +64,14 @@ STUDY_ORDER = (
 GPU_ONLY_SIZES = ("base", "base12")
 
 
-# The GPU study's schedule (issue 56): inverse square root, as the CPU study's, with a lower
+# The GPU study's schedule: inverse square root, as the CPU study's, with a lower
 # peak and a longer warm-up, chosen on the GPU by a measured sweep of post-LN at base size
 # (benchmarks/gpu_job.sh part 6 trains post-LN seed 1 under each candidate to 2000 updates,
 # side by side; `curves.py --choose-schedule` applies choose_schedule). The candidates:
 # Transformer-base's peak 7e-4 with 1000 and 2000 warm-up updates, and fairseq's IWSLT peak
 # 5e-4 with 1000; each reaches its peak within the sweep, where post-LN at lr 1e-3 failed
 # (diverged with 300 warm-up updates, stalled at 24 BLEU with 1000). FALLBACK_SCHEDULE, the
-# lowest peak with the issue's longest warm-up, is taken when no candidate trains.
+# lowest peak with the longest warm-up considered, is taken when no candidate trains.
 SWEEP_SCHEDULES = ((7e-4, 2000), (7e-4, 1000), (5e-4, 1000))
 FALLBACK_SCHEDULE = (5e-4, 4000)
 # A candidate trains when, at the newest milestone every candidate reached, its BLEU is at

@@ -1,4 +1,4 @@
-"""The 2025 kinds as --residual kinds (issue 44): Mix-LN, LayerNorm Scaling, HybridNorm,
+"""The 2025 kinds as --residual kinds: Mix-LN, LayerNorm Scaling, HybridNorm,
 DenseFormer, Hyper-Connections (static, dynamic) and mHC, each against its equation
 computed by hand: on tensors, on a layer, and on a whole stack whose layers are run one
 by one; Hyper-Connections, mHC and DenseFormer against pre-LN at init. Incremental

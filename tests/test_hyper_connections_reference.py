@@ -2,7 +2,7 @@
 of the PyPI package ``hyper-connections`` (lucidrains, pinned in requirements-dev.txt; only
 the reference here, never the implementation).
 
-The package deviates from the paper (docs: methods.md, "The 2025 generation"); each
+The package deviates from the paper in the ways below; each
 deviation is set to the paper's where its API allows, and compared part by part where not:
 
 1. its H̄ norm is an RMSNorm ``x/‖x‖·√d·(γ+1)`` (γ from 0), the paper's a LayerNorm. Our

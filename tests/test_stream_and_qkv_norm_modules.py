@@ -1,4 +1,4 @@
-"""The building blocks of the 2025 kinds (issue 44), each against its equation computed
+"""The building blocks of the 2025 kinds, each against its equation computed
 by hand on small tensors: Hyper-Connections (static, dynamic) and mHC
 (resnmt/connections/hyper.py), DenseFormer's depth-weighted average
 (resnmt/connections/streams.py), HybridNorm's per-head Q/K/V norms
