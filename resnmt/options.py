@@ -2,9 +2,9 @@
 
 An option is declared once, where the thing it configures is defined: a connection kind's
 flags on its class (``flags``), the model-wide flags (``--residual``, ``--normalization``,
-the FFN activation's) in :mod:`resnmt.models.options`, a pipeline command's options as
+the FFN activation's) in :mod:`resnmt.models.flags`, a pipeline command's options as
 the fields of its request (:mod:`resnmt.experiment.presets`, :mod:`resnmt.experiment.pipeline`,
-made with :func:`resnmt.experiment.options.option`). The declaration holds the kind of
+made with :func:`resnmt.experiment.command_options.option`). The declaration holds the kind of
 value (:data:`KINDS`: a switch, an integer or a real number with its bound, a choice, a
 path, a string), the default, the metavar and the help; from it come
 

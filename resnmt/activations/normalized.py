@@ -59,7 +59,7 @@ class ActivationConfigError(ValueError):
 class ActivationSpec:
     """Everything needed to build the FFN activations of a model, validated once.
 
-    Built from the model args by ``resnmt.models.options.activation_spec`` (which also
+    Built from the model args by ``resnmt.models.flags.activation_spec`` (which also
     declares the flags); the defaults below are the only statement of the flags'
     defaults. ``kind=None`` means "no normalized activation: fairseq's --activation-fn".
     The layer counts are only known once the arch has filled in the sizes; when given,

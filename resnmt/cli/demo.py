@@ -18,8 +18,8 @@ from typing import Optional, Sequence
 from resnmt.atomic import atomic_write_text
 from resnmt.cli.common import PipelineParser, logger, parse, report_warnings, run_guarded
 from resnmt.experiment import presets, steps
+from resnmt.experiment.command_options import check_choice
 from resnmt.experiment.errors import ExperimentError, UsageError
-from resnmt.experiment.options import check_choice
 from resnmt.experiment.pipeline import Experiment, ExperimentRequest
 from resnmt.experiment.runtime import tool_env, which
 from resnmt.progress import format_seconds

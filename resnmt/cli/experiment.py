@@ -22,8 +22,8 @@ from typing import Optional, Sequence, Tuple
 from resnmt.cli.common import PipelineParser, command_name, logger, parse, report_warnings, run_guarded
 from resnmt.data.corpora import DATASETS
 from resnmt.experiment import presets, steps
+from resnmt.experiment.command_options import add_options, given, options_help
 from resnmt.experiment.errors import ExperimentError, UsageError
-from resnmt.experiment.options import add_options, given, options_help
 from resnmt.experiment.pipeline import EXPERIMENT_OPTIONS, Experiment, ExperimentRequest
 from resnmt.progress import format_seconds
 

@@ -14,8 +14,8 @@ from resnmt.data.corpora import DATASETS
 from resnmt.data.manifest import ManifestError, read_manifest
 from resnmt.decoding.subword import SubwordError, checked_post_process
 from resnmt.experiment import steps
+from resnmt.experiment.command_options import convert_options, option
 from resnmt.experiment.errors import ExperimentError, Log, UsageError
-from resnmt.experiment.options import convert_options, option
 from resnmt.experiment.presets import (TrainPlan, TrainRequest, dataset_of, default_data_root, default_save_dir,
                                       plan_training, prepared_dataset)
 from resnmt.experiment.results import append_jsonl, decoding_key, describe

@@ -1,6 +1,6 @@
 """The papers' training presets: what ``fairseq-train`` command trains ARCH on DATASET.
 
-``TrainRequest`` declares the options of a training run (``resnmt.experiment.options``:
+``TrainRequest`` declares the options of a training run (``resnmt.experiment.command_options``:
 each with its default, help and check); ``plan_training`` resolves one into the command
 (batch arithmetic, launcher, paths). ``SIZES`` is the one table of model sizes below the
 papers' (the CPU presets, the benchmarks and the tests). DATASET is a corpus of
@@ -16,9 +16,9 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from resnmt.data.corpora import DATASETS, Dataset, custom
 from resnmt.data.manifest import ManifestError, binarized_data_problem, read_manifest
+from resnmt.experiment.command_options import convert_options, option
 from resnmt.experiment.errors import ExperimentError, Log, UsageError, quiet
 from resnmt.experiment.fairseq_flags import check_arch, check_training_flags
-from resnmt.experiment.options import convert_options, option
 from resnmt.experiment.runtime import USER_DIR, require_commands, which
 from resnmt.experiment.schedule import Schedule, flag_value, warmup_to_fit
 

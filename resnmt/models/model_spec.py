@@ -33,7 +33,7 @@ from resnmt.connections import (
     check_flags_used,
 )
 from resnmt.fused import require_compile
-from resnmt.models.options import (
+from resnmt.models.flags import (
     ACTIVATION_FLAGS,
     DYT_ALPHA_INIT,
     FUSED_CONNECTIONS,
