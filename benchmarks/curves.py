@@ -130,7 +130,46 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None):
     p = parser()
     a = p.parse_args(argv)
+    check_sizes_and_milestones(p, a)
+    check_only(p, a)
+    a.workdir = Path(a.workdir or ("runs/curves" if a.device == "cpu" else f"runs/curves-{a.device}"))
+    a.out = Path(a.out)
+    settings = study_settings(a)
+    key = settings_key(settings)
+    lines = [a.out, *map(Path, a.done_from)]
+    plan = planned(a, lines)
 
+    if a.choose_schedule:
+        swept = {k: v for k, v in settings.items() if k != "fast_path"}  # the sweep runs the stock path
+        keys = {c: settings_key({**swept, "lr": c[0], "warmup_updates": c[1]}) for c in SWEEP_SCHEDULES}
+        (lr, warmup), why = choose_schedule(lines, keys, a.device)
+        print(why, file=sys.stderr)
+        print(f"{lr:g} {warmup}")
+        return 0
+    if a.throughput:
+        print_throughput(a)
+        return 0
+    if a.list:
+        print_plan(a, plan, lines, key)
+        return 0
+    a.bin_dir, a.ref = flags.scored_corpus(p, a.data, a.ref, PAIRS[a.pair])
+    if a.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
+    if a.workers > 1:
+        child = [sys.executable, __file__, *[x for x in (argv if argv is not None else sys.argv[1:])]]
+        child = [c for i, c in enumerate(child) if not (c == "--workers" or (i and child[i - 1] == "--workers")
+                                                          or c.startswith("--workers="))]
+        procs = [subprocess.Popen(child) for _ in range(a.workers)]
+        return max(proc.wait() for proc in procs)
+    return run_plan(a, settings, key, plan, lines)
+
+
+def check_sizes_and_milestones(p, a) -> None:
+    """--sizes (known; the GPU-only ones on a GPU) and --milestones (each a multiple of
+    --save-every, the first late enough for --average checkpoints), parsed into ``a``."""
     a.sizes = [x.strip() for x in a.sizes.split(",") if x.strip()] if a.sizes else None
     if a.sizes:
         unknown = [x for x in a.sizes if x not in DEFAULT_MILESTONES]
@@ -157,6 +196,10 @@ def main(argv=None):
         if ms[0] < a.average * a.save_every:
             p.error(f"--milestones {ms[0]}: the first milestone needs {a.average} checkpoints "
                     f"(--average) every {a.save_every} updates (--save-every), so at least {a.average * a.save_every}")
+
+
+def check_only(p, a) -> None:
+    """--only: runs of the study (SIZE:ROW:SEED), the GPU-only sizes on a GPU; a set in ``a``."""
     a.only = set(x.strip() for x in a.only.split(",")) if a.only else None
     if a.only:
         order = plan_order(a, [Path(a.out), *map(Path, a.done_from)])
@@ -169,53 +212,34 @@ def main(argv=None):
         if gpu_only and a.device == "cpu" and not a.tiny:
             p.error(f"--only {','.join(gpu_only)}: the {'/'.join(GPU_ONLY_SIZES)} sizes run only with --device cuda "
                     "(or --tiny: the GPU job's rehearsal)")
-    a.workdir = Path(a.workdir or ("runs/curves" if a.device == "cpu" else f"runs/curves-{a.device}"))
-    a.out = Path(a.out)
-    settings = study_settings(a)
-    key = settings_key(settings)
-    lines = [a.out, *map(Path, a.done_from)]
-    plan = planned(a, lines)
 
-    if a.choose_schedule:
-        swept = {k: v for k, v in settings.items() if k != "fast_path"}  # the sweep runs the stock path
-        keys = {c: settings_key({**swept, "lr": c[0], "warmup_updates": c[1]}) for c in SWEEP_SCHEDULES}
-        (lr, warmup), why = choose_schedule(lines, keys, a.device)
-        print(why, file=sys.stderr)
-        print(f"{lr:g} {warmup}")
-        return 0
-    if a.throughput:
-        rates = updates_per_second(a.workdir)
-        for run, ups in rates.items():
-            print(f"{run.relative_to(a.workdir)}: {ups:.2f} updates/s")
-        longest = max((a.milestones[size] for size in (a.sizes or a.milestones)), key=lambda ms: ms[-1])
-        print(f"{len(rates)} runs side by side: {sum(rates.values()):.2f} updates/s in all; each run to "
-              f"{longest[-1]} updates ({len(longest)} milestones) within a lease: workers")
-        print(workers_for(sum(rates.values()), longest[-1], len(longest)) if rates else 1)
-        return 0
-    if a.list:
-        done = done_milestones(lines, key, a.device)
-        width = max((len(row) for _, row, _ in plan), default=0)
-        for size, row, seed in plan:
-            have = sorted(done.get((size, row, seed), ()))
-            finished = set(a.milestones[size]) <= set(have)
-            state = "done   " if finished else ("partial" if have else "missing")
-            resumes = 0 if finished else resume_point(run_dir_of(a, key, size, row, seed) / "checkpoints")
-            where = f"  (checkpoints to update {resumes} in {a.workdir})" if resumes else ""
-            print(f"{state}  {size:5s} {row:{width}s} seed {seed}  milestones {have}{where}")
-        return 0
-    a.bin_dir, a.ref = flags.scored_corpus(p, a.data, a.ref, PAIRS[a.pair])
-    if a.device == "cuda":
-        import torch
 
-        if not torch.cuda.is_available():
-            p.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
-    if a.workers > 1:
-        child = [sys.executable, __file__, *[x for x in (argv if argv is not None else sys.argv[1:])]]
-        child = [c for i, c in enumerate(child) if not (c == "--workers" or (i and child[i - 1] == "--workers")
-                                                          or c.startswith("--workers="))]
-        procs = [subprocess.Popen(child) for _ in range(a.workers)]
-        return max(proc.wait() for proc in procs)
+def print_throughput(a) -> None:
+    """--throughput: each run's updates per second in --workdir, and the workers to run."""
+    rates = updates_per_second(a.workdir)
+    for run, ups in rates.items():
+        print(f"{run.relative_to(a.workdir)}: {ups:.2f} updates/s")
+    longest = max((a.milestones[size] for size in (a.sizes or a.milestones)), key=lambda ms: ms[-1])
+    print(f"{len(rates)} runs side by side: {sum(rates.values()):.2f} updates/s in all; each run to "
+          f"{longest[-1]} updates ({len(longest)} milestones) within a lease: workers")
+    print(workers_for(sum(rates.values()), longest[-1], len(longest)) if rates else 1)
 
+
+def print_plan(a, plan, lines, key) -> None:
+    """--list: each planned run, the milestones it has recorded, where an unfinished one resumes."""
+    done = done_milestones(lines, key, a.device)
+    width = max((len(row) for _, row, _ in plan), default=0)
+    for size, row, seed in plan:
+        have = sorted(done.get((size, row, seed), ()))
+        finished = set(a.milestones[size]) <= set(have)
+        state = "done   " if finished else ("partial" if have else "missing")
+        resumes = 0 if finished else resume_point(run_dir_of(a, key, size, row, seed) / "checkpoints")
+        where = f"  (checkpoints to update {resumes} in {a.workdir})" if resumes else ""
+        print(f"{state}  {size:5s} {row:{width}s} seed {seed}  milestones {have}{where}")
+
+
+def run_plan(a, settings, key, plan, lines) -> int:
+    """Train and score every run not done, one at a time, skipping those another worker holds."""
     env = tool_env(threads=a.threads, cpu_only=a.device == "cpu")
     device = cpu_description() if a.device == "cpu" else cuda_description()
     while True:

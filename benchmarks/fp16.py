@@ -46,9 +46,9 @@ from rows import QUALITY_ROWS, slug
 from verdicts import fp16_log_record, fp16_verdicts
 
 from resnmt.experiment.presets import SIZES, fairseq_bf16_problem
+from resnmt.experiment.results import append_jsonl
 from resnmt.experiment.runtime import tool_env
 from resnmt.experiment.steps import FairseqLog
-from resnmt.shared import append_jsonl
 
 BASELINE = "post_ln"
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The GPU session's device calls for issues 55 and 56 (docs/benchmarks.md, "GPU training through
+# The GPU session's device calls for the fast path and the curves study (docs/benchmarks.md, "GPU training through
 # fairseq's trainer"; docs/study.md). On a bare machine with Python 3.12 and its own torch, no
 # network. A 15-minute lease holds a start (2-3 min) and about 12 minutes of parts. The plan:
 #
-#   the next lease: issue 55's fast path (it decides how many leases the study needs)
+#   the next lease: the fast path (it decides how many leases the study needs)
 #   run(command="bash benchmarks/gpu_job.sh 5", carry=[".gpu"], timeout_s=540)
 #   the lease after: the study's schedule sweep and post-LN continued (parts 6 and 7, below)
 #   later leases: part 7 (with GPU_STUDY_FAST_PATH=1 where part 5 passed), or parts 1-4 again
@@ -12,7 +12,7 @@
 #   run(command="GPU_JOB_SECONDS=380 bash benchmarks/gpu_job.sh 3", carry=[".gpu"], timeout_s=420)
 #   run(command="bash benchmarks/gpu_job.sh 1", carry=[".gpu"], timeout_s=540)
 #   run(command="bash benchmarks/gpu_job.sh 4", carry=[".gpu"], timeout_s=300)
-# The curves study at the papers' sizes (issue 56; parts 6 and 7, in benchmarks/gpu_study.sh):
+# The curves study at the papers' sizes (parts 6 and 7, in benchmarks/gpu_study.sh):
 #   run(command="bash benchmarks/gpu_job.sh 6", carry=[".gpu"], timeout_s=570)   # its first lease: the sweep
 #   run(command="GPU_JOB_SECONDS=150 GPU_STUDY_WORKERS=1 GPU_STUDY_ONLY=base:post_ln:1 bash benchmarks/gpu_job.sh 7",
 #       carry=[".gpu"], timeout_s=200)                                           # at once after: post-LN on
@@ -60,7 +60,7 @@
 #   recipe at 16384.
 # Part 4 (default 240 s): the methods that cross layers, Peri-LN, RMSNorm/DyT and the 2025
 #   kinds against their references, at 4096 tokens in bf16 (gpu_train.CROSS_LAYER_ROWS).
-# Part 5 (default 500 s), issue 55's fast path (--fast-path, resnmt/training/fast/), the most
+# Part 5 (default 500 s), the fast path (--fast-path, resnmt/training/fast/), the most
 #   decisive numbers first: the CUDA checks of tests/test_fast_path.py (the captured update equals
 #   the eager one; the fast path's losses equal fairseq's step; no host sync in an update; then, in a process of its own, captured training against eager)
 #   -> fast_path_tests*.txt; whole processes at base size, 4096 tokens, 200 updates (Multi30k's
@@ -109,7 +109,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv 2>/dev/null || true
 echo "[gpu_job] part $PART set up in $((SECONDS - T0)) s"
 # every step ends by the part's budget, killed if need be (rows are written as rounds finish)
-if [ "$PART" = 6 ] || [ "$PART" = 7 ]; then  # the curves study (issue 56)
+if [ "$PART" = 6 ] || [ "$PART" = 7 ]; then  # the curves study
     . benchmarks/gpu_study.sh
     echo "[gpu_job] part $PART done in $((SECONDS - T0)) s"
     exit "$STUDY_RC"

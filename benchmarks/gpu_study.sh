@@ -1,4 +1,4 @@
-# The curves study at the papers' sizes (issue 56): parts 6 and 7 of benchmarks/gpu_job.sh,
+# The curves study at the papers' sizes: parts 6 and 7 of benchmarks/gpu_job.sh,
 # which sources this file after its set-up ($PY, $OUT, $BUDGET, left, GPU_JOB_SMOKE). Every
 # run trains, averages, decodes and scores on the machine (benchmarks/curves.py); its
 # checkpoints and the lines of this lease's earlier parts stay in $GPU_STUDY_WORK (default

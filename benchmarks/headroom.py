@@ -16,7 +16,7 @@ from result_tables import headroom_table
 from rows import QUALITY_ROWS
 
 from resnmt.experiment.presets import SIZES
-from resnmt.shared import append_jsonl
+from resnmt.experiment.results import append_jsonl
 
 
 FP16_MAX = 65504.0  # the largest finite float16

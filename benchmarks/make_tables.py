@@ -31,7 +31,7 @@ from records import RESULTS
 from result_tables import (fp16_tables, gpu_tables, headroom_tables, quality_table, replace_between, speed_glance,
                            speed_tables)
 
-from resnmt.shared import read_jsonl
+from resnmt.experiment.results import read_jsonl
 
 MARKERS = {**result_tables.MARKERS, **study_tables.MARKERS}  # table name -> the comments around it in a document
 

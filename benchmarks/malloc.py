@@ -34,9 +34,9 @@ import runs
 from records import cpu_description, run_id
 
 from resnmt.experiment.presets import SIZES
+from resnmt.experiment.results import append_jsonl
 from resnmt.experiment.runtime import KEEP_FREED_MEMORY_ENV, tool_env
 from resnmt.experiment.steps import FairseqLog
-from resnmt.shared import append_jsonl
 CONDITIONS = ("glibc default", "keep freed memory")
 
 

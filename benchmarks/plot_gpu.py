@@ -15,7 +15,7 @@ from records import REPO_ROOT, RESULTS  # (the standard library only: before res
 if str(REPO_ROOT) not in sys.path:  # resnmt, where it is not installed (the GPU machine)
     sys.path.insert(0, str(REPO_ROOT))
 
-from resnmt.shared import read_jsonl  # noqa: E402
+from resnmt.experiment.results import read_jsonl  # noqa: E402
 
 
 def newest_whole_processes(records):

@@ -26,8 +26,8 @@ from rows import QUALITY_ROWS, slug
 
 from resnmt.experiment import steps
 from resnmt.experiment.presets import SIZES
+from resnmt.experiment.results import append_jsonl, read_jsonl
 from resnmt.experiment.runtime import tool_env
-from resnmt.shared import append_jsonl, read_jsonl
 
 DEFAULT_WORKDIR = REPO_ROOT / "runs" / "bench-quality"
 

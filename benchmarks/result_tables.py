@@ -429,32 +429,41 @@ def latest_run(records, setting: str, value) -> list:
 
 def fp16_tables(records):
     """The latest ``fp16.py`` run per precision: does each kind train in half precision?"""
-    parts = []
-    for precision in ("fp16", "bf16"):
-        rows = latest_run(records, "precision", precision)
-        if not rows:
-            continue
-        s, latest = rows[0]["settings"], rows[0]["run_id"]
-        parts.append(f"**fairseq-train --{precision}**, run {latest} on {rows[0]['device_name']}: "
-                     f"{s['size']} size, {s['updates']} updates of ≤{s['max_tokens']} tokens, lr {s['lr']} "
-                     f"({s['warmup_updates']} warm-up), dropout {s['dropout']}; a kind passes when it ends with a "
-                     f"finite loss and no more overflowed (skipped) updates than post-LN\n")
-        parts.append(fp16_table(rows) + "\n")
-    return "\n".join(parts) if parts else "_no half-precision runs yet (they need a GPU)_"
+    return latest_run_tables(records, "precision", ("fp16", "bf16"), fp16_caption, fp16_table,
+                             "_no half-precision runs yet (they need a GPU)_")
+
+
+def fp16_caption(precision: str, rows) -> str:
+    s, latest = rows[0]["settings"], rows[0]["run_id"]
+    return (f"**fairseq-train --{precision}**, run {latest} on {rows[0]['device_name']}: "
+            f"{s['size']} size, {s['updates']} updates of ≤{s['max_tokens']} tokens, lr {s['lr']} "
+            f"({s['warmup_updates']} warm-up), dropout {s['dropout']}; a kind passes when it ends with a "
+            f"finite loss and no more overflowed (skipped) updates than post-LN")
 
 
 def headroom_tables(records):
     """The latest ``fp16.py --headroom`` run at initialization, and at trained checkpoints."""
+    return latest_run_tables(records, "at", ("initialization", "checkpoint"), headroom_caption, headroom_table,
+                             "_no headroom measurements yet_")
+
+
+def headroom_caption(at: str, rows) -> str:
+    s, latest = rows[0]["settings"], rows[0]["run_id"]
+    what = (f"**fairseq-train's first step** ({s['size']} size at initialization, batches of "
+            f"≤{s['max_tokens']} tokens, dropout {s['dropout']})" if at == "initialization"
+            else "**One training step of trained checkpoints** (each with its own size, batch size and dropout)")
+    return (f"{what} in float32 on the CPU (`fp16.py --headroom`), run {latest}: the first batch of "
+            f"epoch 1; loss and gradient norm as fairseq logs them")
+
+
+def latest_run_tables(records, field: str, values, caption, table, none_yet: str) -> str:
+    """For each of ``values`` of ``field``, the latest run with it: ``caption(value, rows)`` and
+    ``table(rows)``; ``none_yet`` where no run has any."""
     parts = []
-    for at in ("initialization", "checkpoint"):
-        rows = latest_run(records, "at", at)
+    for value in values:
+        rows = latest_run(records, field, value)
         if not rows:
             continue
-        s, latest = rows[0]["settings"], rows[0]["run_id"]
-        what = (f"**fairseq-train's first step** ({s['size']} size at initialization, batches of "
-                f"≤{s['max_tokens']} tokens, dropout {s['dropout']})" if at == "initialization"
-                else "**One training step of trained checkpoints** (each with its own size, batch size and dropout)")
-        parts.append(f"{what} in float32 on the CPU (`fp16.py --headroom`), run {latest}: the first batch of "
-                     f"epoch 1; loss and gradient norm as fairseq logs them\n")
-        parts.append(headroom_table(rows) + "\n")
-    return "\n".join(parts) if parts else "_no headroom measurements yet_"
+        parts.append(caption(value, rows) + "\n")
+        parts.append(table(rows) + "\n")
+    return "\n".join(parts) if parts else none_yet

@@ -50,7 +50,7 @@ QUALITY_ROWS: Dict[str, Row] = {
     "post_ln + rms_norm": Row("transformer_postln_base", ("--normalization", "rms_norm"), seeds=1),
     "pre_ln + dyt": Row("transformer_preln_base", ("--normalization", "dyt"), seeds=1),
     "post_ln + dyt": Row("transformer_postln_base", ("--normalization", "dyt"), seeds=1),
-    # the 2025 kinds (issue 44), one seed each so far
+    # the 2025 kinds, one seed each so far
     "hyper": Row("transformer_hyper_base", seeds=1),
     "mhc": Row("transformer_mhc_base", seeds=1),
     "mix_ln": Row("transformer_mix_ln_base", seeds=1),
@@ -69,7 +69,7 @@ GEN2025_KINDS = ("hyper", "mhc", "mix_ln", "ln_scaling", "hybrid_norm", "densefo
 GEN2025_VARIANTS = ("hybrid_norm_star",)
 # (size, row) -> the row whose run it is, bit for bit (same weights, same computation), so
 # the study reads that run instead of training it again: Mix-LN's post-LN layers are the
-# lowest int(0.25 * 2) = 0 of 2 (tests/test_gen2025_kinds.py::test_mix_ln_at_two_layers_is_pre_ln)
+# lowest int(0.25 * 2) = 0 of 2 (tests/test_depth_and_stream_kinds.py::test_mix_ln_at_two_layers_is_pre_ln)
 SAME_RUN = {("small", "mix_ln"): "pre_ln"}
 
 
@@ -207,7 +207,7 @@ SPEED_ROWS: Dict[str, Comparison] = {
     "rezero": Comparison("rezero", "transformer", 0.98, 0.98, 1.05),
     "nswish vs swish": Comparison("nswish", "swish", 0.93, 0.93, 1.05),
     "nrelu vs relu": Comparison("nrelu", "post_ln", 0.93, 0.93, 1.05),
-    # issue #15's targets for --fused-connections (SAS with the paper's gate: >= 1.0 of
+    # the targets set for --fused-connections (SAS with the paper's gate: >= 1.0 of
     # its MAC prediction, reported as sas_overhead.measured_over_predicted)
     "sas (gate h) fused": Comparison("sas_fused", "transformer", None, None, None),
     "sas (gate 64) fused": Comparison("sas_gate64_fused", "transformer", 0.86, None, None),
@@ -225,7 +225,7 @@ SPEED_ROWS: Dict[str, Comparison] = {
     "post_ln + rms_norm": Comparison("post_ln_rms_norm", "post_ln", 0.98, 0.98, 1.05),
     "pre_ln + dyt": Comparison("pre_ln_dyt", "pre_ln", 0.98, 0.98, 1.05),
     "post_ln + dyt": Comparison("post_ln_dyt", "post_ln", 0.98, 0.98, 1.05),
-    # the 2025 kinds (issue 44); targets by analogy, set before measuring: hyper and mhc
+    # the 2025 kinds; targets by analogy, set before measuring: hyper and mhc
     # carry n = 4 streams (a mix of n+1 by n per sublayer; mhc adds a (nC, n²+2n) projection
     # and 20 Sinkhorn iterations per position), memory for the n-wide activations; mix_ln
     # and ln_scaling are pre-LN's work; hybrid_norm adds three per-head norms per attention
@@ -274,7 +274,7 @@ CROSS_LAYER_ROWS: Dict[str, Comparison] = {
     "post_ln_rms_norm": Comparison("post_ln_rms_norm", "post_ln", train=0.97),
     "pre_ln_dyt": Comparison("pre_ln_dyt", "pre_ln", train=0.97),
     "post_ln_dyt": Comparison("post_ln_dyt", "post_ln", train=0.97),
-    # the 2025 kinds (issue 44), targets by analogy as in speed.py; mix_ln and hybrid_norm
+    # the 2025 kinds, targets by analogy as in speed.py; mix_ln and hybrid_norm
     # against pre-LN here (post-LN's row, transformer, is in the same part)
     "hyper": Comparison("hyper", "transformer_prenorm", train=0.80),
     "mhc": Comparison("mhc", "transformer_prenorm", train=0.70),
@@ -309,7 +309,7 @@ RECIPE_TARGET = Comparison("post_ln", STOCK, times=3.0)
 # precision is the name's last word
 RESNMT_POST_LN = ("--user-dir", str(USER_DIR), "--arch", "transformer_postln_base")
 RESNMT_POST_LN_BIG = ("--user-dir", str(USER_DIR), "--arch", "transformer_postln_big")
-# issue 55's fast path (resnmt/training/fast/): static-shape buckets, the update without host
+# the fast path (resnmt/training/fast/): static-shape buckets, the update without host
 # syncs, each step captured as a CUDA graph per shape (--no-step-capture: the steps eagerly)
 FAST_FLAGS = RECIPE_FLAGS + RESNMT_TASK + ("--fast-path",)
 STOCK_RUN, STOCK_BIG_RUN = "stock_fairseq_train_fp16", "stock_fairseq_train_big_fp16"
@@ -329,7 +329,7 @@ WHOLE_RUN_NAMES = tuple(WHOLE_PROCESSES)
 WHOLE_RUNS = ",".join(WHOLE_RUN_NAMES[:4])
 # each whole process against stock fairseq-train of its size, round by round (a stock run is
 # the reference of none: repeated in its job, it is the noise floor); the same-math pair in a
-# band, the fast path at issue 55's 3x
+# band, the fast path at its 3x target
 WHOLE_TARGETS: Dict[str, Comparison] = {
     "resnmt_postln_fp16": Comparison("resnmt_postln_fp16", STOCK_RUN, band=(0.98, 1.02)),
     **{name: Comparison(name, STOCK_RUN) for name in (

@@ -31,7 +31,7 @@ from rows import SPEED_ROWS
 from speed_measure import measure_rounds, speed_records
 
 from resnmt.experiment.presets import SIZES
-from resnmt.shared import read_jsonl
+from resnmt.experiment.results import read_jsonl
 
 
 def parser() -> argparse.ArgumentParser:

@@ -34,10 +34,50 @@ def measure(spec):
     torch.set_num_threads(spec["threads"])
     device = torch.device(spec["device"])
     cuda = device.type == "cuda"
+    args, task, batches, dec_batches = measured_batches(spec, cuda)
+    mem0 = memory_baseline(cuda)
+    torch.manual_seed(1)
+    dtype = getattr(torch, TORCH_DTYPES[spec.get("dtype", "fp32")])
+    model = task.build_model(args).to(device=device, dtype=dtype)
+    n_params = sum(p.numel() for p in model.parameters())
 
-    from fairseq import options, tasks
-    from fairseq.sequence_generator import SequenceGenerator
-    from fairseq import utils
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    train = time_training(model, Optimizer(model, dtype), batches, spec["warmup"], task.target_dictionary.pad(), sync)
+    peak = (torch.cuda.max_memory_allocated() if cuda else read_status_kb("VmHWM") * 1024) - mem0
+    decode = time_decoding(model, task, dec_batches, spec["decode_len"], sync)
+    measured = batches[spec["warmup"]:]
+    return {
+        "config": spec["config"],
+        "train_tokens_per_s": train["tokens"] / train["time"],
+        "decode_sentences_per_s": decode["sentences"] / decode["time"],
+        # per second of this process's CPU time: on a shared CPU (1 thread) this is the
+        # config's own cost, not the share of the cores the scheduler happened to give it
+        "train_tokens_per_cpu_s": train["tokens"] / train["cpu"],
+        "decode_sentences_per_cpu_s": decode["sentences"] / decode["cpu"],
+        "peak_memory_bytes": peak,
+        "params": n_params,
+        "train_tokens": train["tokens"],
+        "train_padded_src_tokens": sum(int(b["net_input"]["src_tokens"].numel()) for b in measured),
+        "train_padded_tgt_tokens": sum(int(b["target"].numel()) for b in measured),
+        "decode_sentences": decode["sentences"],
+        "skipped_updates": train["overflows"],
+        # first batches (compilation with --fused-connections): wall seconds, and graphs
+        # compiled: none may appear after the warm-ups (one graph serves every batch shape)
+        "warmup_train_s": train["warmup_s"],
+        "warmup_decode_s": decode["warmup_s"],
+        "graphs_after_train_warmup": train["graphs_after_warmup"],
+        "graphs_after_decode_warmup": decode["graphs_after_warmup"],
+        "graphs_at_end": compiled_graphs(),
+    }
+
+
+def measured_batches(spec, cuda: bool):
+    """fairseq's args and task for ``spec``'s config, its training batches (warm-up and
+    measured) and its decoding batches, on the GPU when ``cuda``."""
+    from fairseq import options, tasks, utils
 
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
@@ -56,89 +96,68 @@ def measure(spec):
     if cuda:
         batches = [utils.move_to_cuda(b) for b in batches]
         dec_batches = [utils.move_to_cuda(b) for b in dec_batches]
+    return args, task, batches, dec_batches
 
-    if cuda:  # several configs are measured in one process on a GPU: each starts from a clean slate
-        import gc
 
-        gc.collect()
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        mem0 = torch.cuda.memory_allocated()
-    else:
-        mem0 = read_status_kb("VmRSS") * 1024
-    torch.manual_seed(1)
-    dtype = getattr(torch, TORCH_DTYPES[spec.get("dtype", "fp32")])
-    model = task.build_model(args).to(device=device, dtype=dtype)
-    n_params = sum(p.numel() for p in model.parameters())
-    optimizer = Optimizer(model, dtype)
+def memory_baseline(cuda: bool) -> int:
+    """The memory in use before the model is built: the GPU's allocated bytes (after a clean
+    slate: several configs are measured in one process on a GPU), else the resident set."""
+    if not cuda:
+        return read_status_kb("VmRSS") * 1024
+    import gc
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
+    import torch
 
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def time_training(model, optimizer, batches, warmup: int, pad: int, sync) -> dict:
+    """Train on the first ``warmup`` batches, then time the rest: wall and CPU seconds, the
+    tokens, the warm-up's seconds and graphs compiled, and the optimizer's overflows."""
     t0 = time.perf_counter()
-    for batch in batches[: spec["warmup"]]:
-        train_step(model, optimizer, batch, task.target_dictionary.pad())
+    for batch in batches[:warmup]:
+        train_step(model, optimizer, batch, pad)
     sync()
-    warmup_train_s, graphs_after_warmup = time.perf_counter() - t0, compiled_graphs()
+    warmup_s, graphs_after_warmup = time.perf_counter() - t0, compiled_graphs()
     t0, c0 = time.perf_counter(), time.process_time()
-    for batch in batches[spec["warmup"]:]:
-        train_step(model, optimizer, batch, task.target_dictionary.pad())
+    for batch in batches[warmup:]:
+        train_step(model, optimizer, batch, pad)
     sync()
-    train_time, train_cpu = time.perf_counter() - t0, time.process_time() - c0
-    train_tokens = sum(int(b["ntokens"]) for b in batches[spec["warmup"]:])
-    if cuda:
-        peak = torch.cuda.max_memory_allocated() - mem0
-    else:
-        peak = read_status_kb("VmHWM") * 1024 - mem0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     optimizer.zero_grad()
-    optimizer_overflows = optimizer.overflows
-    del optimizer
+    return {"time": wall, "cpu": cpu, "tokens": sum(int(b["ntokens"]) for b in batches[warmup:]),
+            "warmup_s": warmup_s, "graphs_after_warmup": graphs_after_warmup, "overflows": optimizer.overflows}
+
+
+def time_decoding(model, task, dec_batches, decode_len: int, sync) -> dict:
+    """Beam 4 over ``dec_batches`` after one warm-up batch, every hypothesis ``decode_len``
+    tokens long: wall and CPU seconds, the sentences, the warm-up's seconds and graphs."""
+    from fairseq.sequence_generator import SequenceGenerator
 
     model.eval()
     generator = SequenceGenerator(
         [model], task.target_dictionary, beam_size=4,
         # every hypothesis gets exactly decode_len tokens: an untrained model's output
         # length is arbitrary, and the cost of a step must be compared, not luck
-        max_len_a=0, max_len_b=spec["decode_len"], min_len=spec["decode_len"],
+        max_len_a=0, max_len_b=decode_len, min_len=decode_len,
     )
     t0 = time.perf_counter()
     generator.generate([model], dec_batches[0])  # warm-up
     sync()
-    warmup_decode_s, graphs_after_decode_warmup = time.perf_counter() - t0, compiled_graphs()
+    warmup_s, graphs_after_warmup = time.perf_counter() - t0, compiled_graphs()
     t0, c0 = time.perf_counter(), time.process_time()
     n_sent = 0
     for batch in dec_batches:
         generator.generate([model], batch)
         n_sent += batch["nsentences"]
     sync()
-    decode_time, decode_cpu = time.perf_counter() - t0, time.process_time() - c0
-    src_tokens = sum(int(b["net_input"]["src_tokens"].numel()) for b in batches[spec["warmup"]:])
-    tgt_padded = sum(int(b["target"].numel()) for b in batches[spec["warmup"]:])
-    return {
-        "config": spec["config"],
-        "train_tokens_per_s": train_tokens / train_time,
-        "decode_sentences_per_s": n_sent / decode_time,
-        # per second of this process's CPU time: on a shared CPU (1 thread) this is the
-        # config's own cost, not the share of the cores the scheduler happened to give it
-        "train_tokens_per_cpu_s": train_tokens / train_cpu,
-        "decode_sentences_per_cpu_s": n_sent / decode_cpu,
-        "peak_memory_bytes": peak,
-        "params": n_params,
-        "train_tokens": train_tokens,
-        "train_padded_src_tokens": src_tokens,
-        "train_padded_tgt_tokens": tgt_padded,
-        "decode_sentences": n_sent,
-        "skipped_updates": optimizer_overflows,
-        # first batches (compilation with --fused-connections): wall seconds, and graphs
-        # compiled: none may appear after the warm-ups (one graph serves every batch shape)
-        "warmup_train_s": warmup_train_s,
-        "warmup_decode_s": warmup_decode_s,
-        "graphs_after_train_warmup": graphs_after_warmup,
-        "graphs_after_decode_warmup": graphs_after_decode_warmup,
-        "graphs_at_end": compiled_graphs(),
-    }
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"time": wall, "cpu": cpu, "sentences": n_sent, "warmup_s": warmup_s,
+            "graphs_after_warmup": graphs_after_warmup}
 
 
 def run_worker(specs, timeout):

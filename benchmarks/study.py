@@ -18,7 +18,7 @@ from rows import CONTROL_ROWS, CURVES_ROWS, DEFAULT_MILESTONES, GEN2025_KINDS, G
 from resnmt.checkpoints.averaging import numbered_checkpoints
 from resnmt.experiment import steps
 from resnmt.experiment.presets import SIZES
-from resnmt.shared import append_jsonl, read_jsonl
+from resnmt.experiment.results import append_jsonl, read_jsonl
 
 # The papers' sizes (GPU only), most decisive first: post-LN against pre-LN, rSkip+LN and
 # SAS at base (6+6, d=512) under the GPU schedule; second seeds of the first three; the
@@ -93,14 +93,14 @@ PLANS = {
 GPU_ONLY_SIZES = ("base", "base12")
 
 
-# The GPU study's schedule (issue 56): inverse square root, as the CPU study's, with a lower
+# The GPU study's schedule: inverse square root, as the CPU study's, with a lower
 # peak and a longer warm-up, chosen on the GPU by a measured sweep of post-LN at base size
 # (benchmarks/gpu_job.sh part 6 trains post-LN seed 1 under each candidate to 2000 updates,
 # side by side; `curves.py --choose-schedule` applies choose_schedule). The candidates:
 # Transformer-base's peak 7e-4 with 1000 and 2000 warm-up updates, and fairseq's IWSLT peak
 # 5e-4 with 1000; each reaches its peak within the sweep, where post-LN at lr 1e-3 failed
 # (diverged with 300 warm-up updates, stalled at 24 BLEU with 1000). FALLBACK_SCHEDULE, the
-# lowest peak with the issue's longest warm-up, is taken when no candidate trains.
+# lowest peak with the longest warm-up considered, is taken when no candidate trains.
 SWEEP_SCHEDULES = ((7e-4, 2000), (7e-4, 1000), (5e-4, 1000))
 FALLBACK_SCHEDULE = (5e-4, 4000)
 # A candidate trains when, at the newest milestone every candidate reached, its BLEU is at

@@ -14,7 +14,7 @@ from rows import CONTROLS, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, SAME_RUN
 from verdicts import LEVEL, claim_verdict
 
 from resnmt.data.corpora import DATASETS
-from resnmt.shared import read_jsonl
+from resnmt.experiment.results import read_jsonl
 
 SIZE_TITLES = {"small": "2+2 layers, d=128", "deep": "6+6 layers, d=128", "base": "6+6 layers, d=512",
                "base12": "12+12 layers, d=512"}

@@ -20,7 +20,7 @@ from stats import identical_noise, median_min_max, middle_half, round_ratios
 from verdicts import trainer_verdict
 
 from resnmt.experiment.presets import SIZES, ModelSize
-from resnmt.shared import append_jsonl
+from resnmt.experiment.results import append_jsonl
 
 BENCHMARK = "gpu_train"  # every line's "benchmark" (benchmarks/results/gpu_train.jsonl, make_tables.py)
 SMOKE_SIZE = ModelSize(2, 64, 256, 4)
@@ -202,22 +202,54 @@ def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadli
     more rounds), so that a job stopped from outside keeps its finished rounds.
     A configuration that fails (a compiler error, say) is recorded and leaves the others;
     one not started by the deadline is recorded as such."""
-    batches = None
-
-    def failed(c, stage, error):
-        c.trainer = None
-        rec = {"kind": "error", "config": c.key, "max_tokens": max_tokens, "stage": stage,
-               "error": f"{type(error).__name__}: {error}"[-2000:]}
-        record(out, rec)
-        print(json.dumps(rec), file=sys.stderr, flush=True)
-
     from resnmt.training.attention import sdpa_backends_enabled
 
     default_kernels = sdpa_backends_enabled()
+    configs, batches = build_and_warm_up(a, max_tokens, configs, out, deadline, default_kernels)
+    graphs_after_warmup = compiled_graphs()
+    if profile_path is not None:
+        write_profiles(a, max_tokens, configs, batches, env, profile_path, default_kernels)
+    updates = fit_updates(a, configs, deadline)
+    rows = []
+    for rnd in range(a.rounds):
+        timed = timed_round(a, max_tokens, configs, batches, out, rnd, updates, deadline, default_kernels)
+        if len(timed) < sum(c.trainer is not None for c in configs):  # the deadline cut this round short
+            print(f"[gpu_train] deadline: stopped after {rnd} rounds at --max-tokens {max_tokens}", file=sys.stderr)
+            break
+        for c in configs:
+            if c.key in timed:
+                c.samples.append(timed[c.key])
+        rows = trainer_records(configs, max_tokens, env["peak_tflops"])
+        graphs_now = compiled_graphs()
+        for rec in rows:
+            # torch.compile graphs made by then (all configurations): equal = none compiled while timed
+            rec.update(job=env["time"], device=env["device"], updates_per_round=updates,
+                       compiled_graphs_after_warmup=graphs_after_warmup, compiled_graphs_at_end=graphs_now)
+            record(out, rec)
+    for c in configs:  # free this token setting's models before the next
+        c.trainer = None
+    return rows
+
+
+def record_failure(out: Path, max_tokens: int, c: Config, stage: str, error: BaseException) -> None:
+    """A configuration that failed at ``stage``: dropped (its trainer freed), recorded in ``out``
+    and printed."""
+    c.trainer = None
+    rec = {"kind": "error", "config": c.key, "max_tokens": max_tokens, "stage": stage,
+           "error": f"{type(error).__name__}: {error}"[-2000:]}
+    record(out, rec)
+    print(json.dumps(rec), file=sys.stderr, flush=True)
+
+
+def build_and_warm_up(a, max_tokens: int, configs: List[Config], out: Path, deadline: float, default_kernels):
+    """(the configurations built and warmed up, the batches they train on): each trainer
+    built, its FLOPs per update counted, its warm-up updates run; one that fails or is not
+    started by the deadline is recorded and left out."""
+    batches = None
     ready, shapes_seen = [], set()
     for c in configs:
         if time.monotonic() > deadline:
-            failed(c, "build", TimeoutError("the deadline passed before it was built"))
+            record_failure(out, max_tokens, c, "build", TimeoutError("the deadline passed before it was built"))
             continue
         try:
             argv_c = train_argv(a.data, TRAINER_ROWS[c.row], c.dtype, max_tokens, c.recipe, a.smoke, a.cpu,
@@ -244,53 +276,45 @@ def measure_setting(a, max_tokens: int, configs: List[Config], out: Path, deadli
             shapes_seen.add(c.dtype)
             ready.append(c)
         except Exception as e:  # noqa: BLE001 (recorded, and the run goes on)
-            failed(c, "build and warm-up", e)
-    configs = ready
-    graphs_after_warmup = compiled_graphs()
-    if profile_path is not None:
-        profiles = {}
-        for c in configs:
-            if c.name == STOCK or c.name in RECIPES:
-                try:
-                    process_wide(c, default_kernels)
-                    profiles[c.key] = profile_update(c.trainer, batches, a.cpu)
-                except Exception as e:  # noqa: BLE001
-                    profiles[c.key] = {"error": f"{type(e).__name__}: {e}"[-2000:]}
-        profile_path.write_text(json.dumps({"device": env["device"], "max_tokens": max_tokens,
-                                            "profiles": profiles}, indent=1))
-    updates = fit_updates(a, configs, deadline)
-    rows = []
-    for rnd in range(a.rounds):
-        order = configs if rnd % 2 == 0 else list(reversed(configs))
-        timed = {}
-        for c in order:
-            if rnd > 0 and time.monotonic() > deadline:
-                break
-            if c.trainer is None:
-                continue
+            record_failure(out, max_tokens, c, "build and warm-up", e)
+    return ready, batches
+
+
+def write_profiles(a, max_tokens: int, configs: List[Config], batches, env: dict, profile_path: Path,
+                   default_kernels) -> None:
+    """One profiled update of stock fp16 and of each recipe, written to ``profile_path``."""
+    profiles = {}
+    for c in configs:
+        if c.name == STOCK or c.name in RECIPES:
             try:
                 process_wide(c, default_kernels)
-                synchronize(a.cpu)
-                t0 = time.perf_counter()
-                # every configuration trains the same batches in a round, whatever its warm-up
-                tok = run_updates(c.trainer, batches, a.warmup + rnd * updates, updates)
-                synchronize(a.cpu)
-                timed[c.key] = (time.perf_counter() - t0, tok)
+                profiles[c.key] = profile_update(c.trainer, batches, a.cpu)
             except Exception as e:  # noqa: BLE001
-                failed(c, f"round {rnd + 1}", e)
-        if len(timed) < sum(c.trainer is not None for c in configs):  # the deadline cut this round short
-            print(f"[gpu_train] deadline: stopped after {rnd} rounds at --max-tokens {max_tokens}", file=sys.stderr)
+                profiles[c.key] = {"error": f"{type(e).__name__}: {e}"[-2000:]}
+    profile_path.write_text(json.dumps({"device": env["device"], "max_tokens": max_tokens,
+                                        "profiles": profiles}, indent=1))
+
+
+def timed_round(a, max_tokens: int, configs: List[Config], batches, out: Path, rnd: int, updates: int,
+                deadline: float, default_kernels) -> dict:
+    """Round ``rnd``: ``updates`` timed updates of each configuration on the same batches, in
+    the configurations' order (reversed every other round); {config key: (seconds, tokens)}
+    of those timed before the deadline (a failure is recorded and drops the configuration)."""
+    order = configs if rnd % 2 == 0 else list(reversed(configs))
+    timed = {}
+    for c in order:
+        if rnd > 0 and time.monotonic() > deadline:
             break
-        for c in configs:
-            if c.key in timed:
-                c.samples.append(timed[c.key])
-        rows = trainer_records(configs, max_tokens, env["peak_tflops"])
-        graphs_now = compiled_graphs()
-        for rec in rows:
-            # torch.compile graphs made by then (all configurations): equal = none compiled while timed
-            rec.update(job=env["time"], device=env["device"], updates_per_round=updates,
-                       compiled_graphs_after_warmup=graphs_after_warmup, compiled_graphs_at_end=graphs_now)
-            record(out, rec)
-    for c in configs:  # free this token setting's models before the next
-        c.trainer = None
-    return rows
+        if c.trainer is None:
+            continue
+        try:
+            process_wide(c, default_kernels)
+            synchronize(a.cpu)
+            t0 = time.perf_counter()
+            # every configuration trains the same batches in a round, whatever its warm-up
+            tok = run_updates(c.trainer, batches, a.warmup + rnd * updates, updates)
+            synchronize(a.cpu)
+            timed[c.key] = (time.perf_counter() - t0, tok)
+        except Exception as e:  # noqa: BLE001
+            record_failure(out, max_tokens, c, f"round {rnd + 1}", e)
+    return timed

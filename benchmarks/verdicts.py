@@ -9,7 +9,7 @@ from rows import Comparison
 
 
 # SAS rows: measured training ratio over the one the gates' multiply-adds predict (the
-# SAS overhead table); 0.95 where no issue set another.
+# SAS overhead table); 0.95 where no other target was set.
 PREDICTION_TARGETS = {"sas (gate h) fused": 1.0}
 PREDICTION_TARGET_DEFAULT = 0.95
 
@@ -22,7 +22,7 @@ def target_verdict(value, target, higher_is_better=True):
     return "pass" if ok else "MISS"
 
 
-# A same-math pair resolves 2 % (issue 55): its ratio over at least RESOLVE_ROUNDS rounds,
+# A same-math pair resolves 2 %: its ratio over at least RESOLVE_ROUNDS rounds,
 # the ratios' range and the row's own spread under RESOLUTION, and two identical
 # configurations of the same job within RESOLUTION of each other (the noise floor): a
 # ratio from one round has a spread of 0 by construction, and resolves nothing.

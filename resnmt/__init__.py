@@ -15,10 +15,13 @@ happens as soon as that library is loaded (``resnmt.plugin``), so that data prep
 ``resnmt.from_pretrained(checkpoint_dir, checkpoint_file=..., data_name_or_path=...)``
 loads a checkpoint for translation from Python (fairseq's hub interface; ``resnmt.hub``).
 
-The package, from the ground up: ``shared`` and ``atomic`` (what every layer uses, the
-standard library alone); ``modules`` (the connections, norms and activations as ``nn``
-modules), ``models`` (the model, its flags resolved once, the named archs) and ``tasks``
-(the task); ``training`` (what resnmt adds to fairseq's training) and ``decoding`` (to
+The package, from the ground up: ``options``, ``atomic`` and ``progress`` (an option's
+declaration and the closest names to a bad value, files written whole, durations as text:
+the standard library alone); ``connections`` (the sublayer connections and their norms),
+``activations`` (the FFN activations) and ``fused`` (compiling their elementwise chains for
+``--fused-connections``), as ``nn`` modules; ``models`` (the model, its flags resolved once,
+the named archs) and ``tasks`` (the task); ``training`` (what resnmt adds to fairseq's
+training), ``checkpoints`` (averaging them, loading them safely) and ``decoding`` (to
 decoding and scoring); ``data`` (preparing a corpus) and ``analysis`` (what a trained model
 learned); ``experiment`` (the papers' pipeline, step by step); ``cli`` (the commands, over
 all of it). ``plugin`` plugs it into fairseq, ``hub`` loads it from Python.

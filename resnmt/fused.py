@@ -1,18 +1,20 @@
-"""``--fused-connections``: the elementwise chains of SAS and NReLU/NSwish, compiled.
+"""``--fused-connections``: how a feature's elementwise chain is compiled.
 
 SAS's combination (the gates' sigmoids, ``gamma``, ``LN(x + F)`` and
-``alpha*x + beta*F + gamma*LN(x + F)``) and the normalized activation (statistics,
-normalization, output) are a dozen small passes over memory each in eager PyTorch.
-Here they are pure functions handed to ``torch.compile`` (inductor: C++/OpenMP on CPU,
-Triton on GPU), which fuses each into a few kernels, forward and backward (AOT autograd
-derives the backward from the same function, so it is the eager gradient).
+``alpha*x + beta*F + gamma*LN(x + F)``; :mod:`resnmt.connections.gated`) and the
+normalized activation (statistics, normalization, output;
+:mod:`resnmt.activations.normalized`) are a dozen small passes over memory each in eager
+PyTorch. Each feature writes its chain as a pure function and wraps it in :func:`compiled`,
+which hands it to ``torch.compile`` (inductor: C++/OpenMP on CPU, Triton on GPU) on first
+use; inductor fuses each into a few kernels, forward and backward (AOT autograd derives
+the backward from the same function, so it is the eager gradient).
 
 * Exception: NReLU/NSwish with per-token statistics (the default) on the CPU use the
   native kernel of ``resnmt.activations.native`` instead. There a compiled call's fixed
   cost in Python (guards, AOT autograd's wrapper, ~40 µs) is as large as the work at
   decoding sizes; the kernel is a few µs per call (measured in docs/benchmarks.md).
 * The eager path (``resnmt.connections``, ``resnmt.activations.normalized``)
-  stays the reference: the functions below compute the same equations, and the tests
+  stays the reference: the compiled functions compute the same equations, and the tests
   compare them within float tolerance.
 * Shapes vary in NMT (every batch has its own length and size), so the functions are
   compiled with ``dynamic=True``: one graph serves every ``(seq_len, batch)``; sizes 0
@@ -28,8 +30,6 @@ import shutil
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
 
 FLAG = "--fused-connections"
 
@@ -95,79 +95,3 @@ def compiled(fn):
 
     call.eager = fn
     return call
-
-
-# --------------------------------------------------------------------------- SAS
-
-
-def sas_output(
-    x: Tensor, fx: Tensor, logits: Tensor, norm_weight: Tensor, norm_bias: Tensor, eps: float, gamma_from_gate: bool
-) -> Tensor:
-    """``alpha*x + beta*F + gamma*LN(x + F)`` from the gates' logits ``(..., 2 or 3)``:
-    alpha, beta (and gamma with ``gamma_from_gate``) are their sigmoids, otherwise
-    ``gamma = (1-alpha)(1-beta)`` (SAS paper eq. 3/4). The LayerNorm is fairseq's
-    (``torch.nn.LayerNorm`` with ``norm_weight``, ``norm_bias``, ``eps``)."""
-    gates = torch.sigmoid(logits)
-    alpha, beta = gates[..., 0:1], gates[..., 1:2]
-    gamma = gates[..., 2:3] if gamma_from_gate else (1 - alpha) * (1 - beta)
-    s = x + fx
-    normed = F.layer_norm(s, (s.size(-1),), norm_weight, norm_bias, eps)
-    return alpha * x + beta * fx + gamma * normed
-
-
-fused_sas_output = compiled(sas_output)
-
-
-# --------------------------------------------------------------------------- NReLU / NSwish
-
-
-def _activate(x: Tensor, swish: bool) -> Tensor:
-    return F.silu(x) if swish else torch.relu(x)
-
-
-def _scaled(h: Tensor, omega: Tensor, mu: Tensor, rho: Tensor, rho_prime: Tensor, swish: bool) -> Tensor:
-    """``2*sigmoid(omega) * lambda * (f(h) - mu)`` in float32, output in ``h``'s dtype;
-    the statistics are constants for autograd (detached), as in the eager path."""
-    x = h.float()
-    lam = ((rho.reciprocal() + rho_prime.reciprocal()) * 0.5).sqrt()
-    scale = 2.0 * torch.sigmoid(omega.float()) * lam.detach()
-    return (scale * (_activate(x, swish) - mu.detach())).to(h.dtype)
-
-
-def instance_activation(h: Tensor, omega: Tensor, swish: bool, clamp_min: float, clamp_max: float, eps: float) -> Tensor:
-    """NReLU/NSwish with per-token statistics over the last (feature) dimension."""
-    x = h.float().detach()
-    a = _activate(x, swish)
-    mu = a.mean(dim=-1, keepdim=True)
-    var_h = (x.square().mean(dim=-1, keepdim=True) - x.mean(dim=-1, keepdim=True).square()).clamp(min=0.0)
-    var_a = (a.square().mean(dim=-1, keepdim=True) - mu.square()).clamp(min=0.0)
-    rho = (var_a / (var_h + eps)).clamp(clamp_min, clamp_max)
-    rho_prime = (x > 0).float().mean(dim=-1, keepdim=True).clamp(clamp_min, clamp_max)
-    return _scaled(h, omega, mu, rho, rho_prime, swish)
-
-
-def batch_statistics(h: Tensor, weights: Tensor, swish: bool, eps: float):
-    """``(mu, rho, p)`` over every feature of the tokens weighted by ``weights``
-    ``(seq_len, batch)`` (1 at real tokens, 0 at padding); unclamped, no gradient."""
-    x = h.float().detach()
-    a = _activate(x, swish)
-    w = weights / weights.sum().clamp(min=1.0)
-    mean_h_t, mean_a_t = x.mean(dim=-1), a.mean(dim=-1)
-    var_h_t = (x.square().mean(dim=-1) - mean_h_t.square()).clamp(min=0.0)
-    var_a_t = (a.square().mean(dim=-1) - mean_a_t.square()).clamp(min=0.0)
-    mu = (w * mean_a_t).sum()
-    mean_h = (w * mean_h_t).sum()
-    var_a = (w * (var_a_t + (mean_a_t - mu).square())).sum()
-    var_h = (w * (var_h_t + (mean_h_t - mean_h).square())).sum()
-    p = (w * (x > 0).float().mean(dim=-1)).sum()
-    return mu, var_a / (var_h + eps), p
-
-
-def scaled_activation(h: Tensor, omega: Tensor, mu: Tensor, rho: Tensor, rho_prime: Tensor, swish: bool) -> Tensor:
-    """The output for given (already clamped) statistics: batch mode's last step."""
-    return _scaled(h, omega, mu, rho, rho_prime, swish)
-
-
-fused_instance_activation = compiled(instance_activation)
-fused_batch_statistics = compiled(batch_statistics)
-fused_scaled_activation = compiled(scaled_activation)

@@ -2,9 +2,9 @@
 
 An option is declared once, where the thing it configures is defined: a connection kind's
 flags on its class (``flags``), the model-wide flags (``--residual``, ``--normalization``,
-the FFN activation's) in :mod:`resnmt.models.options`, a pipeline command's options as
+the FFN activation's) in :mod:`resnmt.models.flags`, a pipeline command's options as
 the fields of its request (:mod:`resnmt.experiment.presets`, :mod:`resnmt.experiment.pipeline`,
-made with :func:`resnmt.experiment.options.option`). The declaration holds the kind of
+made with :func:`resnmt.experiment.command_options.option`). The declaration holds the kind of
 value (:data:`KINDS`: a switch, an integer or a real number with its bound, a choice, a
 path, a string), the default, the metavar and the help; from it come
 
@@ -17,15 +17,18 @@ path, a string), the default, the metavar and the help; from it come
 * a command's dataclass field (:meth:`Option.field`), whose value the request converts
   with :meth:`Option.convert`.
 
+A command line's error names the closest valid names (:func:`with_closest_names`).
+
 Depends on nothing but the standard library.
 """
 import argparse
 import dataclasses
+import difflib
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 KINDS = ("switch", "int", "number", "choice", "path", "str")
 _INTEGER_RE = re.compile(r"[+-]?\d+")
@@ -184,3 +187,30 @@ def field_options(cls) -> Tuple[Option, ...]:
     its field's name as ``dest``, in declaration order."""
     return tuple(dataclasses.replace(f.metadata["option"], dest=f.name)
                  for f in dataclasses.fields(cls) if "option" in f.metadata)
+
+# ------------------------------------------------------------ a bad value's closest valid names
+
+
+def closest(value: str, allowed: Sequence[str], n: int = 3) -> List[str]:
+    """The names among ``allowed`` that look like a mistyped ``value``, closest first."""
+    return difflib.get_close_matches(value, list(allowed), n=n, cutoff=0.6)
+
+
+_INVALID_CHOICE_RE = re.compile(r"(argument \S+: invalid choice: '([^']*)') \(choose from (.*)\)$")
+
+
+def with_closest_names(message: str, parser: argparse.ArgumentParser) -> str:
+    """argparse's error ``message`` naming, where it can, the closest valid names: the
+    closest choices of an invalid choice, the closest flags of an unrecognized one."""
+    wrong = _INVALID_CHOICE_RE.match(message)
+    if wrong:
+        choices = [c.strip().strip("'\"") for c in wrong.group(3).split(",")]
+        close = closest(wrong.group(2), choices)
+        return f"{wrong.group(1)} (closest: {' '.join(close)}; choose from {wrong.group(3)})" if close else message
+    if message.startswith("unrecognized arguments: "):
+        names = [f[2:] for f in parser._option_string_actions if f.startswith("--")]  # compared without "--"
+        unknown = [a.split("=")[0] for a in message.split(": ", 1)[1].split() if a.startswith("--")]
+        hints = [f"{u}: closest {' '.join('--' + c for c in close)}" for u in unknown
+                 if (close := closest(u[2:], names))]
+        return f"{message} ({'; '.join(hints)})" if hints else message
+    return message

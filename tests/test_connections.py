@@ -14,6 +14,7 @@ from resnmt.connections import (
     SASConnection,
     admin_omega,
     build_connection,
+    build_stream,
     deepnorm_constants,
 )
 from resnmt.connections.gated import ScalarGates
@@ -343,6 +344,11 @@ def test_spec_is_immutable_and_copies_validate():
     assert hash(spec) == hash(copy.copy(spec))
     with pytest.raises(TypeError, match="unknown options"):
         ConnectionSpec(kind="sas", sas_gates=2)
+    # a spec pickled before ConnectionSpec was a dataclass unpickles through this call
+    from resnmt.connections.spec import _rebuild_spec
+
+    old = _rebuild_spec("admin", spec.settings(), dict(spec.options))
+    assert old == spec and old.admin_output_change_scale == spec.admin_output_change_scale == "O(logn)"
 
 
 def test_registry_is_the_one_list():
@@ -352,6 +358,12 @@ def test_registry_is_the_one_list():
         "pre_ln", "peri_ln", "dlcl", "denseformer", "mix_ln", "ln_scaling", "hybrid_norm", "hyper", "mhc"}
     owned = {flag.dest for cls in CONNECTION_CLASSES.values() for flag in cls.flags}
     assert owned == set(CONNECTION_FLAGS)
+    # the declared capabilities are what the kinds build: a stack's stream, n streams, learned rows
+    assert {kind for kind, cls in CONNECTION_CLASSES.items() if cls.crosses_layers} == {
+        kind for kind in CONNECTION_CLASSES if build_stream(DIM, ConnectionSpec(kind=kind)) is not None} == {
+        "resi_dual", "dlcl", "dlcl_post", "denseformer", "hyper", "mhc"}
+    assert {kind for kind, cls in CONNECTION_CLASSES.items() if cls.multi_stream} == {"hyper", "mhc"} == {
+        kind for kind in CONNECTION_CLASSES if build_connection(DIM, ConnectionSpec(kind=kind)).learned()}
     for kind, cls in CONNECTION_CLASSES.items():
         assert cls.kind == kind and cls.equation and cls.source
         conn = build_connection(DIM, ConnectionSpec(kind=kind))

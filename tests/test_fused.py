@@ -1,4 +1,4 @@
-"""--fused-connections (resnmt/fused.py): the compiled SAS combination and
+"""--fused-connections (resnmt/fused.py and its users): the compiled SAS combination and
 NReLU/NSwish give the eager path's values and gradients, in a built model too
 (incremental decoding included), compile once for all batch shapes, and the flag
 stops the build with one line where torch.compile cannot work."""
@@ -10,7 +10,7 @@ from model_utils import assert_incremental_equals_full, build, parse_train_args,
 
 from resnmt import fused
 from resnmt.activations import native
-from resnmt.activations.normalized import ActivationSpec, NormalizedActivation
+from resnmt.activations.normalized import ActivationSpec, NormalizedActivation, fused_instance_activation
 from resnmt.connections import ConnectionSpec, build_connection
 
 DIM = 16
@@ -98,7 +98,7 @@ def test_compiled_instance_activation_is_the_eager_equation():
         with torch.no_grad():
             act.omega.fill_(0.4)
             expected = act(h)
-        got = fused.fused_instance_activation.eager(h, omega, kind == "nswish", act.clamp_min, act.clamp_max, act.eps)
+        got = fused_instance_activation.eager(h, omega, kind == "nswish", act.clamp_min, act.clamp_max, act.eps)
         torch.testing.assert_close(got, expected, **TOL)
 
 

@@ -256,7 +256,7 @@ def test_gpu_tables_take_each_configurations_fullest_line():
 
 
 def test_a_same_math_pair_resolves_only_over_four_rounds_above_its_noise_floor():
-    """issue 55's honest harness: a ratio from one round (spread 0 by construction) never
+    """The honest harness: a ratio from one round (spread 0 by construction) never
     resolves; four rounds whose ratios, spread and the job's noise floor all stay under 2 %
     do; a noise floor not measured, or of 2 % or more, keeps any pair from resolving."""
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))

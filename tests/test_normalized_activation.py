@@ -14,7 +14,7 @@ from model_utils import assert_incremental_equals_full, build, parse_train_args,
 
 from resnmt.activations.normalized import ActivationSpec, NormalizedActivation, UnnormalizedActivation
 from resnmt.models.model_spec import resolve_model
-from resnmt.models.options import add_activation_args
+from resnmt.models.flags import add_activation_args
 
 KINDS = ["nrelu", "nswish"]
 MODES = ["instance", "batch"]

@@ -42,6 +42,7 @@ from torch.autograd.function import once_differentiable
 
 from resnmt import fused
 from resnmt.activations import native
+from resnmt.fused import compiled
 
 PAPER = 'Yuan et al. 2022, "ANAct: Adaptive Normalization for Activation Functions"'
 
@@ -58,7 +59,7 @@ class ActivationConfigError(ValueError):
 class ActivationSpec:
     """Everything needed to build the FFN activations of a model, validated once.
 
-    Built from the model args by ``resnmt.models.options.activation_spec`` (which also
+    Built from the model args by ``resnmt.models.flags.activation_spec`` (which also
     declares the flags); the defaults below are the only statement of the flags'
     defaults. ``kind=None`` means "no normalized activation: fairseq's --activation-fn".
     The layer counts are only known once the arch has filled in the sizes; when given,
@@ -210,13 +211,13 @@ class NormalizedActivation(nn.Module):
         if not self.batch_stats:
             if h.device.type == "cpu":
                 return self._output_by(_native_output, h, padding_mask)
-            return fused.fused_instance_activation(h, self.omega, self.swish, self.clamp_min, self.clamp_max, self.eps)
+            return fused_instance_activation(h, self.omega, self.swish, self.clamp_min, self.clamp_max, self.eps)
         if self.training:
             weights = torch.ones(h.shape[:2], device=h.device) if padding_mask is None else _token_weights(padding_mask, h)
-            mu, rho, rho_prime = self._update_estimates(*fused.fused_batch_statistics(h, weights, self.swish, self.eps))
+            mu, rho, rho_prime = self._update_estimates(*fused_batch_statistics(h, weights, self.swish, self.eps))
         else:
             mu, rho, rho_prime = self.running_mu.float(), self.running_rho.float(), self.running_rho_prime.float()
-        return fused.fused_scaled_activation(h, self.omega, mu, rho, rho_prime, self.swish)
+        return fused_scaled_activation(h, self.omega, mu, rho, rho_prime, self.swish)
 
     def activate(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """``(f(x), positive)`` for float32 ``x``: the plain activation and the per-token
@@ -457,3 +458,59 @@ def _check_top_layers(side: str, k, num_layers: Optional[int]) -> Optional[str]:
         bound = f"[0, {num_layers}] (--{side}-layers)" if num_layers is not None else ">= 0"
         return f"--{side}-unnormalized-top-layers must be an integer in {bound}, got {k!r}"
     return None
+
+
+# ------------------------------------------------------------- the fused path (--fused-connections)
+# pure functions of the same equations, compiled on first use (resnmt.fused)
+
+
+def _activate(x: Tensor, swish: bool) -> Tensor:
+    return F.silu(x) if swish else torch.relu(x)
+
+
+def _scaled(h: Tensor, omega: Tensor, mu: Tensor, rho: Tensor, rho_prime: Tensor, swish: bool) -> Tensor:
+    """``2*sigmoid(omega) * lambda * (f(h) - mu)`` in float32, output in ``h``'s dtype;
+    the statistics are constants for autograd (detached), as in the eager path."""
+    x = h.float()
+    lam = ((rho.reciprocal() + rho_prime.reciprocal()) * 0.5).sqrt()
+    scale = 2.0 * torch.sigmoid(omega.float()) * lam.detach()
+    return (scale * (_activate(x, swish) - mu.detach())).to(h.dtype)
+
+
+def instance_activation(h: Tensor, omega: Tensor, swish: bool, clamp_min: float, clamp_max: float, eps: float) -> Tensor:
+    """NReLU/NSwish with per-token statistics over the last (feature) dimension."""
+    x = h.float().detach()
+    a = _activate(x, swish)
+    mu = a.mean(dim=-1, keepdim=True)
+    var_h = (x.square().mean(dim=-1, keepdim=True) - x.mean(dim=-1, keepdim=True).square()).clamp(min=0.0)
+    var_a = (a.square().mean(dim=-1, keepdim=True) - mu.square()).clamp(min=0.0)
+    rho = (var_a / (var_h + eps)).clamp(clamp_min, clamp_max)
+    rho_prime = (x > 0).float().mean(dim=-1, keepdim=True).clamp(clamp_min, clamp_max)
+    return _scaled(h, omega, mu, rho, rho_prime, swish)
+
+
+def batch_statistics(h: Tensor, weights: Tensor, swish: bool, eps: float):
+    """``(mu, rho, p)`` over every feature of the tokens weighted by ``weights``
+    ``(seq_len, batch)`` (1 at real tokens, 0 at padding); unclamped, no gradient."""
+    x = h.float().detach()
+    a = _activate(x, swish)
+    w = weights / weights.sum().clamp(min=1.0)
+    mean_h_t, mean_a_t = x.mean(dim=-1), a.mean(dim=-1)
+    var_h_t = (x.square().mean(dim=-1) - mean_h_t.square()).clamp(min=0.0)
+    var_a_t = (a.square().mean(dim=-1) - mean_a_t.square()).clamp(min=0.0)
+    mu = (w * mean_a_t).sum()
+    mean_h = (w * mean_h_t).sum()
+    var_a = (w * (var_a_t + (mean_a_t - mu).square())).sum()
+    var_h = (w * (var_h_t + (mean_h_t - mean_h).square())).sum()
+    p = (w * (x > 0).float().mean(dim=-1)).sum()
+    return mu, var_a / (var_h + eps), p
+
+
+def scaled_activation(h: Tensor, omega: Tensor, mu: Tensor, rho: Tensor, rho_prime: Tensor, swish: bool) -> Tensor:
+    """The output for given (already clamped) statistics: batch mode's last step."""
+    return _scaled(h, omega, mu, rho, rho_prime, swish)
+
+
+fused_instance_activation = compiled(instance_activation)
+fused_batch_statistics = compiled(batch_statistics)
+fused_scaled_activation = compiled(scaled_activation)

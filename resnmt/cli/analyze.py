@@ -142,12 +142,11 @@ def nest(means: Dict[str, Dict[tuple, float]], num_layers: Dict[str, int]) -> di
 
 
 def analyze(args) -> dict:
+    """Measure the checkpoint's connections on ``args.split``, write analysis.json and the
+    plots into ``args.out``, print the summary; the result as written."""
     import torch
-    from tqdm import tqdm
 
-    from resnmt.analysis.gradients import BlockOutputs, block_gradient_norms
-    from resnmt.analysis.hooks import Accumulator, StatsCollector, side_kinds
-    from resnmt.analysis.plotting import plot_all, plot_learned_norms, plot_stream_weights
+    from resnmt.analysis.hooks import side_kinds
 
     logging.getLogger().setLevel(logging.WARNING)  # fairseq's INFO lines would bury the summary
     # emitted by fairseq's attention on every batch; not actionable here
@@ -159,10 +158,45 @@ def analyze(args) -> dict:
         print(f"{PROG}: note: split {args.split!r} has {len(dataset)} sentences; analysing all of them", file=sys.stderr)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     model.to(device).eval()
-    pad = task.target_dictionary.pad()
     label_smoothing = args.label_smoothing if args.label_smoothing is not None else default_label_smoothing(cfg)
+    means, ntokens, loss_sum, nll_sum = measure_batches(args, model, task, dataset, n, device, label_smoothing)
+    num_layers = {"encoder": len(model.encoder.layers), "decoder": len(model.decoder.layers)}
+    statistics = nest(means, num_layers)
+    kinds = side_kinds(model)
+    result = {
+        "checkpoint": str(args.checkpoint.resolve()),
+        "arch": getattr(cfg.model, "arch", None) or type(model).__name__,
+        "connections": kinds,
+        "normalized_activation": getattr(cfg.model, "normalized_activation", None),
+        "data": str(cfg.task.data),
+        "split": args.split,
+        "num_sentences": n,
+        "num_tokens": ntokens,
+        "loss": {
+            "label_smoothing": label_smoothing,
+            "loss_per_token": loss_sum / max(ntokens["decoder"], 1),
+            "nll_per_token": nll_sum / max(ntokens["decoder"], 1),
+        },
+        "descriptions": {name: STATISTICS[name].description for name in statistics},
+        "statistics": statistics,
+        "streams": stream_weights(model),
+        "norms": learned_norms(model),
+    }
+    write_results(args, result, f"{num_layers['encoder']}+{num_layers['decoder']} layers, "
+                  f"d={model.encoder.embed_tokens.embedding_dim}")
+    return result
 
-    # longest first in batches of similar length: less padding, same token-weighted means
+
+def measure_batches(args, model, task, dataset, n: int, device, label_smoothing: float):
+    """The first ``n`` sentences of ``dataset``, longest first in batches of similar length
+    (less padding, the same token-weighted means): (each statistic's means, the gradient
+    norms' among them, the tokens per side, the summed loss, the summed NLL)."""
+    from tqdm import tqdm
+
+    from resnmt.analysis.gradients import BlockOutputs, block_gradient_norms
+    from resnmt.analysis.hooks import Accumulator, StatsCollector
+
+    pad = task.target_dictionary.pad()
     indices = sorted(range(n), key=lambda i: (-int(dataset.src_sizes[i]), i))
     batches = [indices[i:i + args.batch_size] for i in range(0, n, args.batch_size)]
     acc = Accumulator()
@@ -187,45 +221,28 @@ def analyze(args) -> dict:
     finally:
         collector.remove()
         blocks.remove()
-
     means = acc.means()
     means["grad_norm"] = {site: total / count for site, (total, count) in grad_sums.items() if count > 0}
-    num_layers = {"encoder": len(model.encoder.layers), "decoder": len(model.decoder.layers)}
-    statistics = nest(means, num_layers)
-    kinds = side_kinds(model)
-    arch = getattr(cfg.model, "arch", None) or type(model).__name__
-    result = {
-        "checkpoint": str(args.checkpoint.resolve()),
-        "arch": arch,
-        "connections": kinds,
-        "normalized_activation": getattr(cfg.model, "normalized_activation", None),
-        "data": str(cfg.task.data),
-        "split": args.split,
-        "num_sentences": n,
-        "num_tokens": ntokens,
-        "loss": {
-            "label_smoothing": label_smoothing,
-            "loss_per_token": loss_sum / max(ntokens["decoder"], 1),
-            "nll_per_token": nll_sum / max(ntokens["decoder"], 1),
-        },
-        "descriptions": {name: STATISTICS[name].description for name in statistics},
-        "statistics": statistics,
-        "streams": stream_weights(model),
-        "norms": learned_norms(model),
-    }
+    return means, ntokens, loss_sum, nll_sum
+
+
+def write_results(args, result: dict, size: str) -> None:
+    """analysis.json and the plots (gates, stream weights, learned norms) into ``args.out``,
+    then the summary."""
+    from resnmt.analysis.plotting import plot_all, plot_learned_norms, plot_stream_weights
+
+    statistics, kinds = result["statistics"], result["connections"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     if not any(name in statistics for name in CONNECTION_STATISTICS):
         print(f"no gates in this model ({kinds_description(kinds)}): skipping gate plots")
-    size = f"{num_layers['encoder']}+{num_layers['decoder']} layers, d={model.encoder.embed_tokens.embedding_dim}"
-    title = f"{arch} ({size}; {args.split}, {n} sentences)"
+    title = f"{result['arch']} ({size}; {args.split}, {result['num_sentences']} sentences)"
     written = plot_all(statistics, title, args.out, kinds)
     written += [plot_stream_weights(name, sides, title, args.out / f"{name}.png")
                 for name, sides in result["streams"].items()]
     written += [plot_learned_norms(name, sides, title, args.out / f"{name}.png")
                 for name, sides in result["norms"].items()]
     print_summary(result, args.out, written)
-    return result
 
 
 def stream_weights(model) -> Dict[str, Dict[str, list]]:
@@ -242,7 +259,7 @@ def stream_weights(model) -> Dict[str, Dict[str, list]]:
         for layer in stack.layers:
             for attr in ("self_attn_connection", "encoder_attn_connection", "ffn_connection"):
                 conn = getattr(layer, attr, None)
-                if conn is not None and getattr(conn, "multi_stream", False):
+                if conn is not None:
                     for name, row in conn.learned().items():
                         out.setdefault(name, {}).setdefault(side, []).append(row)
     return out

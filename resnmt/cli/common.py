@@ -1,5 +1,5 @@
-"""Pieces shared by resnmt's command-line tools: fairseq's logging set-up, and the parsers
-and messages of the pipeline's commands (``resnmt-experiment``, ``scripts/train.sh``,
+"""Pieces shared by resnmt's command-line tools: fairseq's logging set-up, the single-step
+tools' parser (one-line errors), and the parsers and messages of the pipeline's commands (``resnmt-experiment``, ``scripts/train.sh``,
 ``scripts/demo.sh``): ``[NAME] ...`` lines on stderr, a bad option one ``[NAME] error:``
 line (the last) and exit status 2, a failed step one error line and exit status 1."""
 import argparse
@@ -7,11 +7,10 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, NoReturn, Sequence, Tuple
 
 from resnmt.experiment.errors import ExperimentError, UsageError
-# the commands' parsers and their one-line errors
-from resnmt.shared import OneLineErrorParser, exit_usage_error, with_closest_names  # noqa: F401
+from resnmt.options import with_closest_names
 
 # fairseq_cli.train's root logger set-up
 FAIRSEQ_LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
@@ -27,6 +26,22 @@ def fairseq_logging(stream=sys.stdout) -> None:
     another format."""
     logging.basicConfig(format=FAIRSEQ_LOG_FORMAT, datefmt=FAIRSEQ_LOG_DATEFMT,
                         level=os.environ.get("LOGLEVEL", "INFO").upper(), stream=stream, force=True)
+
+# ------------------------------------------------- the single-step tools' parser and messages
+
+
+def exit_usage_error(prog: str, message: str) -> NoReturn:
+    """A single-step tool's usage error: one line, the last, exit status 2."""
+    sys.stderr.write(f"{prog}: error: {message} (see --help)\n")
+    sys.exit(2)
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (exit status 2), naming the
+    bad value and the closest valid names, instead of the usage block followed by the message."""
+
+    def error(self, message):
+        exit_usage_error(self.prog, with_closest_names(message, self))
 
 # ------------------------------------------------- the pipeline commands' parsers and messages
 

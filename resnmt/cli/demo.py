@@ -18,10 +18,11 @@ from typing import Optional, Sequence
 from resnmt.atomic import atomic_write_text
 from resnmt.cli.common import PipelineParser, logger, parse, report_warnings, run_guarded
 from resnmt.experiment import presets, steps
+from resnmt.experiment.command_options import check_choice
 from resnmt.experiment.errors import ExperimentError, UsageError
-from resnmt.experiment.options import check_choice
 from resnmt.experiment.pipeline import Experiment, ExperimentRequest
-from resnmt.experiment.runtime import format_seconds, tool_env, which
+from resnmt.experiment.runtime import tool_env, which
+from resnmt.progress import format_seconds
 
 DEMO_HELP = """\
 Prepares Multi30k EN-DE (from a local mirror when one is found, else the network),

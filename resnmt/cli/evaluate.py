@@ -49,8 +49,6 @@ from resnmt.experiment.results import append_jsonl
 # ---------------------------------------------------------------- CLI
 
 def build_parser() -> argparse.ArgumentParser:
-    from sacrebleu.metrics import BLEU
-
     p = OneLineErrorParser(
         prog=PROG,
         description=(
@@ -70,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_input_options(p)
+    add_scoring_options(p)
+    return p
+
+
+def add_input_options(p: argparse.ArgumentParser) -> None:
+    """What is scored: the hypotheses, how to read them, and the reference."""
     p.add_argument("--hyp", required=True, metavar="FILE",
                    help="fairseq-generate output (D-/H- lines) or plain hypotheses, one per line")
     p.add_argument("--ref", required=True, metavar="FILE",
@@ -81,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generate-field", choices=("D", "H"), default="D",
                    help="which fairseq-generate lines hold the hypotheses: D (after the model's "
                    "--tokenizer/--bpe decoding) or H (after --post-process only) (default: %(default)s)")
+
+
+def add_scoring_options(p: argparse.ArgumentParser) -> None:
+    """How the texts are post-processed and scored, and where the result goes."""
+    from sacrebleu.metrics import BLEU
+
     p.add_argument("--remove-bpe", choices=("none", "subword_nmt", "sentencepiece"), default="none",
                    help="undo subword segmentation: subword_nmt removes '@@ ', sentencepiece joins "
                    "pieces and turns '\u2581' into spaces; none if fairseq-generate already did "
@@ -108,7 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit status 1 when the score is flagged as meaningless (the warnings printed "
                    "after it: subword pieces left, a length ratio outside 0.5-2, most hypotheses the same), "
                    "for scripts; the result is printed and appended all the same")
-    return p
 
 
 def evaluate(args) -> dict:

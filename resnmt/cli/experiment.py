@@ -22,10 +22,10 @@ from typing import Optional, Sequence, Tuple
 from resnmt.cli.common import PipelineParser, command_name, logger, parse, report_warnings, run_guarded
 from resnmt.data.corpora import DATASETS
 from resnmt.experiment import presets, steps
+from resnmt.experiment.command_options import add_options, given, options_help
 from resnmt.experiment.errors import ExperimentError, UsageError
-from resnmt.experiment.options import add_options, given, options_help
 from resnmt.experiment.pipeline import EXPERIMENT_OPTIONS, Experiment, ExperimentRequest
-from resnmt.experiment.runtime import format_seconds
+from resnmt.progress import format_seconds
 
 TRAIN_OPTIONS = ("data", "save_dir", *presets.SHARED_TRAIN_OPTIONS, *presets.TRAIN_ONLY_OPTIONS[2:])
 RUN_OPTIONS = ("save_dir", *presets.SHARED_TRAIN_OPTIONS)

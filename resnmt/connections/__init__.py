@@ -114,6 +114,6 @@ from resnmt.connections.cross_layer import (  # noqa: F401
 )
 from resnmt.connections.depth_norm import HybridNormConnection, LNScalingConnection, MixLNConnection  # noqa: F401
 from resnmt.connections.hyper import HyperConnection  # noqa: F401
-from resnmt.connections.mhc import ManifoldHyperConnectionKind  # noqa: F401
+from resnmt.connections.mhc import ManifoldHyperConnection  # noqa: F401
 
 CONNECTION_KINDS = tuple(CONNECTION_CLASSES)

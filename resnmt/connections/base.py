@@ -53,11 +53,13 @@ class SublayerConnection(nn.Module):
     * ``arch_family``, ``arch_options``: named archs ``transformer_<family>_{base,big}``
       and the flag values they choose (no family: no named arch);
     * ``normalized``: the kind owns normalizations (``--normalization`` replaces them);
-    * ``multi_stream``: ``x`` is n streams (Hyper-Connections, mHC; what ``resnmt-analyze``
-      reads as the kind's ``learned()`` mixing);
-    * :meth:`build_stream`: the :class:`~resnmt.connections.streams.ResidualStream` the
-      stack carries from layer to layer besides ``x`` (ResiDual, DLCL, DenseFormer, HC;
-      None: plain stacking);
+    * ``multi_stream``: ``x`` is n streams (Hyper-Connections, mHC);
+    * ``crosses_layers`` and :meth:`build_stream`: the stack carries a
+      :class:`~resnmt.connections.streams.ResidualStream` from layer to layer besides ``x``
+      (ResiDual, DLCL, DenseFormer, HC, mHC), which :meth:`build_stream` builds (None:
+      plain stacking);
+    * :meth:`learned`: what ``resnmt-analyze`` reports of a connection's learned weights
+      (HC's and mHC's static mixing; nothing by default);
     * :meth:`build_attention`: the layer's attentions (fairseq's, or HybridNorm's with
       per-head normalized Q, K, V).
 
@@ -76,6 +78,7 @@ class SublayerConnection(nn.Module):
     arch_options: ClassVar[Mapping[str, Any]] = {}
     normalized: ClassVar[bool] = True
     multi_stream: ClassVar[bool] = False
+    crosses_layers: ClassVar[bool] = False
 
     @classmethod
     def check_spec(cls, spec: ConnectionSpec) -> None:
@@ -85,11 +88,6 @@ class SublayerConnection(nn.Module):
     def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
         """The stack's residual stream for this kind; None: the layers are simply stacked."""
         return None
-
-    @classmethod
-    def crosses_layers(cls) -> bool:
-        """Whether the kind's stack carries a residual stream (overrides :meth:`build_stream`)."""
-        return cls.build_stream.__func__ is not SublayerConnection.build_stream.__func__
 
     @classmethod
     def build_attention(cls, spec: ConnectionSpec, fairseq_attention: Callable[[], nn.Module], embed_dim: int,
@@ -127,6 +125,11 @@ class SublayerConnection(nn.Module):
 
     def measure(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
         """``{statistic name: per-position values (seq_len, batch)}``; run under no_grad."""
+        return {}
+
+    def learned(self) -> Dict[str, List[float]]:
+        """What ``resnmt-analyze`` reports of this connection's learned weights, one row per
+        name (the stack gives one row per sublayer); nothing by default."""
         return {}
 
 
@@ -200,7 +203,7 @@ class ScaledSkipConnection(SublayerConnection):
         return False
 
     @property
-    def learned(self) -> bool:
+    def scale_is_learned(self) -> bool:
         return isinstance(self.skip_scale, Tensor)
 
     def scaled_sum(self, x: Tensor, fx: Tensor) -> Tensor:
@@ -216,18 +219,20 @@ class ScaledSkipConnection(SublayerConnection):
         return self.scaled_sum(x, fx)
 
     def measured_statistics(self) -> Tuple[Statistic, ...]:
-        return self.statistics if self.learned else self.statistics[:1]
+        return self.statistics if self.scale_is_learned else self.statistics[:1]
 
     def measure(self, x: Tensor, fx: Tensor) -> Dict[str, Tensor]:
         """The skip:residual ratio ``||s (.) x|| / ||F||`` per position (norms over
         features), and with a learned scale its mean over features."""
-        scale = self.skip_scale.detach().float() if self.learned else self.skip_scale
+        scale = self.skip_scale.detach().float() if self.scale_is_learned else self.skip_scale
         skip = torch.linalg.vector_norm(x.float() * scale, dim=-1)
         residual = torch.linalg.vector_norm(fx.float(), dim=-1).clamp(min=1e-12)
         out = {SKIP_RATIO.name: skip / residual}
-        if self.learned:
+        if self.scale_is_learned:
             out[self.statistics[1].name] = per_position(self.skip_scale.mean(), x)
         return out
 
     def extra_repr(self) -> str:
-        return "learned, dim={}".format(self.skip_scale.numel()) if self.learned else f"lambda={self.skip_scale:g}"
+        if self.scale_is_learned:
+            return f"learned, dim={self.skip_scale.numel()}"
+        return f"lambda={self.skip_scale:g}"

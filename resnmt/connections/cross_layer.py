@@ -4,7 +4,7 @@ carry a residual stream from layer to layer (:mod:`resnmt.connections.streams`).
 A method that needs more than one sublayer's ``x`` and ``F`` is one stream class (what the
 stack carries) and one kind here whose :meth:`build_stream` returns it.
 """
-from typing import List, Mapping, Optional
+from typing import ClassVar, List, Mapping, Optional
 
 import torch
 from torch import Tensor, nn
@@ -80,6 +80,7 @@ class ResiDualConnection(PostLNConnection):
     source = "ResiDual, Xie et al. 2023, arXiv:2304.14802"
     flags = RESI_DUAL_FLAGS
     arch_family = "resi_dual"
+    crosses_layers = True
 
     @classmethod
     def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
@@ -98,39 +99,44 @@ DLCL_WINDOW = Option(
 )
 
 
+class DLCLLayers:
+    """What both DLCL kinds add to their layers' own connections (pre-LN's or post-LN's):
+    the stack's :class:`~resnmt.connections.streams.DLCLStream`, whose layers read a learned
+    linear combination of all earlier layers' outputs, normalized each (``pre_norm``) or
+    combined then normalized (Wang et al., ACL 2019, arXiv:1906.01787)."""
+
+    pre_norm: ClassVar[bool]
+    source = "DLCL, Wang et al. 2019, arXiv:1906.01787"
+    flags = (DLCL_WINDOW,)
+    crosses_layers = True
+
+    @classmethod
+    def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
+        return DLCLStream(stream_norms(dim, spec), pre_norm=cls.pre_norm, window=spec.dlcl_window)
+
+
 @register_connection
-class DLCLConnection(PreLNConnection):
+class DLCLConnection(DLCLLayers, PreLNConnection):
     """DLCL, pre-norm: pre-LN layers whose input is a learned linear combination of all
-    earlier layers' normalized outputs, ``x_{l+1} = sum_{k<=l} W_k LN(y_k)``
-    (:class:`~resnmt.connections.streams.DLCLStream`; Wang et al., ACL 2019, arXiv:1906.01787)."""
+    earlier layers' normalized outputs, ``x_{l+1} = sum_{k<=l} W_k LN(y_k)``."""
 
     kind = "dlcl"
     equation = "x_l = Σ_{k<l} W[l,k]·LN(y_k)"
     note = "pre-LN layers; W learned from the average"
-    source = "DLCL, Wang et al. 2019, arXiv:1906.01787"
-    flags = (DLCL_WINDOW,)
     arch_family = "dlcl"
-
-    @classmethod
-    def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
-        return DLCLStream(stream_norms(dim, spec), pre_norm=True, window=spec.dlcl_window)
+    pre_norm = True
 
 
 @register_connection
-class DLCLPostConnection(PostLNConnection):
+class DLCLPostConnection(DLCLLayers, PostLNConnection):
     """DLCL, post-norm: post-LN layers whose input is the normalized learned combination
     of all earlier layers' outputs, ``x_{l+1} = LN(sum_{k<=l} W_k y_k)``."""
 
     kind = "dlcl_post"
     equation = "x_l = LN(Σ_{k<l} W[l,k]·y_k)"
     note = "post-LN layers; W learned from the average"
-    source = "DLCL, Wang et al. 2019, arXiv:1906.01787"
-    flags = (DLCL_WINDOW,)
     arch_family = "dlcl_post"
-
-    @classmethod
-    def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
-        return DLCLStream(stream_norms(dim, spec), pre_norm=False, window=spec.dlcl_window)
+    pre_norm = False
 
 
 @register_connection
@@ -146,6 +152,7 @@ class DenseFormerConnection(PreLNConnection):
     note = "pre-LN blocks; X₀ the embedding, α from the identity"
     source = "DenseFormer, Pagliardini et al., NeurIPS 2024, arXiv:2402.02622"
     arch_family = "denseformer"
+    crosses_layers = True
 
     @classmethod
     def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:

@@ -14,7 +14,7 @@ with ``Q = X W_Q + b_Q`` and so on, and each ``Norm`` of size d_head (affine), a
 every head's slice of the projection (the authors' code: ``use_{query,key,value}_norm``;
 one norm per Q, K, V, shared by the heads). The norm is the stack's ``--normalization``
 (LayerNorm as in the paper, RMSNorm or DyT). The paper has no cross-attention; here it is
-normalized in the same way (methods.md: [X]). The attention is fairseq's
+normalized in the same way (our choice). The attention is fairseq's
 ``MultiheadAttention`` whose ``q_proj``, ``k_proj``, ``v_proj`` are :class:`HeadNormedLinear`:
 the same ``nn.Linear`` (same weights, fairseq's init, same state-dict keys
 ``q_proj.weight``/``q_proj.bias``), followed by the norm (``q_proj.norm.*``). fairseq's

@@ -8,11 +8,31 @@ from torch import Tensor, nn
 
 from resnmt.connections.base import SublayerConnection
 from resnmt.connections.spec import ConnectionConfigError, ConnectionSpec, Statistic, register_connection
-from resnmt.fused import fused_sas_output, require_compile
+from resnmt.fused import compiled, require_compile
 from resnmt.options import Option
 
 SAS_GATE_FORMS = ("two_layer", "single_layer")
 SAS_GAMMA_FORMS = ("product", "gate")
+
+
+
+def sas_output(
+    x: Tensor, fx: Tensor, logits: Tensor, norm_weight: Tensor, norm_bias: Tensor, eps: float, gamma_from_gate: bool
+) -> Tensor:
+    """``alpha*x + beta*F + gamma*LN(x + F)`` from the gates' logits ``(..., 2 or 3)``:
+    alpha, beta (and gamma with ``gamma_from_gate``) are their sigmoids, otherwise
+    ``gamma = (1-alpha)(1-beta)`` (SAS paper eq. 3/4). The LayerNorm is fairseq's
+    (``torch.nn.LayerNorm`` with ``norm_weight``, ``norm_bias``, ``eps``). Compiled as
+    ``fused_sas_output`` for ``--fused-connections`` (:mod:`resnmt.fused`)."""
+    gates = torch.sigmoid(logits)
+    alpha, beta = gates[..., 0:1], gates[..., 1:2]
+    gamma = gates[..., 2:3] if gamma_from_gate else (1 - alpha) * (1 - beta)
+    s = x + fx
+    normed = F.layer_norm(s, (s.size(-1),), norm_weight, norm_bias, eps)
+    return alpha * x + beta * fx + gamma * normed
+
+
+fused_sas_output = compiled(sas_output)
 
 
 class ScalarGates(nn.Module):

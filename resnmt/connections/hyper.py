@@ -21,12 +21,12 @@ Algorithm 3; the package ``hyper-connections`` drops the streams instead). The s
 (:func:`reduce_streams`). Every operation is per position, so one step of incremental
 decoding computes what the full forward computes there.
 
-======================  ================================  ===============================
-class                   a_in, M, b                        source
-======================  ================================  ===============================
-StaticHyperConnection   A_m, A_rᵀ, B (learned scalars)    Zhu et al., "Hyper-Connections",
-DynamicHyperConnection  + s·tanh(norm(H) W) per position  ICLR 2025, arXiv 2409.19606
-======================  ================================  ===============================
+=================  ================================  ===============================
+mixer              a_in, M, b                        source
+=================  ================================  ===============================
+StaticHyperMixer   A_m, A_rᵀ, B (learned scalars)    Zhu et al., "Hyper-Connections",
+DynamicHyperMixer  + s·tanh(norm(H) W) per position  ICLR 2025, arXiv 2409.19606
+=================  ================================  ===============================
 
 **Hyper-Connections** (the paper's Eq. 2-5): ``HC = [[0, B], [A_m, A_r]]``,
 ``h₀ = A_mᵀH``, ``H' = A_rᵀH``, ``Ĥ = Bᵀ F(h₀) + H'``. The parameter ``alpha`` is the
@@ -51,8 +51,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from resnmt.connections.base import FFN_OUT, OUTPUT
-from resnmt.connections.classic import PreLNConnection
+from resnmt.connections.base import FFN_OUT, OUTPUT, SublayerConnection
 from resnmt.connections.spec import ConnectionSpec, register_connection
 from resnmt.connections.streams import ResidualStream, State
 from resnmt.options import Option
@@ -88,8 +87,8 @@ def output_projection_init_factor(num_streams: int) -> float:
     return 1.0 / math.sqrt(num_streams)
 
 
-class StreamConnection(nn.Module):
-    """One sublayer's connection over n streams: :meth:`width` before the sublayer,
+class StreamMixer(nn.Module):
+    """One sublayer's mixer of the n streams: :meth:`width` before the sublayer,
     :meth:`depth` after it. ``index``: the sublayer's position in its stack (0-based, every
     sublayer counted: attention, cross-attention and FFN), which picks the stream it
     starts reading (k mod n)."""
@@ -134,7 +133,7 @@ def _hc_initial_alpha(num_streams: int, index: int) -> Tensor:
     return alpha
 
 
-class StaticHyperConnection(StreamConnection):
+class StaticHyperMixer(StreamMixer):
     """SHC: learned scalars only, ``n(n+2)`` parameters: ``alpha = [A_m | A_r]`` (n, n+1),
     ``beta = B`` (n,). ``h_in = A_mᵀH``, ``H' = A_rᵀH``, ``Ĥ = Bᵀ F + H'``."""
 
@@ -150,7 +149,7 @@ class StaticHyperConnection(StreamConnection):
         return branch_input, mixed, self.beta
 
 
-class DynamicHyperConnection(StaticHyperConnection):
+class DynamicHyperMixer(StaticHyperMixer):
     """DHC: SHC's scalars plus a per-position part from ``H̄ = norm(H)`` (``norm`` over C,
     one module shared by the n rows; the paper's is a LayerNorm):
     ``[A_m | A_r](H) = alpha + alpha_scale·tanh(H̄ alpha_weight)`` (T, B, n, n+1) and
@@ -202,24 +201,31 @@ HC_STREAMS = Option(
 )
 
 
-class MultiStreamConnection(PreLNConnection):
-    """What Hyper-Connections and mHC share: pre-LN's norm for the sublayer's input, one
-    :class:`StreamConnection` (``streams``) built for the sublayer's index k in its stack
-    (``spec.sublayer_index``), and the stack's :class:`HyperStream`."""
+class MultiStreamConnection(SublayerConnection):
+    """What Hyper-Connections and mHC share: a norm for the sublayer's input (as pre-LN's),
+    one :class:`StreamMixer` built for the sublayer's index k in its stack
+    (``spec.sublayer_index``; held as ``streams``, its name in checkpoints), the stack's
+    :class:`HyperStream` and its final norm."""
 
+    final_norm = True
     multi_stream = True
+    crosses_layers = True
     flags: Tuple[Option, ...] = (HC_STREAMS,)
 
     def __init__(self, dim: int, spec: ConnectionSpec):
-        super().__init__(dim, spec)
-        self.streams = self.build_streams(dim, spec)
+        super().__init__()
+        self.norm = spec.norm(dim)
+        self.streams = self.build_mixer(dim, spec)
 
-    def build_streams(self, dim: int, spec: ConnectionSpec) -> nn.Module:  # pragma: no cover - abstract
+    def build_mixer(self, dim: int, spec: ConnectionSpec) -> nn.Module:  # pragma: no cover - abstract
         raise NotImplementedError
 
     @classmethod
     def build_stream(cls, dim: int, spec: ConnectionSpec) -> Optional[ResidualStream]:
         return HyperStream(spec.hc_streams)
+
+    def prenorm(self, x: Tensor) -> Tensor:
+        return self.norm(x)
 
     def read(self, x: Tensor) -> Tuple[Tensor, List[Tensor]]:
         """The width step: the streams ``x`` (T, B, n, C) -> (the sublayer's input, normed
@@ -237,11 +243,6 @@ class MultiStreamConnection(PreLNConnection):
         ``fx`` (T, B, C)."""
         _, mixed, write = self.streams.width(x)
         return self.streams.depth(fx, mixed, write)
-
-    def learned(self) -> Dict[str, List[float]]:  # pragma: no cover - abstract
-        """What ``resnmt-analyze`` reports of this sublayer's learned mixing: one row per
-        name (the static part; the per-position dynamic part is left out)."""
-        raise NotImplementedError
 
 
 @register_connection
@@ -273,10 +274,10 @@ class HyperConnection(MultiStreamConnection):
         super().__init__(dim, spec)
         self.init_factor = None if spec.hc_no_init_scaling else output_projection_init_factor(spec.hc_streams)
 
-    def build_streams(self, dim: int, spec: ConnectionSpec) -> nn.Module:
+    def build_mixer(self, dim: int, spec: ConnectionSpec) -> nn.Module:
         if spec.hc_dynamic:
-            return DynamicHyperConnection(dim, spec.norm(dim), spec.hc_streams, spec.sublayer_index)
-        return StaticHyperConnection(dim, spec.hc_streams, spec.sublayer_index)
+            return DynamicHyperMixer(dim, spec.norm(dim), spec.hc_streams, spec.sublayer_index)
+        return StaticHyperMixer(dim, spec.hc_streams, spec.sublayer_index)
 
     def learned(self) -> Dict[str, List[float]]:
         """``hc_read`` A_m (n), ``hc_write`` B (n), ``hc_mix`` A_r row-major (n²): the static

@@ -33,7 +33,7 @@ from typing import Dict, List, Tuple
 import torch
 from torch import Tensor, nn
 
-from resnmt.connections.hyper import DEFAULT_STREAMS, HC_STREAMS, MultiStreamConnection, StreamConnection
+from resnmt.connections.hyper import DEFAULT_STREAMS, HC_STREAMS, MultiStreamConnection, StreamMixer
 from resnmt.connections.spec import ConnectionConfigError, ConnectionSpec, register_connection
 from resnmt.options import Option
 
@@ -74,7 +74,7 @@ def mhc_initial_biases(num_streams: int, index: int, leak: float = MHC_INIT_LEAK
     return torch.logit(pre).float(), torch.zeros(n), torch.log(res).float()
 
 
-class ManifoldHyperConnection(StreamConnection):
+class ManifoldHyperMixer(StreamMixer):
     """mHC: ``H_pre = σ(·)`` (the read weights), ``H_post = 2σ(·)`` (the write-back
     weights), ``H_res = SK(·)`` (the mixing matrix, ``sinkhorn_iterations`` of
     :func:`sinkhorn_knopp`), each ``α·(x⃗'φ) + b`` with ``x⃗' = RMSNorm(vec H)`` over nC.
@@ -127,11 +127,11 @@ class ManifoldHyperConnection(StreamConnection):
 
 
 @register_connection
-class ManifoldHyperConnectionKind(MultiStreamConnection):
+class ManifoldHyperConnection(MultiStreamConnection):
     """mHC (DeepSeek, arXiv:2512.24880): Hyper-Connections' form with ``H_pre = σ(·)``,
     ``H_post = 2σ(·)`` and the mixing matrix ``H_res`` projected by Sinkhorn-Knopp onto
     (close to) the doubly stochastic matrices, each from ``RMSNorm(vec H) φ``
-    (:class:`ManifoldHyperConnection`; the initial b's are ours, within ε = 0.01 of HC's
+    (:class:`ManifoldHyperMixer`; the initial b's are ours, within ε = 0.01 of HC's
     init, so pre-LN at init up to rounding). fairseq's init of the
     projections is kept (the mHC paper states no scaling)."""
 
@@ -163,5 +163,5 @@ class ManifoldHyperConnectionKind(MultiStreamConnection):
                     "mhc_post": (2 * torch.sigmoid(s.bias_post.detach().float())).cpu().tolist(),
                     "mhc_res": res.flatten().cpu().tolist()}
 
-    def build_streams(self, dim: int, spec: ConnectionSpec) -> nn.Module:
-        return ManifoldHyperConnection(dim, spec.hc_streams, spec.sublayer_index, spec.mhc_sinkhorn_iterations)
+    def build_mixer(self, dim: int, spec: ConnectionSpec) -> nn.Module:
+        return ManifoldHyperMixer(dim, spec.hc_streams, spec.sublayer_index, spec.mhc_sinkhorn_iterations)

@@ -27,7 +27,7 @@ DEFAULT_NORMALIZATION = "layer_norm"
 DEFAULT_DYT_ALPHA = 0.5
 EPS = 1e-5  # fairseq's LayerNorm eps, used by RMSNorm too
 
-# the normalization's model flags (resnmt.models.options puts them on fairseq's parser)
+# the normalization's model flags (resnmt.models.flags puts them on fairseq's parser)
 NORMALIZATION = Option(
     "normalization", DEFAULT_NORMALIZATION, kind="choice", choices=NORMALIZATIONS, metavar="NORM",
     help="every normalization the connections and the stacks own: layer_norm (fairseq's LayerNorm), "

@@ -6,8 +6,9 @@ declares beside its equation (its :class:`~resnmt.options.Option` s, the
 classes (:func:`register_connection`), and :class:`ConnectionSpec`, everything one side's
 connections are built from, checked once, when it is made.
 """
-from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Type
+import copy
+from dataclasses import dataclass, fields
+from typing import Any, Dict, Mapping, Optional, Tuple, Type
 
 from torch import nn
 
@@ -65,25 +66,12 @@ def connection_class(kind: str):
 
 # ---------------------------------------------------------------------------- the spec
 
-# ConnectionSpec's settings besides the kind and the kinds' flags, with their defaults
-SETTINGS = {
-    "side": "encoder",
-    "encoder_layers": 6,
-    "decoder_layers": 6,
-    "export": False,
-    "fused": False,
-    "normalization": DEFAULT_NORMALIZATION,
-    "dyt_alpha_init": DEFAULT_DYT_ALPHA,
-    "no_final_norm": False,
-    "layer_index": None,
-    "sublayer": None,
-}
-
 # a layer's sublayers in order, by side: the sublayer index k in the stack is
 # layer_index * len(side's tuple) + position (multi-stream kinds start reading stream k mod n)
 SUBLAYERS = {"encoder": ("self_attn", "ffn"), "decoder": ("self_attn", "encoder_attn", "ffn")}
 
 
+@dataclass(frozen=True, init=False, repr=False)
 class ConnectionSpec:
     """Everything one side's connections, stream and final norm are built from: immutable,
     and validated once, here.
@@ -103,50 +91,47 @@ class ConnectionSpec:
         sublayer: the sublayer a connection is built for (``SUBLAYERS``: self_attn,
             encoder_attn, ffn; :meth:`at_sublayer`), None where not given.
         **options: values of the kinds' flags by ``dest`` (``skip_lambda=2.0``,
-            ``sas_gate_dim=64``, ...); a flag left out takes its default.
+            ``sas_gate_dim=64``, ...); a flag left out takes its default. They are kept,
+            every registered flag's, in ``options`` (``(dest, value)`` pairs, sorted) and
+            read as attributes (``spec.skip_lambda``).
     """
 
-    __slots__ = ("kind", *SETTINGS, "options")
+    kind: str = "post_ln"
+    side: str = "encoder"
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    export: bool = False
+    fused: bool = False
+    normalization: str = DEFAULT_NORMALIZATION
+    dyt_alpha_init: float = DEFAULT_DYT_ALPHA
+    no_final_norm: bool = False
+    layer_index: Optional[int] = None
+    sublayer: Optional[str] = None
+    options: Tuple[Tuple[str, Any], ...] = ()
 
     def __init__(self, kind: str = "post_ln", **given):
-        settings = {name: given.pop(name, default) for name, default in SETTINGS.items()}
+        settings = {name: given.pop(name, default) for name, default in setting_defaults().items()}
         unknown = sorted(set(given) - set(CONNECTION_FLAGS))
         if unknown:
             raise TypeError(f"ConnectionSpec got unknown options {unknown}; flags are {sorted(CONNECTION_FLAGS)}")
         values = {dest: flag.default for dest, flag in CONNECTION_FLAGS.items()}
         values.update({k: v for k, v in given.items() if v is not None or CONNECTION_FLAGS[k].default is None})
-        for cast, names in ((int, ("encoder_layers", "decoder_layers")), (bool, ("export", "fused", "no_final_norm")),
-                            (float, ("dyt_alpha_init",))):
-            for name in names:
-                settings[name] = cast(settings[name])
-        object.__setattr__(self, "kind", kind)
         for name, value in settings.items():
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "options", tuple(sorted(values.items())))
+            cast = self.__dataclass_fields__[name].type
+            if cast in (int, bool, float):  # the numbers and switches, whatever type they came as
+                settings[name] = cast(value)
+        self._set(kind=kind, **settings, options=tuple(sorted(values.items())))
         check_connection_spec(self)
 
-    def __getattr__(self, name: str):
-        if name in CONNECTION_FLAGS:
-            return dict(object.__getattribute__(self, "options"))[name]
-        raise AttributeError(f"ConnectionSpec has no attribute {name!r}")
-
-    def __setattr__(self, name, value):
-        raise AttributeError("ConnectionSpec is immutable")
+    def _set(self, **values) -> None:
+        """Set fields (and the flags' values as attributes, from ``options``) of a spec in the making."""
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        for dest, value in values.get("options", ()):
+            object.__setattr__(self, dest, value)
 
     def settings(self) -> Dict[str, Any]:
-        return {name: getattr(self, name) for name in SETTINGS}
-
-    def __reduce__(self):  # copy, deepcopy and pickle rebuild (and re-validate) through __init__
-        return (_rebuild_spec, (self.kind, self.settings(), dict(self.options)))
-
-    def _key(self):
-        return (self.kind, tuple(self.settings().items()), self.options)
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, ConnectionSpec) and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
+        return {name: getattr(self, name) for name in setting_defaults()}
 
     def __repr__(self) -> str:
         own = {flag.dest for flag in connection_class(self.kind).flags} if self.kind in CONNECTION_CLASSES else set()
@@ -157,23 +142,21 @@ class ConnectionSpec:
         return (f"ConnectionSpec(kind={self.kind!r}, side={self.side!r}, layers={self.encoder_layers}+"
                 f"{self.decoder_layers}{norm}{layer}{', ' + shown if shown else ''})")
 
-    def at_layer(self, index: int) -> "ConnectionSpec":
-        """This spec for the connections of layer ``index`` (already validated: no check again)."""
-        spec = object.__new__(ConnectionSpec)
-        for name in ("kind", *SETTINGS, "options"):
-            object.__setattr__(spec, name, getattr(self, name))
-        object.__setattr__(spec, "layer_index", int(index))
+    def _derived(self, **changes) -> "ConnectionSpec":
+        """A copy with ``changes`` to its settings (already validated: no check again)."""
+        spec = copy.copy(self)
+        spec._set(**changes)
         return spec
 
+    def at_layer(self, index: int) -> "ConnectionSpec":
+        """This spec for the connections of layer ``index``."""
+        return self._derived(layer_index=int(index))
+
     def at_sublayer(self, name: str) -> "ConnectionSpec":
-        """This spec for the connection of sublayer ``name`` of its layer (no check again)."""
+        """This spec for the connection of sublayer ``name`` of its layer."""
         if name not in SUBLAYERS[self.side]:
             raise ValueError(f"{self.side} layers have no sublayer {name!r}: {', '.join(SUBLAYERS[self.side])}")
-        spec = object.__new__(ConnectionSpec)
-        for attr in ("kind", *SETTINGS, "options"):
-            object.__setattr__(spec, attr, getattr(self, attr))
-        object.__setattr__(spec, "sublayer", name)
-        return spec
+        return self._derived(sublayer=name)
 
     @property
     def sublayer_index(self) -> int:
@@ -211,12 +194,19 @@ class ConnectionSpec:
         """Residual sublayers in this side's stack: 2N (encoder) or 3M (decoder)."""
         return 2 * self.encoder_layers if self.side == "encoder" else 3 * self.decoder_layers
 
+    @property
     def crosses_layers(self) -> bool:
         """Whether this side's stack carries a residual stream (its layers combine by position)."""
-        return connection_class(self.kind).crosses_layers()
+        return connection_class(self.kind).crosses_layers
+
+
+def setting_defaults() -> Dict[str, Any]:
+    """ConnectionSpec's settings besides the kind and the kinds' flags, with their defaults."""
+    return {f.name: f.default for f in fields(ConnectionSpec) if f.name not in ("kind", "options")}
 
 
 def _rebuild_spec(kind, settings, options) -> ConnectionSpec:
+    """What a ConnectionSpec pickled by an earlier version of this module unpickles through."""
     return ConnectionSpec(kind, **settings, **options)
 
 

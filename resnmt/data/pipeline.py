@@ -26,7 +26,7 @@ from resnmt.atomic import atomic_write_text
 from resnmt.data.fetch import Fetch
 from resnmt.data.process import SPLITS, Processing
 from resnmt.data.textproc import DataPrepError
-from resnmt.shared import format_seconds
+from resnmt.progress import format_seconds
 
 
 class Interrupted(BaseException):

@@ -194,7 +194,44 @@ def score_files(hyp, ref, *, input_format: str = "auto", generate_field: str = "
     """The scores of the hypotheses in ``hyp`` (a fairseq-generate output or plain lines)
     against the references in ``ref``, post-processed as the keywords say (resnmt-evaluate's
     options of the same names); EvaluateError (one line) when they cannot be scored."""
+    import sacrebleu
+
     hyp_path, ref_path = Path(hyp), Path(ref)
+    check_score_options(hyp_path, ref_path, detok, lang, compound_split)
+    hyps, refs, fmt = read_texts(hyp_path, ref_path, input_format, generate_field)
+    hyps, refs, leftover, escapes = post_process_texts(hyps, refs, hyp_path, remove_bpe, unescape, detok, lang)
+    if not leftover and detok == "none" and sum(h.endswith(" .") for h in hyps) >= max(1, len(hyps) // 10):
+        print(f"{PROG}: note: many hypotheses end in ' .' (tokenized?); sacreBLEU expects detokenized "
+              "text (--detok moses --lang L) unless the references are tokenized too", file=sys.stderr)
+    result = score_all(
+        hyps, refs, lowercase=lowercase, tokenize=sacrebleu_tokenize,
+        compound_split=compound_split, lang=lang,
+    )
+    # subword pieces left explain any other sign (a length ratio of pieces): the one warning then
+    result["warnings"] = [leftover] if leftover else meaningless_score_warnings(hyps, result)
+    result.update({
+        "n_sentences": len(refs),
+        "hyp": os.path.abspath(hyp_path),
+        "ref": os.path.abspath(ref_path),
+        "escapes_replaced": escapes,
+        "options": {
+            "input_format": fmt,
+            "generate_field": generate_field if fmt == "generate" else None,
+            "remove_bpe": remove_bpe,
+            "unescape": unescape,
+            "detok": detok,
+            "lang": lang,
+            "lowercase": lowercase,
+            "sacrebleu_tokenize": sacrebleu_tokenize,
+            "compound_split": compound_split,
+        },
+        "sacrebleu_version": sacrebleu.__version__,
+    })
+    return result
+
+
+def check_score_options(hyp_path: Path, ref_path: Path, detok: str, lang: Optional[str], compound_split: bool) -> None:
+    """Both files exist; --detok moses and --compound-split have their --lang."""
     for flag, path in (("--hyp", hyp_path), ("--ref", ref_path)):
         if not path.is_file():
             raise EvaluateError(f"{flag} {path}: no such file")
@@ -203,6 +240,10 @@ def score_files(hyp, ref, *, input_format: str = "auto", generate_field: str = "
     if compound_split and not lang:
         raise EvaluateError("--compound-split needs --lang (the language of the Moses tokenizer, e.g. de)")
 
+
+def read_texts(hyp_path: Path, ref_path: Path, input_format: str, generate_field: str):
+    """(the hypotheses, the references, the format ``hyp_path`` was read in): one hypothesis
+    per reference, and some references."""
     hyp_lines, refs = _read("--hyp", hyp_path), _read("--ref", ref_path)
     fmt = input_format
     if fmt == "auto":
@@ -216,12 +257,18 @@ def score_files(hyp, ref, *, input_format: str = "auto", generate_field: str = "
         )
     if not refs:
         raise EvaluateError(f"--ref {ref_path} is empty")
+    return hyps, refs, fmt
+
+
+def post_process_texts(hyps, refs, hyp_path: Path, remove_bpe: str, unescape: str, detok: str, lang: Optional[str]):
+    """The texts as scored: subwords removed, Moses escapes replaced (both sides),
+    hypotheses detokenized; with the warning on pieces left (or None) and the escapes
+    replaced per side."""
     if remove_bpe == "sentencepiece" and looks_decoded(hyps):
         raise EvaluateError(
             f"--remove-bpe sentencepiece: no '\u2581' in the hypotheses of {hyp_path}; they look "
             "decoded already (removing would delete every space): use --remove-bpe none"
         )
-
     if remove_bpe != "none":
         from fairseq.data.data_utils import post_process
 
@@ -237,37 +284,7 @@ def score_files(hyp, ref, *, input_format: str = "auto", generate_field: str = "
     if detok == "moses":
         detokenizer = MosesDetokenizer(lang=lang)
         hyps = [detokenizer.detokenize(h.split(), unescape=False) for h in hyps]
-
-    if not leftover and detok == "none" and sum(h.endswith(" .") for h in hyps) >= max(1, len(hyps) // 10):
-        print(f"{PROG}: note: many hypotheses end in ' .' (tokenized?); sacreBLEU expects detokenized "
-              "text (--detok moses --lang L) unless the references are tokenized too", file=sys.stderr)
-    result = score_all(
-        hyps, refs, lowercase=lowercase, tokenize=sacrebleu_tokenize,
-        compound_split=compound_split, lang=lang,
-    )
-    # subword pieces left explain any other sign (a length ratio of pieces): the one warning then
-    result["warnings"] = [leftover] if leftover else meaningless_score_warnings(hyps, result)
-    import sacrebleu
-
-    result.update({
-        "n_sentences": len(refs),
-        "hyp": os.path.abspath(hyp_path),
-        "ref": os.path.abspath(ref_path),
-        "escapes_replaced": {"hyp": n_hyp_esc, "ref": n_ref_esc},
-        "options": {
-            "input_format": fmt,
-            "generate_field": generate_field if fmt == "generate" else None,
-            "remove_bpe": remove_bpe,
-            "unescape": unescape,
-            "detok": detok,
-            "lang": lang,
-            "lowercase": lowercase,
-            "sacrebleu_tokenize": sacrebleu_tokenize,
-            "compound_split": compound_split,
-        },
-        "sacrebleu_version": sacrebleu.__version__,
-    })
-    return result
+    return hyps, refs, leftover, {"hyp": n_hyp_esc, "ref": n_ref_esc}
 
 
 def summary(r: dict) -> str:

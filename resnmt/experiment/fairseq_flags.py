@@ -1,9 +1,9 @@
 """fairseq-train's own parser, answering a bad flag in one line, and the check of a training
-command's flags with it.
+command's flags with it, and of an arch's name.
 
 ``training_parser`` is fairseq's training parser (``fairseq.options.get_training_parser``)
 whose errors are one line naming the bad value and the closest valid names
-(``resnmt.shared.with_closest_names``; a wrong ``--arch``: resnmt's closest archs, not
+(``resnmt.options.with_closest_names``; a wrong ``--arch``: resnmt's closest archs, not
 fairseq's ~180 names) instead of fairseq's ~185 lines of usage: ``resnmt-train`` parses
 its command line with it. ``check_training_flags`` parses the arguments of a planned
 ``fairseq-train`` command with it, resnmt's user dir loaded (so ``--residual`` and every
@@ -16,6 +16,7 @@ import re
 from typing import Callable, Optional, Sequence
 
 from resnmt.experiment.errors import UsageError
+from resnmt.options import closest, with_closest_names
 
 _ARCH_CHOICE_RE = re.compile(r"(argument --arch(?:/-a)?: invalid choice: '([^']*)') \(choose from .*\)$")
 
@@ -25,9 +26,6 @@ def training_parser(error: Callable[[str], None]):
     line naming the bad value and the closest valid names."""
     from fairseq import options
     from fairseq.models import ARCH_MODEL_REGISTRY
-
-    from resnmt.experiment.presets import closest_archs
-    from resnmt.shared import with_closest_names
 
     parser = options.get_training_parser()
 
@@ -41,6 +39,24 @@ def training_parser(error: Callable[[str], None]):
 
     parser.error = one_line
     return parser
+
+
+def closest_archs(arch: str, known: Sequence[str]) -> str:
+    """"closest: A B C; " for the names among ``known`` that look like a mistyped ``arch``
+    ('' when none does)."""
+    close = closest(arch, known)
+    return f"closest: {' '.join(close)}; " if close else ""
+
+
+def check_arch(arch: str) -> None:
+    """``arch`` must be an arch of resnmt_transformer or fairseq's ``transformer``."""
+    import resnmt  # noqa: F401  registers the archs
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    allowed = sorted(a for a, m in ARCH_MODEL_NAME_REGISTRY.items() if m == "resnmt_transformer") + ["transformer"]
+    if arch not in allowed:
+        raise UsageError(f"ARCH '{arch}' is not a resnmt_transformer arch or 'transformer'; "
+                         f"{closest_archs(arch, allowed)}allowed: {' '.join(allowed)}")
 
 
 class _Refused(Exception):

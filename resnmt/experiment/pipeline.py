@@ -14,12 +14,13 @@ from resnmt.data.corpora import DATASETS
 from resnmt.data.manifest import ManifestError, read_manifest
 from resnmt.decoding.subword import SubwordError, checked_post_process
 from resnmt.experiment import steps
+from resnmt.experiment.command_options import convert_options, option
 from resnmt.experiment.errors import ExperimentError, Log, UsageError
-from resnmt.experiment.options import convert_options, option
 from resnmt.experiment.presets import (TrainPlan, TrainRequest, dataset_of, default_data_root, default_save_dir,
                                       plan_training, prepared_dataset)
 from resnmt.experiment.results import append_jsonl, decoding_key, describe
-from resnmt.experiment.runtime import format_seconds, require_commands, tool_env
+from resnmt.experiment.runtime import require_commands, tool_env
+from resnmt.progress import format_seconds
 
 # resnmt-experiment's own options, beside the training options it shares (presets.SHARED_TRAIN_OPTIONS)
 EXPERIMENT_OPTIONS = ("data_root", "mirror", "prep_args", "average", "exclude_last", "beam", "lenpen",

@@ -1,6 +1,6 @@
 """The papers' training presets: what ``fairseq-train`` command trains ARCH on DATASET.
 
-``TrainRequest`` declares the options of a training run (``resnmt.experiment.options``:
+``TrainRequest`` declares the options of a training run (``resnmt.experiment.command_options``:
 each with its default, help and check); ``plan_training`` resolves one into the command
 (batch arithmetic, launcher, paths). ``SIZES`` is the one table of model sizes below the
 papers' (the CPU presets, the benchmarks and the tests). DATASET is a corpus of
@@ -12,16 +12,15 @@ import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from resnmt.data.corpora import DATASETS, Dataset, custom
 from resnmt.data.manifest import ManifestError, binarized_data_problem, read_manifest
+from resnmt.experiment.command_options import convert_options, option
 from resnmt.experiment.errors import ExperimentError, Log, UsageError, quiet
-from resnmt.experiment.fairseq_flags import check_training_flags
-from resnmt.experiment.options import convert_options, option
+from resnmt.experiment.fairseq_flags import check_arch, check_training_flags
 from resnmt.experiment.runtime import USER_DIR, require_commands, which
 from resnmt.experiment.schedule import Schedule, flag_value, warmup_to_fit
-from resnmt.shared import closest
 
 # ----------------------------------------------------------------------------- sizes
 
@@ -205,25 +204,26 @@ def count_gpus() -> int:
     return torch.cuda.device_count()
 
 
-def closest_archs(arch: str, known: Sequence[str]) -> str:
-    """"closest: A B C; " for the names among ``known`` that look like a mistyped ``arch``
-    ('' when none does)."""
-    close = closest(arch, known)
-    return f"closest: {' '.join(close)}; " if close else ""
-
-
-def check_arch(arch: str) -> None:
-    """``arch`` must be an arch of resnmt_transformer or fairseq's ``transformer``."""
-    import resnmt  # noqa: F401  registers the archs
-    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
-
-    allowed = sorted(a for a, m in ARCH_MODEL_NAME_REGISTRY.items() if m == "resnmt_transformer") + ["transformer"]
-    if arch not in allowed:
-        raise UsageError(f"ARCH '{arch}' is not a resnmt_transformer arch or 'transformer'; "
-                         f"{closest_archs(arch, allowed)}allowed: {' '.join(allowed)}")
-
-
 # ------------------------------------------------------------------------------- plan
+
+class Hardware(NamedTuple):
+    """Where a run trains: its preset (paper or small, once the defaults are decided), GPUs
+    per node, nodes, and the processes over all of them."""
+
+    preset: str
+    gpus: int
+    nodes: int
+    world: int
+
+
+class Batch(NamedTuple):
+    """A run's batch: tokens per GPU per step, steps per update, and the tokens per update
+    the preset aims at."""
+
+    max_tokens: int
+    update_freq: int
+    target: int
+
 
 def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False) -> TrainPlan:
     """The ``fairseq-train`` command of the papers' presets for ``req``. ``req`` checked its
@@ -231,17 +231,55 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
     the GPUs asked for against those visible, the whole command's flags (those after ``--``
     too) with fairseq's own parser and, unless ``dry_run``, the data."""
     dataset = dataset_of(req.dataset)
-    nodes, gpus = req.nodes, req.gpus
-    # bf16: resnmt-train (fairseq-train whose --bf16 stays off TPUs; resnmt/training/bf16.py)
+    trainer = trainer_command(req)
+    check_arch(req.arch)
+    hardware = decide_hardware(req, log, dry_run)
+    size = "big" if req.arch.endswith("_big") else "base"
+    flags, batch, preset_max_update = preset_flags(req, dataset, hardware.preset, size)
+    batch = batch_for(batch, hardware.world)
+    flags += ["--max-tokens", str(batch.max_tokens), "--update-freq", str(batch.update_freq)]
+    flags += length_flags(req, preset_max_update)
+    dtype = decide_dtype(req, hardware)
+    flags += precision_flags(req, dtype, hardware.gpus)
+    data = req.data or default_data_root(req.dataset) / "bin"
+    save_dir = req.save_dir or default_save_dir(dataset.name, req.arch, req.tag)
+    launch, trainer, dist = launcher(req, hardware, trainer)
+
+    def fairseq_args():
+        return [str(data), "--user-dir", str(USER_DIR), *flags, *dist, "--save-dir", str(save_dir), "--log-format",
+                "simple", *req.extra]
+
+    check_training_flags(fairseq_args())  # those after -- too, as fairseq-train will parse them, before any work
+    schedule, notes = fit_warmup(req, flags, Schedule.of([*flags, *req.extra], data if data.is_dir() else None,
+                                                         dataset.src, dataset.tgt, hardware.world), hardware.preset)
+    cmd = [*launch, *trainer, *fairseq_args()]
+    if not dry_run:
+        check_data(req, dataset, data)
+    log(f"{dataset.name} {dataset.src}->{dataset.tgt}, {req.arch} ({size}), preset {hardware.preset}, {dtype}, "
+        f"{hardware.world} process(es) ({hardware.gpus} GPU(s) x {hardware.nodes} node(s))")
+    log(f"batch: {hardware.world} x max-tokens {batch.max_tokens} x update-freq {batch.update_freq} = "
+        f"{hardware.world * batch.max_tokens * batch.update_freq} tokens per update (target {batch.target})"
+        + (f", {schedule.epoch_updates} updates per epoch" if schedule.epoch_updates else ""))
+    for note in notes:
+        log(f"note: {note}")
+    return TrainPlan(cmd=cmd, data=data, save_dir=save_dir, schedule=schedule, notes=notes)
+
+
+def trainer_command(req: TrainRequest) -> List[str]:
+    """The training program: ``$RESNMT_FAIRSEQ_TRAIN``, else fairseq-train, or resnmt-train
+    for bf16 (fairseq-train whose --bf16 stays off TPUs; resnmt/training/bf16.py)."""
     default_trainer = "resnmt-train" if bf16_requested(req) else "fairseq-train"
     trainer = shlex.split(os.environ.get("RESNMT_FAIRSEQ_TRAIN", default_trainer))
     if not trainer:
         raise UsageError("RESNMT_FAIRSEQ_TRAIN is set but empty")
     require_commands(trainer[0])
-    check_arch(req.arch)
+    return trainer
 
-    # hardware
-    preset = req.preset
+
+def decide_hardware(req: TrainRequest, log: Log, dry_run: bool) -> Hardware:
+    """The GPUs (asked for, or all visible; none with the cpu preset) against those visible,
+    the launcher's need of GPUs, and the preset they make the default (paper on GPUs)."""
+    nodes, gpus, preset = req.nodes, req.gpus, req.preset
     if preset == "cpu":
         gpus = 0
     detected = count_gpus()
@@ -256,10 +294,14 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
         raise UsageError(f"--launcher {req.launcher} / --nodes {nodes} need GPUs (--gpus N > 0)")
     preset = preset or ("paper" if gpus > 0 else "small")
     preset = "small" if preset == "cpu" else preset
-    world = nodes * max(gpus, 1)
+    return Hardware(preset, gpus, nodes, nodes * max(gpus, 1))
 
-    # preset
-    size = "big" if req.arch.endswith("_big") else "base"
+
+def preset_flags(req: TrainRequest, dataset: Dataset, preset: str, size: str) -> Tuple[List[str], Batch, int]:
+    """The preset's flags for ``dataset`` and the arch's ``size`` (optimizer, schedule,
+    criterion, checkpoints; the small preset's model sizes), the batch it aims at (before
+    the GPUs are counted; the request's --max-tokens and --tokens-per-update win) and its
+    number of updates."""
     flags = ["--task", "resnmt_translation", "--source-lang", dataset.src, "--target-lang", dataset.tgt,
              "--arch", req.arch, "--share-all-embeddings",
              "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-09", "--clip-norm", "0.0",
@@ -279,37 +321,58 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
         cap, target, preset_max_update = 4096, 4096, 2000
         flags += [*SIZES["small"].fairseq_flags(), "--dropout", "0.1",
                   "--lr", "1e-3", "--warmup-updates", "500", "--log-interval", "50"]
-    target = req.tokens_per_update or target
-    cap = req.max_tokens or cap
-    # update-freq = max(1, round(target / (world * cap))); when one step over all GPUs
-    # already holds more than 4/3 of the target, shrink the per-GPU batch instead:
-    # max-tokens = ceil(target / world).
+    return flags, Batch(req.max_tokens or cap, 1, req.tokens_per_update or target), preset_max_update
+
+
+def batch_for(batch: Batch, world: int) -> Batch:
+    """``batch`` over ``world`` processes: update-freq = max(1, round(target / (world * cap)));
+    when one step over all GPUs already holds more than 4/3 of the target, the per-GPU
+    batch shrinks instead: max-tokens = ceil(target / world)."""
+    cap, target = batch.max_tokens, batch.target
     update_freq = max(1, (target + world * cap // 2) // (world * cap))
     if update_freq == 1 and 3 * world * cap > 4 * target:
         cap = -(-target // world)
-    flags += ["--max-tokens", str(cap), "--update-freq", str(update_freq)]
+    return Batch(cap, update_freq, target)
+
+
+def length_flags(req: TrainRequest, preset_max_update: int) -> List[str]:
+    """How long the run trains: the request's --max-update and --max-epoch, the preset's
+    updates when neither is given."""
+    flags = []
     if req.max_update is not None:
         flags += ["--max-update", str(req.max_update)]
     elif req.max_epoch is None:
         flags += ["--max-update", str(preset_max_update)]
-    flags += ["--max-epoch", str(req.max_epoch)] if req.max_epoch is not None else []
+    return flags + (["--max-epoch", str(req.max_epoch)] if req.max_epoch is not None else [])
+
+
+def decide_dtype(req: TrainRequest, hardware: Hardware) -> str:
+    """The precision: --dtype, else bf16 when fairseq's bf16 flags follow ``--``, fp16 with
+    the paper preset on GPUs, fp32 otherwise; fp16 needs GPUs, and one precision only."""
     extra_bf16 = [f for f in req.extra if f in FAIRSEQ_BF16_FLAGS]  # fairseq's bf16 flags after --
-    dtype = req.dtype or ("bf16" if extra_bf16 else "fp16" if preset == "paper" and gpus > 0 else "fp32")
+    dtype = req.dtype or ("bf16" if extra_bf16 else "fp16" if hardware.preset == "paper" and hardware.gpus > 0
+                          else "fp32")
     if extra_bf16 and dtype != "bf16":
         raise UsageError(f"--dtype {dtype} and {extra_bf16[0]} after --: choose one precision")
-    if dtype == "fp16" and gpus == 0:
+    if dtype == "fp16" and hardware.gpus == 0:
         raise UsageError("--dtype fp16 trains on GPUs only (fairseq's --fp16); on the CPU use fp32 or bf16")
-    flags += ["--cpu"] if gpus == 0 else []
-    flags += {"fp32": [], "fp16": ["--fp16"], "bf16": [] if extra_bf16 else ["--bf16"]}[dtype]
+    return dtype
 
-    # paths
-    data = req.data or default_data_root(req.dataset) / "bin"
-    save_dir = req.save_dir or default_save_dir(dataset.name, req.arch, req.tag)
 
-    # launcher
+def precision_flags(req: TrainRequest, dtype: str, gpus: int) -> List[str]:
+    """fairseq's flags for ``dtype`` (--bf16 not repeated where it follows ``--``), and --cpu."""
+    given_bf16 = any(f in FAIRSEQ_BF16_FLAGS for f in req.extra)
+    flags = ["--cpu"] if gpus == 0 else []
+    return flags + {"fp32": [], "fp16": ["--fp16"], "bf16": [] if given_bf16 else ["--bf16"]}[dtype]
+
+
+def launcher(req: TrainRequest, hardware: Hardware, trainer: List[str]) -> Tuple[List[str], List[str], List[str]]:
+    """(the launcher's command before the trainer, the trainer, fairseq's distributed
+    flags) for runs over several processes: fairseq's own spawning, torchrun or slurm."""
     launch, dist = [], []
+    gpus, nodes = hardware.gpus, hardware.nodes
     if gpus > 1 or nodes > 1:
-        dist = ["--distributed-world-size", str(world)]
+        dist = ["--distributed-world-size", str(hardware.world)]
         if req.launcher == "torchrun":
             # torchrun sets MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK/LOCAL_RANK; fairseq reads
             # them (infer_init_method) when no --distributed-init-method is given.
@@ -323,16 +386,12 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
             require_commands("srun")
             launch = ["srun", "--nodes", str(nodes), "--ntasks-per-node", "1"]
             dist += ["--distributed-port", str(req.master_port)]
+    return launch, trainer, dist
 
-    def fairseq_args():
-        return [str(data), "--user-dir", str(USER_DIR), *flags, *dist, "--save-dir", str(save_dir), "--log-format",
-                "simple", *req.extra]
 
-    check_training_flags(fairseq_args())  # those after -- too, as fairseq-train will parse them, before any work
-
-    # schedule: a preset's warm-up longer than the run is scaled to it (a warm-up after --
-    # is the user's: warned about, not changed)
-    schedule = Schedule.of([*flags, *req.extra], data if data.is_dir() else None, dataset.src, dataset.tgt, world)
+def fit_warmup(req: TrainRequest, flags: List[str], schedule: Schedule, preset: str) -> Tuple[Schedule, List[str]]:
+    """A preset's warm-up longer than the run is scaled to it (in ``flags``; a warm-up after
+    ``--`` is the user's: warned about, not changed): the schedule and the notes saying so."""
     notes = []
     if schedule.total and schedule.warmup >= schedule.total and flag_value(req.extra, "--warmup-updates") is None:
         warmup = warmup_to_fit(schedule.total)
@@ -340,28 +399,21 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
         notes.append(f"preset {preset}: the run ({schedule.total} updates) is shorter than its {schedule.warmup} "
                      f"warm-up updates: warm-up scaled to {warmup} (-- --warmup-updates N to choose)")
         schedule = dataclasses.replace(schedule, warmup=warmup)
+    return schedule, notes
 
-    cmd = [*launch, *trainer, *fairseq_args()]
-    if not dry_run:
-        if not data.is_dir():
-            how = (f"resnmt-prepare {dataset.name} {default_data_root(req.dataset)}" if req.dataset in DATASETS
-                   else f"resnmt-prepare custom ... {req.dataset}")
-            raise ExperimentError(f"data directory {data} not found (prepare it: {how}, or --data DIR)")
-        problem = binarized_data_problem(data)
-        if problem:
-            raise ExperimentError(f"--data {problem}" if req.data else problem)
-        pair = f"{dataset.src}-{dataset.tgt}"
-        for name in (f"dict.{dataset.src}.txt", f"dict.{dataset.tgt}.txt", f"train.{pair}.{dataset.src}.idx",
-                     f"train.{pair}.{dataset.tgt}.idx", f"valid.{pair}.{dataset.src}.idx"):
-            if not (data / name).exists():
-                raise ExperimentError(f"{data}/{name} not found: {data} is not {dataset.name} data binarized "
-                                      f"for {dataset.src}->{dataset.tgt}")
 
-    log(f"{dataset.name} {dataset.src}->{dataset.tgt}, {req.arch} ({size}), preset {preset}, {dtype}, {world} "
-        f"process(es) ({gpus} GPU(s) x {nodes} node(s))")
-    log(f"batch: {world} x max-tokens {cap} x update-freq {update_freq} = {world * cap * update_freq} tokens per "
-        f"update (target {target})" + (f", {schedule.epoch_updates} updates per epoch" if schedule.epoch_updates
-                                        else ""))
-    for note in notes:
-        log(f"note: {note}")
-    return TrainPlan(cmd=cmd, data=data, save_dir=save_dir, schedule=schedule, notes=notes)
+def check_data(req: TrainRequest, dataset: Dataset, data: Path) -> None:
+    """``data`` must be ``dataset`` binarized for its direction (ExperimentError naming what is missing)."""
+    if not data.is_dir():
+        how = (f"resnmt-prepare {dataset.name} {default_data_root(req.dataset)}" if req.dataset in DATASETS
+               else f"resnmt-prepare custom ... {req.dataset}")
+        raise ExperimentError(f"data directory {data} not found (prepare it: {how}, or --data DIR)")
+    problem = binarized_data_problem(data)
+    if problem:
+        raise ExperimentError(f"--data {problem}" if req.data else problem)
+    pair = f"{dataset.src}-{dataset.tgt}"
+    for name in (f"dict.{dataset.src}.txt", f"dict.{dataset.tgt}.txt", f"train.{pair}.{dataset.src}.idx",
+                 f"train.{pair}.{dataset.tgt}.idx", f"valid.{pair}.{dataset.src}.idx"):
+        if not (data / name).exists():
+            raise ExperimentError(f"{data}/{name} not found: {data} is not {dataset.name} data binarized "
+                                  f"for {dataset.src}->{dataset.tgt}")

@@ -1,12 +1,28 @@
 """The records of finished runs: JSON-lines files, the names of decoding settings, and
 an experiment's record in one line."""
 import hashlib
+import json
 import re
-
-from resnmt.shared import append_jsonl, read_jsonl  # noqa: F401  (the records' files)
+from pathlib import Path
+from typing import List
 
 # a name part longer than this is cut and ends in a digest of the whole
 MAX_NAME_PART = 60
+
+
+def append_jsonl(path: Path, record: dict, sort_keys: bool = False) -> None:
+    """Append one JSON line with a single write (concurrent writers append whole lines)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False, sort_keys=sort_keys) + "\n")
+
+
+def read_jsonl(path: Path) -> List[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def flags_name(flags: str) -> str:

@@ -10,7 +10,6 @@ from typing import Dict, Optional, Sequence
 
 from resnmt.atomic import atomic_open
 from resnmt.experiment.errors import ExperimentError
-from resnmt.shared import format_seconds  # noqa: F401  (the steps' durations)
 
 # fairseq's --user-dir: the installed package's directory (absolute, so checkpoints load from anywhere)
 USER_DIR = Path(__file__).resolve().parent.parent

@@ -21,7 +21,8 @@ from typing import Dict, List, Optional, Sequence
 from resnmt.atomic import atomic_open
 from resnmt.experiment.errors import ExperimentError, Log
 from resnmt.experiment.presets import TrainPlan
-from resnmt.experiment.runtime import USER_DIR, format_seconds, run_logged, tool_env
+from resnmt.experiment.runtime import USER_DIR, run_logged, tool_env
+from resnmt.progress import format_seconds
 
 # ------------------------------------------------------------------------------ prepare
 

@@ -33,7 +33,7 @@ from resnmt.connections import (
     check_flags_used,
 )
 from resnmt.fused import require_compile
-from resnmt.models.options import (
+from resnmt.models.flags import (
     ACTIVATION_FLAGS,
     DYT_ALPHA_INIT,
     FUSED_CONNECTIONS,
@@ -89,7 +89,7 @@ def resolve_model(args) -> ModelSpec:
             **settings, **{flag.dest: flag.read(args) for flag in own_flags},  # a side holds its own kind's flags
         )
         layerdrop = float(getattr(args, f"{side}_layerdrop", 0) or 0)
-        if layerdrop > 0 and specs[side].crosses_layers():
+        if layerdrop > 0 and specs[side].crosses_layers:
             raise ConnectionConfigError(
                 f"--{side}-layerdrop {layerdrop:g} is invalid for --residual {kind}: its residual stream "
                 "combines the layers' outputs by their position in the stack (use 0)"

@@ -8,7 +8,7 @@ from fairseq.models.transformer import TransformerModel, TransformerModelBase
 from resnmt.analysis.training_log import add_log_connection_stats_args
 from resnmt.models.encoder_decoder import ResidualTransformerDecoder, ResidualTransformerEncoder
 from resnmt.models.model_spec import resolve_model
-from resnmt.models.options import add_model_args
+from resnmt.models.flags import add_model_args
 from resnmt.training.bf16 import check_bf16_device
 
 

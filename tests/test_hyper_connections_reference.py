@@ -2,7 +2,7 @@
 of the PyPI package ``hyper-connections`` (lucidrains, pinned in requirements-dev.txt; only
 the reference here, never the implementation).
 
-The package deviates from the paper (docs: methods.md, "The 2025 generation"); each
+The package deviates from the paper in the ways below; each
 deviation is set to the paper's where its API allows, and compared part by part where not:
 
 1. its H̄ norm is an RMSNorm ``x/‖x‖·√d·(γ+1)`` (γ from 0), the paper's a LayerNorm. Our
@@ -30,7 +30,7 @@ import torch
 from hyper_connections import HyperConnections
 from torch import nn
 
-from resnmt.connections.hyper import DynamicHyperConnection
+from resnmt.connections.hyper import DynamicHyperMixer
 from resnmt.connections.norms import build_norm
 
 T, B, C, N = 3, 2, 8, 4
@@ -38,7 +38,7 @@ T, B, C, N = 3, 2, 8, 4
 
 def ours_and_theirs(index, seed=0):
     """Our DHC (RMSNorm) moved off its init in float64, and the package's with the same values."""
-    ours = DynamicHyperConnection(C, build_norm(C, "rms_norm"), N, index).double()
+    ours = DynamicHyperMixer(C, build_norm(C, "rms_norm"), N, index).double()
     theirs = HyperConnections(N, dim=C, layer_index=index, tanh=True, dropout=0.0).double()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -82,7 +82,7 @@ def inputs(seed=1):
 
 @pytest.mark.parametrize("index", [0, 1, 3, 6])
 def test_initial_values_are_the_packages(index):
-    ours = DynamicHyperConnection(C, build_norm(C, "rms_norm"), N, index)
+    ours = DynamicHyperMixer(C, build_norm(C, "rms_norm"), N, index)
     theirs = HyperConnections(N, dim=C, layer_index=index)
     assert torch.equal(theirs.static_alpha.data, ours.alpha.data)
     assert torch.equal(theirs.static_beta.data, ours.beta.data)

@@ -1,9 +1,9 @@
-"""The 2025 kinds as --residual kinds (issue 44): Mix-LN, LayerNorm Scaling, HybridNorm,
+"""The 2025 kinds as --residual kinds: Mix-LN, LayerNorm Scaling, HybridNorm,
 DenseFormer, Hyper-Connections (static, dynamic) and mHC, each against its equation
 computed by hand: on tensors, on a layer, and on a whole stack whose layers are run one
 by one; Hyper-Connections, mHC and DenseFormer against pre-LN at init. Incremental
 decoding, gradients, bf16 and TorchScript for every kind: tests/test_model.py and
-tests/test_script.py (KIND_ARGS); the modules themselves: tests/test_gen2025_modules.py."""
+tests/test_script.py (KIND_ARGS); the modules themselves: tests/test_stream_and_qkv_norm_modules.py."""
 import math
 
 import pytest
@@ -179,7 +179,7 @@ def test_hybrid_norm_equations():
 @pytest.mark.parametrize("star", [False, True])
 def test_hybrid_norm_encoder_stack_against_a_hand_run(tiny_bin, star):
     """Every attention normalizes Q, K, V per head (fairseq's attention with HeadNormedLinear
-    projections: tests/test_gen2025_modules.py); y = x + Attn(x), then Norm(y) + FFN(Norm(y));
+    projections: tests/test_stream_and_qkv_norm_modules.py); y = x + Attn(x), then Norm(y) + FFN(Norm(y));
     with HybridNorm* layer 0 is x + Attn(Norm(x)), y + FFN(Norm(y)); the final LN."""
     extra = ["--hybrid-norm-star"] if star else []
     model, task, _ = build(tiny_bin, "transformer_hybrid_norm_base", ["--encoder-layers", "3", *extra])

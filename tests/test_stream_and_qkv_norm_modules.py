@@ -1,4 +1,4 @@
-"""The building blocks of the 2025 kinds (issue 44), each against its equation computed
+"""The building blocks of the 2025 kinds, each against its equation computed
 by hand on small tensors: Hyper-Connections (static, dynamic) and mHC
 (resnmt/connections/hyper.py), DenseFormer's depth-weighted average
 (resnmt/connections/streams.py), HybridNorm's per-head Q/K/V norms
@@ -14,13 +14,13 @@ from torch import nn
 
 from resnmt.connections.depth_norm import HeadNormedLinear, has_qkv_norm, qkv_norm_attention
 from resnmt.connections.hyper import (
-    DynamicHyperConnection,
-    StaticHyperConnection,
+    DynamicHyperMixer,
+    StaticHyperMixer,
     expand_streams,
     output_projection_init_factor,
     reduce_streams,
 )
-from resnmt.connections.mhc import MHC_INIT_LEAK, ManifoldHyperConnection, sinkhorn_knopp
+from resnmt.connections.mhc import MHC_INIT_LEAK, ManifoldHyperMixer, sinkhorn_knopp
 from resnmt.connections.norms import DynamicTanh, build_norm
 from resnmt.connections.streams import DepthWeightedAverage
 
@@ -99,13 +99,13 @@ def run_sublayer(conn, h, f):
 @pytest.mark.parametrize("index", [0, 1, 2, 3, 7])
 def test_hc_initial_values_are_the_papers(index):
     """B = 1, A_m = e_{k mod n}, A_r = I; DHC adds W = 0, s_α = s_β = 0.01."""
-    shc = StaticHyperConnection(C, N, index)
+    shc = StaticHyperMixer(C, N, index)
     a_m = torch.zeros(N)
     a_m[index % N] = 1.0
     assert torch.equal(shc.alpha[:, 0], a_m) and torch.equal(shc.alpha[:, 1:], torch.eye(N))
     assert torch.equal(shc.beta, torch.ones(N))
     assert sum(p.numel() for p in shc.parameters()) == N * (N + 2)
-    dhc = DynamicHyperConnection(C, build_norm(C), N, index)
+    dhc = DynamicHyperMixer(C, build_norm(C), N, index)
     assert torch.equal(dhc.alpha, shc.alpha) and torch.equal(dhc.beta, shc.beta)
     assert not dhc.alpha_weight.any() and not dhc.beta_weight.any()
     assert dhc.alpha_weight.shape == (C, N + 1) and dhc.beta_weight.shape == (C,)
@@ -117,7 +117,7 @@ def test_hc_initial_values_are_the_papers(index):
 
 def test_static_hc_against_hand_computation():
     """h₀ = A_mᵀH, H' = A_rᵀH, Ĥ = Bᵀ F + H' (the paper's Eq. 2-5)."""
-    conn = perturbed(StaticHyperConnection(C, N, 1))
+    conn = perturbed(StaticHyperMixer(C, N, 1))
     h, f = randn(T, B, N, C, seed=1), randn(T, B, C, seed=2)
     a_m, a_r, beta = conn.alpha[:, 0].detach(), conn.alpha[:, 1:].detach(), conn.beta.detach()
     expected_in, expected = hand_streams(h, f, read=lambda t, b: a_m,
@@ -132,7 +132,7 @@ def test_static_hc_against_hand_computation():
 def test_dynamic_hc_against_hand_computation(normalization):
     """H̄ = norm(H) row-wise; A_m(H) = s_α tanh(H̄W_m) + A_m, A_r(H) = s_α tanh(H̄W_r) + A_r,
     B(H) = s_β tanh(H̄W_β)ᵀ + B (Eq. 10-13); row i of the dynamic part from stream i only."""
-    conn = perturbed(DynamicHyperConnection(C, build_norm(C, normalization), N, 2))
+    conn = perturbed(DynamicHyperMixer(C, build_norm(C, normalization), N, 2))
     h, f = randn(T, B, N, C, seed=1), randn(T, B, C, seed=2)
     p = {name: v.detach() for name, v in conn.named_parameters()}
     if normalization == "layer_norm":
@@ -168,12 +168,12 @@ def expand_reduce_pre_ln(kind, num_sublayers=7, streams=N, dtype=torch.float32):
     norms = [perturbed(nn.LayerNorm(C), seed=k).to(dtype) for k in range(num_sublayers)]
     linears = [nn.Linear(C, C).to(dtype) for _ in range(num_sublayers)]
     if kind == "shc":
-        conns = [StaticHyperConnection(C, streams, k) for k in range(num_sublayers)]
+        conns = [StaticHyperMixer(C, streams, k) for k in range(num_sublayers)]
     elif kind == "dhc":  # a non-trivial norm: the dynamic part is 0 whatever the norm gives
         conns = [perturbed(build_norm(C), seed=10 + k) for k in range(num_sublayers)]
-        conns = [DynamicHyperConnection(C, norm, streams, k) for k, norm in enumerate(conns)]
+        conns = [DynamicHyperMixer(C, norm, streams, k) for k, norm in enumerate(conns)]
     else:
-        conns = [ManifoldHyperConnection(C, streams, k) for k in range(num_sublayers)]
+        conns = [ManifoldHyperMixer(C, streams, k) for k in range(num_sublayers)]
     conns = [c.to(dtype) for c in conns]
     x = randn(T, B, C, seed=3, dtype=dtype)
     h = expand_streams(x, streams)
@@ -240,7 +240,7 @@ def test_mhc_initial_maps_are_within_eps_of_hcs(index):
     ε + (1-nε)e_{k mod n} (sums to 1); H_res = ε11ᵀ + (1-nε)I (0.97 on the diagonal at
     n = 4); α = 0.01, φ = 0; the paper's parameter count."""
     n, eps = 4, MHC_INIT_LEAK
-    conn = ManifoldHyperConnection(C, n, index)
+    conn = ManifoldHyperMixer(C, n, index)
     assert not conn.phi.any() and conn.phi.shape == (n * C, n * n + 2 * n)
     assert all(torch.equal(a.data, torch.full((1,), 0.01)) for a in (conn.alpha_pre, conn.alpha_post, conn.alpha_res))
     assert sum(p.numel() for p in conn.parameters()) == n * C * (n * n + 2 * n) + n * n + 2 * n + 3
@@ -259,7 +259,7 @@ def test_mhc_initial_maps_are_within_eps_of_hcs(index):
 def test_mhc_against_hand_computation():
     """x⃗' = RMSNorm(vec H) over nC; H_pre = σ(α_pre x⃗'φ_pre + b_pre), H_post = 2σ(...),
     H_res = SK(α_res mat(x⃗'φ_res) + b_res); Ĥ = H_res H + H_postᵀ F(H_pre H) (Eq. 7-9)."""
-    conn = perturbed(ManifoldHyperConnection(C, N, 1, sinkhorn_iterations=7))
+    conn = perturbed(ManifoldHyperMixer(C, N, 1, sinkhorn_iterations=7))
     h, f = randn(T, B, N, C, seed=1), randn(T, B, C, seed=2)
     p = {name: v.detach() for name, v in conn.named_parameters()}
     maps = {}
@@ -295,8 +295,8 @@ def test_mhc_at_init_is_pre_ln_on_every_stream_to_rounding():
 
 def test_mhc_refuses_one_stream_and_hc_takes_it():
     with pytest.raises(ValueError, match="at least 2 streams"):
-        ManifoldHyperConnection(C, 1)
-    conn = StaticHyperConnection(C, 1, 3)
+        ManifoldHyperMixer(C, 1)
+    conn = StaticHyperMixer(C, 1, 3)
     assert torch.equal(conn.alpha, torch.ones(1, 2))
 
 
@@ -309,11 +309,11 @@ def zero_gradients_over_steps(kind, steps):
     torch.manual_seed(0)
     k_sub, n = 5, N
     if kind == "shc":
-        conns = nn.ModuleList([StaticHyperConnection(C, n, k) for k in range(k_sub)])
+        conns = nn.ModuleList([StaticHyperMixer(C, n, k) for k in range(k_sub)])
     elif kind == "dhc":
-        conns = nn.ModuleList([DynamicHyperConnection(C, build_norm(C), n, k) for k in range(k_sub)])
+        conns = nn.ModuleList([DynamicHyperMixer(C, build_norm(C), n, k) for k in range(k_sub)])
     else:
-        conns = nn.ModuleList([ManifoldHyperConnection(C, n, k) for k in range(k_sub)])
+        conns = nn.ModuleList([ManifoldHyperMixer(C, n, k) for k in range(k_sub)])
     conns = conns.double()
     branches = [nn.Sequential(nn.LayerNorm(C), nn.Linear(C, C), nn.Tanh()).double() for _ in range(k_sub)]
     x, target = randn(4, 2, C, seed=1), randn(4, 2, C, seed=2)
@@ -372,9 +372,9 @@ def test_bf16_autocast_is_finite_and_close(kind):
 
 @pytest.mark.parametrize("kind", ["shc", "dhc", "mhc"])
 def test_stream_connections_script(kind):
-    conn = {"shc": lambda: StaticHyperConnection(C, N, 1),
-            "dhc": lambda: DynamicHyperConnection(C, build_norm(C, "dyt"), N, 1),
-            "mhc": lambda: ManifoldHyperConnection(C, N, 1)}[kind]()
+    conn = {"shc": lambda: StaticHyperMixer(C, N, 1),
+            "dhc": lambda: DynamicHyperMixer(C, build_norm(C, "dyt"), N, 1),
+            "mhc": lambda: ManifoldHyperMixer(C, N, 1)}[kind]()
     conn = perturbed(conn)
     scripted = torch.jit.script(conn)
     h, f = randn(T, B, N, C, seed=1), randn(T, B, C, seed=2)

@@ -1,0 +1,82 @@
+"""Every relative link of README.md and docs/*.md resolves: the file exists in the
+repository and, where the link names a ``#section``, the file has that heading (GitHub's
+anchor of it) or an HTML anchor of that name."""
+import re
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$")
+HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"")
+
+
+def prose(text: str) -> str:
+    """``text`` without its fenced code blocks and inline code (links there are not links)."""
+    text = re.sub(r"^(```|~~~).*?^\1", "", text, flags=re.M | re.S)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, markup and punctuation dropped
+    (letters, digits, ``_``, ``-`` and spaces kept), spaces as ``-``."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading: its text
+    text = text.replace("`", "").lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path: Path) -> set:
+    text = path.read_text(encoding="utf-8")
+    found, seen = set(), {}
+    for line in re.sub(r"^(```|~~~).*?^\1", "", text, flags=re.M | re.S).splitlines():
+        match = HEADING.match(line)
+        if match:
+            anchor = github_anchor(match.group(1))
+            count = seen.get(anchor, 0)
+            seen[anchor] = count + 1
+            found.add(anchor if count == 0 else f"{anchor}-{count}")
+    return found | set(HTML_ANCHOR.findall(text))
+
+
+def relative_links(path: Path):
+    for target in LINK.findall(prose(path.read_text(encoding="utf-8"))):
+        if not re.match(r"^[a-z][a-z0-9+.-]*:", target, flags=re.I):  # http:, https:, mailto: ...
+            yield target
+
+
+def broken(path: Path, target: str):
+    """Why ``target``, a link of ``path``, does not resolve, or None."""
+    file, _, anchor = target.partition("#")
+    resolved = (path.parent / file).resolve() if file else path
+    if REPO_ROOT not in resolved.parents and resolved != REPO_ROOT:
+        return f"{target}: outside the repository"
+    if not resolved.exists():
+        return f"{target}: no such file"
+    if anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+        return f"{target}: {resolved.relative_to(REPO_ROOT)} has no section #{anchor}"
+    return None
+
+
+def test_anchors_are_githubs():
+    assert github_anchor("Methods that cross layers: residual streams") == "methods-that-cross-layers-residual-streams"
+    assert github_anchor("DeepNorm (`--residual deepnorm`, `transformer_deepnorm_{base,big}`)") == (
+        "deepnorm---residual-deepnorm-transformer_deepnorm_basebig")
+    assert github_anchor("Base size (6+6, d=512, GPU)") == "base-size-66-d512-gpu"
+
+
+def test_a_broken_link_is_found(tmp_path, monkeypatch):
+    monkeypatch.setattr(__import__(__name__), "REPO_ROOT", tmp_path)
+    (tmp_path / "a.md").write_text("# Top\n## Two words\n", encoding="utf-8")
+    doc = tmp_path / "b.md"
+    doc.write_text("[ok](a.md#two-words) [bad](a.md#three) [gone](c.md) `[code](d.md)` [self](#here)\n",
+                   encoding="utf-8")
+    assert [broken(doc, t) for t in relative_links(doc)] == [
+        None, "a.md#three: a.md has no section #three", "c.md: no such file", "#here: b.md has no section #here"]
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: p.relative_to(REPO_ROOT).as_posix())
+def test_every_relative_link_resolves(path):
+    problems = [problem for target in relative_links(path) if (problem := broken(path, target))]
+    assert not problems, "\n".join(problems)
