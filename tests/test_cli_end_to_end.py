@@ -73,6 +73,18 @@ def test_interactive_from_checkpoint(tiny_bin, trained, family):
     assert len([line for line in proc.stdout.splitlines() if line.startswith("H-")]) == 2
 
 
+def test_training_only_flags_at_decode_time_are_named_as_ignored(tiny_bin, trained):
+    """resnmt_translation's --fast-path, --shape-buckets and --no-step-capture only change
+    training: fairseq-generate given them decodes as without them, and one line says so."""
+    proc = run_cli(["fairseq-generate", tiny_bin, "--user-dir", USER_DIR, "--task", "resnmt_translation",
+                    "--path", trained("sas") / "checkpoint_last.pt", "--gen-subset", "valid", "--beam", "2",
+                    "--max-len-b", "5", "--fast-path", "--shape-buckets", "4", "--no-step-capture"])
+    named = [line for line in proc.stderr.splitlines() if "fast-path" in line]
+    assert len(named) == 1 and named[0].endswith(
+        "--fast-path --shape-buckets 4 --no-step-capture: training-only, ignored when decoding"), proc.stderr
+    assert len([line for line in proc.stdout.splitlines() if line.startswith("H-")]) == 60
+
+
 def test_hub_interface_from_another_directory(tiny_bin, trained, tmp_path):
     code = f"""
 import resnmt
