@@ -1,7 +1,8 @@
 """How and when ``import resnmt`` plugs resnmt into fairseq.
 
 Plugging in (``plug_into_fairseq``) registers the ``resnmt_transformer`` model and its named
-architectures, the ``resnmt_translation`` task and the ``adam_fused`` optimizer, keeps the
+architectures, the ``resnmt_translation`` task, the ``adam_fused`` optimizer and the
+``token_bleu`` scorer (``resnmt.decoding.token_bleu``), keeps the
 float32 master weights of ``--fp16``/``--bf16`` runs in their checkpoints
 (``resnmt.training.bf16``), words torch's refusal of an unsafe checkpoint in one line
 (``resnmt.checkpoints.compat``) and lowers the DEBUG level fairseq's import leaves on the root logger
@@ -36,6 +37,7 @@ def plug_into_fairseq() -> None:
     refuse_unsafe_checkpoints()  # a crafted checkpoint: one line naming the global it asks for
     from resnmt import models  # noqa: F401  (registers the model and archs)
     from resnmt import tasks  # noqa: F401  (registers resnmt_translation)
+    from resnmt.decoding import token_bleu  # noqa: F401  (registers --scoring token_bleu)
     from resnmt.training import optim  # noqa: F401  (registers --optimizer adam_fused)
 
     lower_fairseqs_debug_logging()  # fairseq's import leaves the root logger at DEBUG (resnmt.training.quiet)

@@ -708,5 +708,22 @@ def test_custom_corpus_end_to_end(custom_corpus, tmp_path):
     generated = (save_dir / "gen.test.avg2.beam4.lenpen0.6.gen-max-len-b10.out").read_text(encoding="utf-8")
     hypotheses = [line.split("\t")[2] for line in generated.splitlines() if line.startswith("D-")]
     assert len(hypotheses) == 100 and not any("\u2581" in h for h in hypotheses)  # the pieces were joined
+    assert generated.splitlines()[-1].startswith("Generate test with beam=4: BLEU4 = ") and \
+        generated.splitlines()[-1].endswith("(fairseq's BLEU over its dictionary's tokens: not the papers' score, "
+                                            "which resnmt-evaluate gives)")  # one unlabelled score: resnmt's
     train_cmd = (save_dir / "train.cmd").read_text()
     assert f"{out}/bin" in train_cmd and "--source-lang en --target-lang de" in train_cmd
+
+    # the same run with another model flag, then after the corpus was binarized again: refused, one line each
+    args = proc.args[:proc.args.index("--encoder-ffn-embed-dim") + 1]
+    other = run_cli([*args, "64", *proc.args[len(args) + 1:]], cwd=tmp_path, check=False)
+    assert other.returncode == 1 and other.stderr.splitlines()[-1] == (
+        f"[resnmt-experiment] error: {save_dir} was trained with other flags (--encoder-ffn-embed-dim 32 then, "
+        f"--encoder-ffn-embed-dim 64 now): use another --save-dir (or --tag), or delete {save_dir} to train again; "
+        f"or delete {save_dir / 'train.done'} to resume it with these"), other.stderr
+    dictionary = out / "bin" / "dict.de.txt"
+    os.utime(dictionary, ns=(dictionary.stat().st_atime_ns, dictionary.stat().st_mtime_ns + 10**9))
+    reprepared = run_cli(proc.args, cwd=tmp_path, check=False)
+    assert reprepared.returncode == 1 and reprepared.stderr.splitlines()[-1] == (
+        f"[resnmt-experiment] error: {save_dir} was trained on {out / 'bin'} before dict.de.txt changed (the corpus "
+        f"was prepared again): use another --save-dir (or --tag), or delete {save_dir} to train again")

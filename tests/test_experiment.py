@@ -283,3 +283,20 @@ def test_fairseqs_batching_lines_are_left_out_of_what_the_pipeline_prints():
             "2026-11-27 13:52:26 | INFO | fairseq.trainer | begin training epoch 2",
             "2026-11-27 13:52:26 | INFO | fairseq_cli.train | rebuild_batches = False (not fairseq_task's)"]
     assert [line for line in lines + kept if noise.keep(line + "\n")] == kept
+
+
+def test_an_output_older_than_its_input_is_made_again(tmp_path):
+    """A cached step's output (an average, a decoding, a score) counts as done only while no
+    input is newer; a newer one is named in one line."""
+    from resnmt.experiment.steps import up_to_date
+
+    ckpt, avg, lines = tmp_path / "checkpoint3.pt", tmp_path / "checkpoint.avg1.pt", []
+    assert not up_to_date(avg, [ckpt], lines.append) and lines == []
+    ckpt.write_bytes(b"1")
+    avg.write_bytes(b"2")
+    os.utime(ckpt, ns=(0, 10**18))
+    os.utime(avg, ns=(0, 10**18 + 1))
+    assert up_to_date(avg, [ckpt], lines.append) and lines == []
+    os.utime(ckpt, ns=(0, 10**18 + 2))  # checkpoint3.pt written again (training resumed)
+    assert not up_to_date(avg, [ckpt], lines.append)
+    assert lines == [f"{ckpt} is newer than {avg}: making it again"]

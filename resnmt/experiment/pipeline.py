@@ -1,6 +1,7 @@
 """``Experiment``: prepare -> train -> average -> decode -> score for one model, each step
-skipped when its output exists (re-running resumes an interrupted experiment or does
-nothing). ``resnmt-experiment`` (``resnmt.cli.experiment``) and the demo (``resnmt.cli.demo``) run it."""
+skipped when its output exists and is newer than its inputs (re-running resumes an
+interrupted experiment or does nothing; a training whose data or flags changed since is
+refused). ``resnmt-experiment`` (``resnmt.cli.experiment``) and the demo (``resnmt.cli.demo``) run it."""
 import json
 import os
 import shlex
@@ -143,6 +144,7 @@ class Experiment:
     def train(self) -> None:
         done = self.save_dir / "train.done"
         if done.exists():
+            self.check_trained(done)
             self.step(2, f"train: {done} exists, skipped")
             return
         self.step(2, f"train {self.req.train.arch} into {self.save_dir}")
@@ -151,7 +153,25 @@ class Experiment:
         for warning in self.schedule_warnings(plan):
             self.train_log(f"warning: {warning}")
         steps.train(plan, self.train_log, self.req.threads, self.label, verbose=self.req.verbose)
-        atomic_write_text(done, json.dumps({"wall_seconds": int(time.time() - t0)}) + "\n")
+        atomic_write_text(done, json.dumps({"wall_seconds": int(time.time() - t0), "cmd": [str(c) for c in plan.cmd],
+                                            "data": steps.data_stamp(self.data_root / "bin")}) + "\n")
+
+    def check_trained(self, done: Path) -> None:
+        """A finished training whose data or command changed since (train.done records both) is
+        refused in one line naming what changed: its checkpoints are not the model asked for."""
+        record = json.loads(done.read_text())
+        redo = f"use another --save-dir (or --tag), or delete {self.save_dir} to train again"
+        if "data" in record:
+            changed = steps.data_changes(record["data"], steps.data_stamp(self.data_root / "bin"))
+            if changed:
+                raise ExperimentError(f"{self.save_dir} was trained on {self.data_root / 'bin'} before "
+                                      f"{changed} changed (the corpus was prepared again): {redo}")
+        if "cmd" in record:
+            cmd = [str(c) for c in plan_training(self.train_request, dry_run=True).cmd]
+            before, now = steps.flag_changes(record["cmd"], cmd)
+            if before or now:
+                raise ExperimentError(f"{self.save_dir} was trained with other flags ({before or 'none'} then, "
+                                      f"{now or 'none'} now): {redo}; or delete {done} to resume it with these")
 
     def average(self) -> Tuple[Path, List[int], str, str]:
         """(checkpoint to decode, the updates of the checkpoints averaged, their kind, label):
@@ -176,7 +196,7 @@ class Experiment:
         n, kind = len(selected), selection.kind
         label = f"avg{n}-last" if selection.with_last else f"avg{n}"
         output = self.save_dir / f"checkpoint.{label}.pt"
-        if output.exists():
+        if steps.up_to_date(output, selected, self.log):
             self.step(3, f"average: {output} exists, skipped")
         else:
             self.step(3, f"average the last {n} {kind} checkpoints (updates {', '.join(map(str, updates))}) "
@@ -200,7 +220,7 @@ class Experiment:
 
     def decode(self, checkpoint: Path, key: str) -> Path:
         gen = self.save_dir / f"gen.test.{key}.out"
-        if gen.exists():
+        if steps.up_to_date(gen, [checkpoint], self.log):
             self.step(4, f"decode: {gen} exists, skipped")
             return gen
         self.step(4, f"decode test with beam {self.req.beam}, GNMT length penalty {self.req.lenpen:g} -> {gen}")
@@ -216,7 +236,7 @@ class Experiment:
 
     def score(self, gen: Path, key: str, checkpoint: Path, updates: List[int], kind: str) -> dict:
         result_path = self.save_dir / f"result.{key}.json"
-        if result_path.exists():
+        if steps.up_to_date(result_path, [gen], self.log):
             self.step(5, f"score: {result_path} exists, skipped")
             record = json.loads(result_path.read_text(encoding="utf-8"))
         else:

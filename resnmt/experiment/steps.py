@@ -36,6 +36,44 @@ def prepare(name: str, data_root: Path, mirror: Optional[Path] = None, options: 
     cmd = ["resnmt-prepare", name, *(["--mirror", mirror] if mirror else []), *options, data_root]
     run_logged(cmd, None, tool_env())
 
+# ------------------------------------------------------------- outputs newer than inputs
+
+
+def up_to_date(output: Path, inputs: Sequence[Path], log: Log) -> bool:
+    """True when ``output`` exists and no input is newer; else False, with a line naming
+    the newer input where the output exists (it is made again)."""
+    if not output.exists():
+        return False
+    newer = [p for p in inputs if Path(p).stat().st_mtime_ns > output.stat().st_mtime_ns]
+    if newer:
+        log(f"{newer[0]} is newer than {output}: making it again")
+    return not newer
+
+
+def data_stamp(bin_dir: Path) -> Dict[str, list]:
+    """The binarized data's files with their size and mtime (what a training used)."""
+    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(Path(bin_dir).iterdir()) if p.is_file()}
+
+
+def data_changes(before: Dict[str, list], now: Dict[str, list]) -> str:
+    """The files of two data stamps that differ, for a message ('' when none)."""
+    names = sorted(n for n in set(before) | set(now) if before.get(n) != now.get(n))
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def flag_changes(before: Sequence[str], now: Sequence[str]) -> tuple:
+    """The flags (with their values) of one command line that the other lacks, as two strings."""
+    def flags(cmd):
+        out, cmd = set(), list(cmd)
+        for i, word in enumerate(cmd):
+            if word.startswith("--"):
+                value = cmd[i + 1] if i + 1 < len(cmd) and not cmd[i + 1].startswith("--") else ""
+                out.add(f"{word} {value}".strip())
+        return out
+
+    old, new = flags(before), flags(now)
+    return " ".join(sorted(old - new)), " ".join(sorted(new - old))
+
 # -------------------------------------------------------------------------------- train
 
 
@@ -116,13 +154,14 @@ def decode(bin_dir: Path, checkpoint: Path, output: Path, log_path: Optional[Pat
            subset: str = "test", beam: int = 4, lenpen: float = 0.6, batch_size: int = 128,
            max_len_a: float = 0, max_len_b: int = 200, extra: Sequence[str] = (), verbose: bool = True) -> None:
     """``fairseq-generate`` with the papers' search (beam ``beam``, GNMT length penalty
-    ``lenpen``) into ``output`` (written only if decoding succeeded); ``extra`` flags last;
+    ``lenpen``) into ``output`` (written only if decoding succeeded), fairseq's own BLEU line
+    labelled as not the papers' score (resnmt.decoding.token_bleu); ``extra`` flags last;
     without ``verbose`` and ``log_path``, its messages without fairseq's configuration dump."""
     run_logged(
         ["fairseq-generate", bin_dir, "--user-dir", USER_DIR, "--task", "resnmt_translation", "--path", checkpoint,
          "--gen-subset", subset, "--beam", beam, "--lenpen-form", "gnmt", "--lenpen", lenpen,
          "--batch-size", batch_size, "--num-workers", "0", "--max-len-a", max_len_a, "--max-len-b", max_len_b,
-         *extra],
+         "--scoring", "token_bleu", *extra],
         log_path, env, stdout_path=output, quiet=not verbose)
 
 
