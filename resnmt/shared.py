@@ -12,7 +12,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import List, NoReturn, Sequence
+from typing import List, NoReturn, Optional, Sequence
 
 # ------------------------------------------------------------------------------ durations
 
@@ -67,6 +67,39 @@ def with_closest_names(message: str, parser: argparse.ArgumentParser) -> str:
                  if (close := closest(u[2:], names))]
         return f"{message} ({'; '.join(hints)})" if hints else message
     return message
+
+
+_ARCH_CHOICE_RE = re.compile(r"(argument --arch(?:/-a)?: invalid choice: '([^']*)') \(choose from (.*)\)$")
+ARCHS_LISTED = "resnmt's archs: python -m resnmt.cli.arch_table"
+
+
+def short_arch_choice(message: str) -> Optional[str]:
+    """argparse's error for an invalid ``--arch`` (fairseq's parser lists its ~180 archs, about
+    4,700 characters) as one short line naming the closest archs; None for another error."""
+    wrong = _ARCH_CHOICE_RE.match(message)
+    if not wrong:
+        return None
+    close = closest(wrong.group(2), [c.strip().strip("'\"") for c in wrong.group(3).split(",")])
+    return f"{wrong.group(1)} ({f'closest: {chr(32).join(close)}; ' if close else ''}{ARCHS_LISTED}; " \
+           "all: fairseq-train --help)"
+
+
+def shorten_arch_errors() -> None:
+    """An ArgumentParser that lists resnmt's archs (fairseq's, once ``--user-dir resnmt`` is
+    imported: ``fairseq-train --arch transformer_sas_bas``) stops on an invalid ``--arch``
+    with ``short_arch_choice``'s one line, without the usage block; every other error as before."""
+    error = argparse.ArgumentParser.error
+    if getattr(error, "shortens_arch_errors", False):
+        return
+
+    def short_error(self, message):
+        short = short_arch_choice(message) if "'transformer_sas_base'" in message else None
+        if short is None:
+            return error(self, message)
+        self.exit(2, f"{self.prog}: error: {short}\n")
+
+    short_error.shortens_arch_errors = True
+    argparse.ArgumentParser.error = short_error
 
 
 def exit_usage_error(prog: str, message: str) -> NoReturn:

@@ -75,13 +75,16 @@ def test_interactive_from_checkpoint(tiny_bin, trained, family):
 
 def test_training_only_flags_at_decode_time_are_named_as_ignored(tiny_bin, trained):
     """resnmt_translation's --fast-path, --shape-buckets and --no-step-capture only change
-    training: fairseq-generate given them decodes as without them, and one line says so."""
+    training: fairseq-generate given them decodes as without them, and one line says so. Its
+    log lines are in fairseq-train's format, not the logging module's default."""
     proc = run_cli(["fairseq-generate", tiny_bin, "--user-dir", USER_DIR, "--task", "resnmt_translation",
                     "--path", trained("sas") / "checkpoint_last.pt", "--gen-subset", "valid", "--beam", "2",
                     "--max-len-b", "5", "--fast-path", "--shape-buckets", "4", "--no-step-capture"])
     named = [line for line in proc.stderr.splitlines() if "fast-path" in line]
-    assert len(named) == 1 and named[0].endswith(
-        "--fast-path --shape-buckets 4 --no-step-capture: training-only, ignored when decoding"), proc.stderr
+    assert len(named) == 1 and re.fullmatch(  # in fairseq-train's log format, as every line of fairseq-generate's
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| WARNING \| resnmt\.tasks\.translation \| --fast-path --shape-buckets 4 "
+        r"--no-step-capture: training-only, ignored when decoding", named[0]), proc.stderr
+    assert not [line for line in proc.stderr.splitlines() if line.startswith(("INFO:", "WARNING:"))]
     assert len([line for line in proc.stdout.splitlines() if line.startswith("H-")]) == 60
 
 

@@ -699,6 +699,9 @@ def test_custom_corpus_end_to_end(custom_corpus, tmp_path):
                     "--gen-args", "--max-len-b 10", "--", *TINY, "--num-workers", "0", "--no-progress-bar"],
                    cwd=tmp_path, timeout=600)
     assert f"step 1/5: prepare: {out}/bin exists, skipped" in proc.stderr
+    printed = (proc.stdout + proc.stderr).splitlines()  # without --verbose: resnmt's lines, not fairseq's INFO
+    assert not [line for line in printed if " | INFO | " in line or line.startswith("INFO:")], printed
+    assert "[train] epoch 2: train loss " in proc.stdout and "[train] valid loss " in proc.stdout
     assert "step 3/5: average the last 2 epoch checkpoints" in proc.stderr and "decoded 100 sentences" in proc.stderr
     record = json.loads(results.read_text().splitlines()[-1])
     assert (record["dataset"], record["arch"], record["averaged"], record["epochs"]) == \

@@ -72,7 +72,11 @@ def test_help(script, words):
     (["wmt15-en-de", "transformer_sas_base"], 2,
      "DATASET 'wmt15-en-de' is not one of: multi30k iwslt15-en-vi wmt14-en-de wmt14-en-fr, nor a directory"),
     (["multi30k", "transformer_sas_huge"], 2, "ARCH 'transformer_sas_huge' is not a resnmt_transformer arch"),
-    (["multi30k", "lstm"], 2, "allowed: resnmt_transformer transformer_admin_base"),
+    (["multi30k", "lstm"], 2, "ARCH 'lstm' is not a resnmt_transformer arch or 'transformer'; resnmt's archs: "
+     "python -m resnmt.cli.arch_table (see scripts/train.sh --help)"),  # not the 57 names (1,213 characters)
+    (["multi30k", "transformer_sas_bas"], 2, "ARCH 'transformer_sas_bas' is not a resnmt_transformer arch or "
+     "'transformer'; closest: transformer_sas_base transformer_sas_big transformer_xskip_base; resnmt's archs: "
+     "python -m resnmt.cli.arch_table"),
     (["--gpus", "two", "multi30k", "transformer"], 2, "--gpus 'two': must be an integer >= 0"),
     (["--gpus", "3", "multi30k", "transformer"], 2, "--gpus 3 but only 0 GPU(s) visible here"),
     (["--nodes", "2", "multi30k", "transformer"], 2, "--nodes 2 needs --launcher torchrun or --launcher slurm"),

@@ -12,32 +12,23 @@ model flag are known), as fairseq-train will at start-up: the training command a
 """
 import contextlib
 import io
-import re
 from typing import Callable, Optional, Sequence
 
 from resnmt.experiment.errors import UsageError
 
-_ARCH_CHOICE_RE = re.compile(r"(argument --arch(?:/-a)?: invalid choice: '([^']*)') \(choose from .*\)$")
 
 
 def training_parser(error: Callable[[str], None]):
     """fairseq's training parser whose usage errors call ``error(message)``, ``message`` one
     line naming the bad value and the closest valid names."""
     from fairseq import options
-    from fairseq.models import ARCH_MODEL_REGISTRY
 
-    from resnmt.experiment.presets import closest_archs
-    from resnmt.shared import with_closest_names
+    from resnmt.shared import short_arch_choice, with_closest_names
 
     parser = options.get_training_parser()
 
     def one_line(message):
-        wrong = _ARCH_CHOICE_RE.match(message)
-        if wrong:
-            error(f"{wrong.group(1)} ({closest_archs(wrong.group(2), list(ARCH_MODEL_REGISTRY))}resnmt's archs: "
-                  "python -m resnmt.cli.arch_table; all: fairseq-train --help)")
-        else:
-            error(with_closest_names(message, parser))
+        error(short_arch_choice(message) or with_closest_names(message, parser))
 
     parser.error = one_line
     return parser

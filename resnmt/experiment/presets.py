@@ -21,7 +21,7 @@ from resnmt.experiment.fairseq_flags import check_training_flags
 from resnmt.experiment.options import convert_options, option
 from resnmt.experiment.runtime import USER_DIR, require_commands, which
 from resnmt.experiment.schedule import Schedule, flag_value, warmup_to_fit
-from resnmt.shared import closest
+from resnmt.shared import ARCHS_LISTED, closest
 
 # ----------------------------------------------------------------------------- sizes
 
@@ -220,7 +220,7 @@ def check_arch(arch: str) -> None:
     allowed = sorted(a for a, m in ARCH_MODEL_NAME_REGISTRY.items() if m == "resnmt_transformer") + ["transformer"]
     if arch not in allowed:
         raise UsageError(f"ARCH '{arch}' is not a resnmt_transformer arch or 'transformer'; "
-                         f"{closest_archs(arch, allowed)}allowed: {' '.join(allowed)}")
+                         f"{closest_archs(arch, allowed)}{ARCHS_LISTED}")
 
 
 # ------------------------------------------------------------------------------- plan

@@ -101,8 +101,8 @@ def repair_checkpoint_last(save_dir: Path, log: Log) -> None:
 
 def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str = "", verbose: bool = True) -> None:
     """Run ``plan.cmd`` (resuming from checkpoint_last.pt), its output on stdout (each line
-    after ``label``, which tells concurrent runs apart; without ``verbose``, not fairseq's
-    configuration and model dumps) and appended to SAVE_DIR/train.log in full, the command
+    after ``label``, which tells concurrent runs apart; without ``verbose``, only the
+    numbers of its epochs, validations and logged updates, ``progress_of``) and appended to SAVE_DIR/train.log in full, the command
     to SAVE_DIR/train.cmd; ``threads``: its torch threads (None: torch's default)."""
     from resnmt.training.quiet import FairseqNoise
 
@@ -128,8 +128,9 @@ def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str =
         proc = subprocess.Popen(plan.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=tool_env(threads))
         prefix, noise = label.encode(), FairseqNoise()
         for line in iter(proc.stdout.readline, b""):
-            if verbose or noise.keep(line.decode(errors="replace")):
-                sys.stdout.buffer.write(prefix + line)
+            shown = line if verbose else progress_of(line.decode(errors="replace"), noise)
+            if shown:
+                sys.stdout.buffer.write(prefix + shown)
                 sys.stdout.flush()
             train_log.write(line)
             train_log.flush()
@@ -137,6 +138,26 @@ def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str =
     if returncode != 0:
         raise ExperimentError(f"{Path(plan.cmd[0]).name} failed (exit {returncode}); its output: {save_dir}/train.log")
     log(f"done in {format_seconds(time.time() - start)}: {save_dir}")
+
+def progress_of(line: str, noise) -> Optional[bytes]:
+    """What the training step prints of a line of fairseq-train's without ``verbose``: an
+    epoch's, a validation's or a logged update's numbers on a short line of its own; every
+    other INFO line, and ``noise``'s dumps (resnmt.training.quiet.FairseqNoise), nothing; any
+    other line (a warning, an error) as it is."""
+    from resnmt.training.quiet import is_info_line
+
+    if not noise.keep(line):
+        return None
+    epoch, valid, inner = _EPOCH_RE.search(line), _VALID_RE.search(line), _TRAIN_RE.search(line)
+    if epoch:
+        text = f"epoch {int(epoch.group(1))}: train loss {epoch.group(2)}, {epoch.group(3)} updates"
+    elif valid:
+        text = f"valid loss {valid.group(1)} (nll_loss {valid.group(2)}) after {valid.group(3)} updates"
+    elif inner:
+        text = f"update {inner.group(2)}: train loss {inner.group(1)}"
+    else:
+        return None if is_info_line(line) else line.encode()
+    return f"[train] {text}\n".encode()
 
 # ------------------------------------------------------------------------------ average
 
