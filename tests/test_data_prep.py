@@ -706,6 +706,10 @@ def test_custom_corpus_end_to_end(custom_corpus, tmp_path):
     record = json.loads(results.read_text().splitlines()[-1])
     assert (record["dataset"], record["arch"], record["averaged"], record["epochs"]) == \
         ("my-corpus", "transformer_rskip_base", 2, 2)
+    # TINY after -- shrinks the named arch: every line naming the run says the size trained
+    assert record["size"] == "2+2 layers, d=16, not base" and "transformer_rskip_base (base)" not in proc.stderr
+    assert f"step 2/5: train transformer_rskip_base (2+2 layers, d=16, not base) into {save_dir}" in proc.stderr
+    assert "my-corpus transformer_rskip_base (2+2 layers, d=16, not base): BLEU " in proc.stdout
     assert record["n_sentences"] == 100 and record["ref"] == str(out / "raw" / "test.de")
     assert 0 <= record["bleu"] <= 100 and record["signature"].startswith("nrefs:1")
     generated = (save_dir / "gen.test.avg2.beam4.lenpen0.6.gen-max-len-b10.out").read_text(encoding="utf-8")

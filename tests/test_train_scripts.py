@@ -120,7 +120,8 @@ def test_the_bin_of_a_prepared_directory_names_it_and_the_directory_is_not_data(
     assert status == 0, err
     cmd = shlex.split(out.strip())
     assert (cmd[1], flag(cmd, "--save-dir")) == (str(root / "bin"), "runs/multi30k/transformer")  # its manifest
-    assert "[train] multi30k en->de, transformer (base)" in err
+    # the CPU preset trains 2+2 layers at d=128: the line says so, not "(base)"
+    assert "[train] multi30k en->de, transformer (2+2 layers, d=128, not base), preset small" in err
     status, _, err = train_sh("--data", root, "--save-dir", tmp_path / "r", root, "transformer")
     assert status == 1 and err.splitlines()[-1] == (
         f"[train] error: --data {root} is a directory prepared by resnmt-prepare: its binarized data is {root}/bin")
@@ -132,7 +133,7 @@ def test_dtype_bf16_runs_resnmt_train(dry_run, monkeypatch):
     monkeypatch.delenv("RESNMT_FAIRSEQ_TRAIN", raising=False)
     cmd, err = dry_run("--gpus", "1", "--dtype", "bf16", "iwslt15-en-vi", "transformer_postln_base")
     assert cmd[0] == "resnmt-train" and "--bf16" in cmd and "--fp16" not in cmd
-    assert "preset paper, bf16," in err
+    assert "transformer_postln_base (base), preset paper, bf16," in err  # the named arch's own size
 
 
 def test_paper_presets_batch_arithmetic_and_multi_gpu_commands(dry_run):

@@ -18,7 +18,7 @@ from resnmt.experiment import steps
 from resnmt.experiment.errors import ExperimentError, Log, UsageError
 from resnmt.experiment.options import convert_options, option
 from resnmt.experiment.presets import (TrainPlan, TrainRequest, dataset_of, default_data_root, default_save_dir,
-                                      plan_training, prepared_dataset)
+                                      plan_training, prepared_dataset, trained_size)
 from resnmt.experiment.results import append_jsonl, decoding_key, describe
 from resnmt.experiment.runtime import format_seconds, require_commands, tool_env
 
@@ -81,7 +81,7 @@ class Experiment:
         self.save_dir = req.train.save_dir or default_save_dir(self.dataset.name, req.train.arch, req.train.tag)
         self.train_request = replace(req.train, data=self.data_root / "bin", save_dir=self.save_dir)
         try:  # every option of the training step is checked now, before any heavy work
-            plan_training(self.train_request, dry_run=True)
+            self.size = trained_size(req.train.arch, plan_training(self.train_request, dry_run=True).cmd)
         except ExperimentError as e:  # one line, the last, exit status 1 as for a failed step
             raise ExperimentError(f"the training options were refused: {e}") from None
 
@@ -147,7 +147,7 @@ class Experiment:
             self.check_trained(done)
             self.step(2, f"train: {done} exists, skipped")
             return
-        self.step(2, f"train {self.req.train.arch} into {self.save_dir}")
+        self.step(2, f"train {self.req.train.arch} ({self.size}) into {self.save_dir}")
         t0 = time.time()
         plan = plan_training(self.train_request, self.train_log)
         for warning in self.schedule_warnings(plan):
@@ -250,7 +250,8 @@ class Experiment:
             fairseq_log = steps.FairseqLog.read(self.save_dir / "train.log")
             last_epoch = fairseq_log.epochs[-1] if fairseq_log.epochs else (None, None, None)
             record = {
-                "dataset": self.dataset.name, "arch": self.req.train.arch, "save_dir": os.path.abspath(self.save_dir),
+                "dataset": self.dataset.name, "arch": self.req.train.arch, "size": self.size,
+                "save_dir": os.path.abspath(self.save_dir),
                 "params": fairseq_log.params, "num_updates": last_epoch[1], "epochs": last_epoch[0],
                 "train_seconds": fairseq_log.train_seconds,
                 "train_wall_seconds": json.loads((self.save_dir / "train.done").read_text()).get("wall_seconds"),

@@ -55,6 +55,26 @@ SIZES = {
     "base12": ModelSize(12, 512, 2048, 8),  # base at twice the depth, where post-LN fails (GPU study only)
 }
 
+# the sizes of the named archs (``*_base``, ``*_big``; fairseq's transformer is base)
+NAMED_SIZES = {"base": SIZES["base"], "big": ModelSize(6, 1024, 4096, 16)}
+
+
+def trained_size(arch: str, cmd: Sequence[str]) -> str:
+    """The size the training command ``cmd`` trains, as every line naming the run says it:
+    the named arch's (``base``, ``big``) where the command keeps it, else what it trains
+    instead (a preset, or flags after --, shrink the named arch): ``2+2 layers, d=128, not base``."""
+    named = "big" if arch.endswith("_big") else "base"
+    cmd = [str(c) for c in cmd]
+
+    def last(flag: str, default: int) -> int:
+        at = [i for i, word in enumerate(cmd[:-1]) if word == flag]
+        return int(cmd[at[-1] + 1]) if at else default
+
+    size = NAMED_SIZES[named]
+    enc, dec = last("--encoder-layers", size.layers), last("--decoder-layers", size.layers)
+    dim = last("--encoder-embed-dim", size.dim)
+    return named if (enc, dec, dim) == (size.layers, size.layers, size.dim) else f"{enc}+{dec} layers, d={dim}, not {named}"
+
 # ---------------------------------------------------------------------------- datasets
 
 
@@ -357,7 +377,8 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
                 raise ExperimentError(f"{data}/{name} not found: {data} is not {dataset.name} data binarized "
                                       f"for {dataset.src}->{dataset.tgt}")
 
-    log(f"{dataset.name} {dataset.src}->{dataset.tgt}, {req.arch} ({size}), preset {preset}, {dtype}, {world} "
+    log(f"{dataset.name} {dataset.src}->{dataset.tgt}, {req.arch} ({trained_size(req.arch, cmd)}), preset {preset}, "
+        f"{dtype}, {world} "
         f"process(es) ({gpus} GPU(s) x {nodes} node(s))")
     log(f"batch: {world} x max-tokens {cap} x update-freq {update_freq} = {world * cap * update_freq} tokens per "
         f"update (target {target})" + (f", {schedule.epoch_updates} updates per epoch" if schedule.epoch_updates
