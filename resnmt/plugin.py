@@ -5,8 +5,8 @@ architectures, the ``resnmt_translation`` task, the ``adam_fused`` optimizer and
 ``token_bleu`` scorer (``resnmt.decoding.token_bleu``), keeps the
 float32 master weights of ``--fp16``/``--bf16`` runs in their checkpoints
 (``resnmt.training.bf16``), words torch's refusal of an unsafe checkpoint in one line
-(``resnmt.checkpoints.compat``), shortens fairseq's error for an unknown ``--arch`` to the
-closest names (``resnmt.shared``) and lowers the DEBUG level fairseq's import leaves on the root logger
+(``resnmt.checkpoints.compat``), words an invalid choice in fairseq's parser (``--arch``'s ~180 names) as one line
+naming the closest (``resnmt.shared``) and lowers the DEBUG level fairseq's import leaves on the root logger
 (``resnmt.training.quiet``). ``allow_fairseq_checkpoints`` (``resnmt.checkpoints.compat``)
 allow-lists the types fairseq checkpoints hold for torch's ``weights_only`` loading.
 
@@ -31,7 +31,7 @@ def plug_into_fairseq() -> None:
     """Register resnmt's model, archs, task and optimizer with fairseq and install its
     patches of fairseq's training (idempotent: the registrations are module imports)."""
     from resnmt.checkpoints.compat import refuse_unsafe_checkpoints
-    from resnmt.shared import shorten_arch_errors
+    from resnmt.shared import shorten_choice_errors
     from resnmt.training.bf16 import keep_fp32_master_weights
     from resnmt.training.quiet import lower_fairseqs_debug_logging
 
@@ -43,7 +43,7 @@ def plug_into_fairseq() -> None:
     from resnmt.training import optim  # noqa: F401  (registers --optimizer adam_fused)
 
     lower_fairseqs_debug_logging()  # fairseq's import leaves the root logger at DEBUG (resnmt.training.quiet)
-    shorten_arch_errors()  # fairseq-train --arch TYPO: the closest archs on one line (resnmt.shared)
+    shorten_choice_errors()  # an invalid --arch (or other long choice): the closest names on one line (resnmt.shared)
 
 
 def allow_fairseq_checkpoints() -> None:

@@ -40,6 +40,11 @@ def test_fairseq_trains_unknown_arch_with_the_plugin_is_one_line_naming_the_clos
         "fairseq-train: error: argument --arch/-a: invalid choice: 'transformer_sas_bas' (closest: transformer_sas_base "
         "transformer_sas_big transformer_xskip_base; resnmt's archs: python -m resnmt.cli.arch_table; all: "
         "fairseq-train --help)"]
+    from resnmt.shared import short_choice_error  # any long list (fairseq's 38 tasks), the closest names alone
+
+    tasks = ", ".join(f"'{t}'" for t in ["translation", "resnmt_translation", *(f"task{i}" for i in range(36))])
+    assert short_choice_error(f"argument --task: invalid choice: 'resnmt_translatoin' (choose from {tasks})") == \
+        "argument --task: invalid choice: 'resnmt_translatoin' (closest: resnmt_translation translation; all 38: see --help)"
 
 
 def test_what_fairseq_train_finds_late_is_one_line_before_anything_runs(tiny_bin, tmp_path):

@@ -23,12 +23,12 @@ def training_parser(error: Callable[[str], None]):
     line naming the bad value and the closest valid names."""
     from fairseq import options
 
-    from resnmt.shared import short_arch_choice, with_closest_names
+    from resnmt.shared import short_choice_error, with_closest_names
 
     parser = options.get_training_parser()
 
     def one_line(message):
-        error(short_arch_choice(message) or with_closest_names(message, parser))
+        error(short_choice_error(message) or with_closest_names(message, parser))
 
     parser.error = one_line
     return parser
