@@ -208,7 +208,11 @@ def test_errors_are_one_line_and_append_nothing(tmp_path, capsys, tst2013_vi):
     short.write_text("a\nb\n", encoding="utf-8")
     gen = tmp_path / "gen.out"
     gen.write_text("H-0\t-1\ta\nD-0\t-1\ta\nD-2\t-1\tc\n", encoding="utf-8")
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("eins\nzwei\ndrei Stra\u00dfen\n".encode("latin-1"))
     cases = [
+        (["--hyp", latin1, "--ref", short], f"--hyp {latin1}, line 3: not valid UTF-8 at byte 19 of the file "
+                                            "(invalid continuation byte)"),
         (["--hyp", tmp_path / "nope.txt", "--ref", short], "--hyp", "nope.txt: no such file"),
         (["--hyp", short, "--ref", tmp_path / "nope.ref"], "--ref", "nope.ref: no such file"),
         (["--hyp", short, "--ref", tst2013_vi], "has 2 lines", "has 1268 lines"),

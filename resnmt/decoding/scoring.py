@@ -185,8 +185,10 @@ def meaningless_score_warnings(hyps: Sequence[str], result: dict) -> List[str]:
 def _read(flag: str, path: Path) -> List[str]:
     try:
         return read_lines(path)
-    except UnicodeDecodeError as e:
-        raise EvaluateError(f"{flag} {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except UnicodeDecodeError as e:  # e.object: the whole file
+        line = e.object[:e.start].count(b"\n") + 1
+        raise EvaluateError(f"{flag} {path}, line {line}: not valid UTF-8 at byte {e.start} of the file "
+                            f"({e.reason})") from None
 
 
 # Distinct words above which hypotheses without a single '\u2581' are taken for decoded
