@@ -119,8 +119,8 @@ def test_the_bin_of_a_prepared_directory_names_it_and_the_directory_is_not_data(
     status, out, err = train_sh("--dry-run", root / "bin", "transformer")
     assert status == 0, err
     cmd = shlex.split(out.strip())
-    assert (cmd[1], flag(cmd, "--save-dir")) == (str(root / "bin"), "runs/multi30k/transformer")  # its manifest
-    # the CPU preset trains 2+2 layers at d=128: the line says so, not "(base)"
+    # its manifest; the CPU preset trains 2+2 layers at d=128: the run's name and its line say so, not "(base)"
+    assert (cmd[1], flag(cmd, "--save-dir")) == (str(root / "bin"), "runs/multi30k/transformer-2+2xd128")
     assert "[train] multi30k en->de, transformer (2+2 layers, d=128, not base), preset small" in err
     status, _, err = train_sh("--data", root, "--save-dir", tmp_path / "r", root, "transformer")
     assert status == 1 and err.splitlines()[-1] == (

@@ -17,8 +17,8 @@ from resnmt.decoding.subword import SubwordError, checked_post_process
 from resnmt.experiment import steps
 from resnmt.experiment.errors import ExperimentError, Log, UsageError
 from resnmt.experiment.options import convert_options, option
-from resnmt.experiment.presets import (TrainPlan, TrainRequest, dataset_of, default_data_root, default_save_dir,
-                                      plan_training, prepared_dataset, trained_size)
+from resnmt.experiment.presets import (TrainPlan, TrainRequest, dataset_of, default_data_root, plan_training,
+                                      prepared_dataset, trained_size)
 from resnmt.experiment.results import append_jsonl, decoding_key, describe
 from resnmt.experiment.runtime import format_seconds, require_commands, tool_env
 
@@ -78,12 +78,13 @@ class Experiment:
         self.builtin = req.train.dataset in DATASETS  # else a directory prepared by resnmt-prepare
         require_commands("fairseq-generate")
         self.data_root = req.data_root or default_data_root(req.train.dataset)
-        self.save_dir = req.train.save_dir or default_save_dir(self.dataset.name, req.train.arch, req.train.tag)
-        self.train_request = replace(req.train, data=self.data_root / "bin", save_dir=self.save_dir)
         try:  # every option of the training step is checked now, before any heavy work
-            self.size = trained_size(req.train.arch, plan_training(self.train_request, dry_run=True).cmd)
+            plan = plan_training(replace(req.train, data=self.data_root / "bin"), dry_run=True)
         except ExperimentError as e:  # one line, the last, exit status 1 as for a failed step
             raise ExperimentError(f"the training options were refused: {e}") from None
+        self.size = trained_size(req.train.arch, plan.cmd)
+        self.save_dir = plan.save_dir  # --save-dir, else runs/DATASET/ARCH[-SIZE][-TAG]
+        self.train_request = replace(req.train, data=self.data_root / "bin", save_dir=self.save_dir)
 
     def plan(self) -> List[str]:
         """What ``run`` would do, one line per step; nothing is run or written."""

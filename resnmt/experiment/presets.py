@@ -8,6 +8,7 @@ papers' (the CPU presets, the benchmarks and the tests). DATASET is a corpus of
 """
 import dataclasses
 import os
+import re
 import shlex
 import shutil
 from dataclasses import dataclass
@@ -110,8 +111,12 @@ def default_data_root(name: str) -> Path:
     return Path("data") / name if name in DATASETS else Path(name)
 
 
-def default_save_dir(dataset: str, arch: str, tag: Optional[str]) -> Path:
-    return Path("runs") / dataset / (f"{arch}-{tag}" if tag else arch)
+def default_save_dir(dataset: str, arch: str, tag: Optional[str], size: str = "") -> Path:
+    """runs/DATASET/ARCH[-SIZE][-TAG]: SIZE (``2+2xd128``) where the run trains another size
+    than the named arch's (``size``: ``trained_size``'s words)."""
+    shape = re.fullmatch(r"(\d+)\+(\d+) layers, d=(\d+), not \w+", size)
+    name = f"{arch}-{shape.group(1)}+{shape.group(2)}xd{shape.group(3)}" if shape else arch
+    return Path("runs") / dataset / (f"{name}-{tag}" if tag else name)
 
 
 # ------------------------------------------------------------------------------ request
@@ -137,7 +142,8 @@ class TrainRequest:
                                   "DATASET/bin for a prepared directory)", kind="path")
     save_dir: Optional[Path] = option(
         None, "DIR", "checkpoints, train.log (the output of every run, appended) and train.cmd (the commands "
-        "used) (default: runs/DATASET/ARCH[-TAG])", kind="path")
+        "used) (default: runs/DATASET/ARCH[-SIZE][-TAG], SIZE such as 2+2xd128 where a preset or flags after -- "
+        "shrink ARCH)", kind="path")
     tag: Optional[str] = option(None, "TAG", "suffix of the default save dir (e.g. seed1)")
     preset: Optional[str] = option(
         None, "P", "paper: the papers' settings for DATASET and the arch's size (default with GPUs); small: "
@@ -324,7 +330,8 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
 
     # paths
     data = req.data or default_data_root(req.dataset) / "bin"
-    save_dir = req.save_dir or default_save_dir(dataset.name, req.arch, req.tag)
+    save_dir = req.save_dir or default_save_dir(dataset.name, req.arch, req.tag, trained_size(req.arch,
+                                                                                          [*flags, *req.extra]))
 
     # launcher
     launch, dist = [], []
