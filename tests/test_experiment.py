@@ -311,6 +311,8 @@ def test_without_verbose_the_training_step_prints_its_numbers_not_fairseqs_info_
 
     fairseq = [
         "2026-11-28 00:36:14 | INFO | fairseq_cli.train | task: ResNMTTranslationTask",
+        "2026-11-28 00:36:14 | INFO | fairseq.trainer | Loaded checkpoint run/checkpoint_last.pt (epoch 4 @ 30 "
+        "updates)",
         "2026-11-28 00:36:19 | INFO | train_inner | epoch 001:    100 / 5 loss=9.1, nll_loss=9.0, num_updates=100",
         "2026-11-28 00:36:21 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 8.987 | nll_loss 8.986 | "
         "ppl 507 | wps 0 | wpb 734 | bsz 20 | num_updates 5",
@@ -322,6 +324,7 @@ def test_without_verbose_the_training_step_prints_its_numbers_not_fairseqs_info_
     ]
     noise = FairseqNoise()
     assert [progress_of(line + "\n", noise) for line in fairseq] == [
-        None, b"[train] update 100: train loss 9.1\n", b"[train] valid loss 8.987 (nll_loss 8.986) after 5 updates\n",
+        None, b"[train] loaded run/checkpoint_last.pt (epoch 4 @ 30 updates): training goes on from there\n",
+        b"[train] update 100: train loss 9.1\n", b"[train] valid loss 8.987 (nll_loss 8.986) after 5 updates\n",
         b"[train] epoch 1: train loss 9.068, 5 updates\n", None,
         b"2026-11-28 00:36:21 | WARNING | fairseq.trainer | NaN detected\n", b"Traceback (most recent call last):\n"]

@@ -141,7 +141,8 @@ def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str =
 
 def progress_of(line: str, noise) -> Optional[bytes]:
     """What the training step prints of a line of fairseq-train's without ``verbose``: an
-    epoch's, a validation's or a logged update's numbers on a short line of its own; every
+    epoch's, a validation's or a logged update's numbers, or the checkpoint a resumed run
+    loaded, on a short line of its own; every
     other INFO line, and ``noise``'s dumps (resnmt.training.quiet.FairseqNoise), nothing; any
     other line (a warning, an error) as it is."""
     from resnmt.training.quiet import is_info_line
@@ -149,7 +150,10 @@ def progress_of(line: str, noise) -> Optional[bytes]:
     if not noise.keep(line):
         return None
     epoch, valid, inner = _EPOCH_RE.search(line), _VALID_RE.search(line), _TRAIN_RE.search(line)
-    if epoch:
+    loaded = _LOADED_RE.search(line)
+    if loaded:
+        text = f"loaded {loaded.group(1)} ({loaded.group(2)}): training goes on from there"
+    elif epoch:
         text = f"epoch {int(epoch.group(1))}: train loss {epoch.group(2)}, {epoch.group(3)} updates"
     elif valid:
         text = f"valid loss {valid.group(1)} (nll_loss {valid.group(2)}) after {valid.group(3)} updates"
@@ -213,6 +217,7 @@ _EPOCH_RE = re.compile(r"\| train \| epoch (\d+) \| loss ([\d.]+) \|.*?\| num_up
 _PARAMS_RE = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
 _DONE_RE = re.compile(r"done training in ([\d.]+) seconds")
 _INNER_RE = re.compile(r"\| train_inner \| (.*)")
+_LOADED_RE = re.compile(r"\| Loaded checkpoint (\S+) \((epoch \d+ @ \d+ updates)\)")
 _FIELD_RE = re.compile(r"(\w+)=([^,\s]+)")
 _OVERFLOW_RE = re.compile(r"gradient overflow detected, ignoring gradient, setting loss scale to: ([\d.e+-]+)")
 _MIN_SCALE_RE = re.compile(r"Minimum loss scale reached")
