@@ -214,3 +214,39 @@ def with_closest_names(message: str, parser: argparse.ArgumentParser) -> str:
                  if (close := closest(u[2:], names))]
         return f"{message} ({'; '.join(hints)})" if hints else message
     return message
+
+
+ARCHS_LISTED = "resnmt's archs: python -m resnmt.cli.arch_table"
+LONG_CHOICES = 30  # an invalid choice among more names than this is answered with the closest only
+
+
+def short_choice_error(message: str) -> Optional[str]:
+    """argparse's error for an invalid choice among more than LONG_CHOICES names (fairseq's
+    ``--arch`` lists about 180, some 4,700 characters) as one short line naming the closest
+    ones; None for another error or a short list."""
+    wrong = _INVALID_CHOICE_RE.match(message)
+    choices = [c.strip().strip("'\"") for c in wrong.group(3).split(",")] if wrong else []
+    if len(choices) <= LONG_CHOICES:
+        return None
+    close = closest(wrong.group(2), choices)
+    arch = re.match(r"argument --arch\b", message)
+    where = f"{ARCHS_LISTED}; all: fairseq-train --help" if arch else f"all {len(choices)}: see --help"
+    return f"{wrong.group(1)} ({f'closest: {chr(32).join(close)}; ' if close else ''}{where})"
+
+
+def shorten_choice_errors() -> None:
+    """fairseq's parsers (those with ``--user-dir``: ``fairseq-train --user-dir resnmt --arch
+    transformer_sas_bas``) stop on an invalid choice with one line naming the closest choices
+    (among many, ``short_choice_error``: those alone), without the usage block; every other
+    error, and other parsers, as before."""
+    error = argparse.ArgumentParser.error
+    if getattr(error, "shortens_choice_errors", False):
+        return
+
+    def short_error(self, message):
+        if "--user-dir" not in self._option_string_actions or not _INVALID_CHOICE_RE.match(message):
+            return error(self, message)
+        self.exit(2, f"{self.prog}: error: {short_choice_error(message) or with_closest_names(message, self)}\n")
+
+    short_error.shortens_choice_errors = True
+    argparse.ArgumentParser.error = short_error

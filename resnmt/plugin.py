@@ -1,9 +1,12 @@
 """How and when ``import resnmt`` plugs resnmt into fairseq.
 
 Plugging in (``plug_into_fairseq``) registers the ``resnmt_transformer`` model and its named
-architectures, the ``resnmt_translation`` task and the ``adam_fused`` optimizer, keeps the
+architectures, the ``resnmt_translation`` task, the ``adam_fused`` optimizer and the
+``token_bleu`` scorer (``resnmt.decoding.token_bleu``), keeps the
 float32 master weights of ``--fp16``/``--bf16`` runs in their checkpoints
-(``resnmt.training.bf16``) and lowers the DEBUG level fairseq's import leaves on the root logger
+(``resnmt.training.bf16``), words torch's refusal of an unsafe checkpoint in one line
+(``resnmt.checkpoints.compat``), words an invalid choice in fairseq's parser (``--arch``'s ~180 names) as one line
+naming the closest (``resnmt.options``) and lowers the DEBUG level fairseq's import leaves on the root logger
 (``resnmt.training.quiet``). ``allow_fairseq_checkpoints`` (``resnmt.checkpoints.compat``)
 allow-lists the types fairseq checkpoints hold for torch's ``weights_only`` loading.
 
@@ -27,15 +30,20 @@ from typing import Callable, Dict, List
 def plug_into_fairseq() -> None:
     """Register resnmt's model, archs, task and optimizer with fairseq and install its
     patches of fairseq's training (idempotent: the registrations are module imports)."""
+    from resnmt.checkpoints.compat import refuse_unsafe_checkpoints
+    from resnmt.options import shorten_choice_errors
     from resnmt.training.bf16 import keep_fp32_master_weights
     from resnmt.training.quiet import lower_fairseqs_debug_logging
 
     keep_fp32_master_weights()
+    refuse_unsafe_checkpoints()  # a crafted checkpoint: one line naming the global it asks for
     from resnmt import models  # noqa: F401  (registers the model and archs)
     from resnmt import tasks  # noqa: F401  (registers resnmt_translation)
+    from resnmt.decoding import token_bleu  # noqa: F401  (registers --scoring token_bleu)
     from resnmt.training import optim  # noqa: F401  (registers --optimizer adam_fused)
 
     lower_fairseqs_debug_logging()  # fairseq's import leaves the root logger at DEBUG (resnmt.training.quiet)
+    shorten_choice_errors()  # an invalid --arch (or other long choice): the closest names on one line (resnmt.options)
 
 
 def allow_fairseq_checkpoints() -> None:

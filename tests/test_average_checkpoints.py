@@ -1,5 +1,6 @@
 """resnmt-average: exact averages, which files get picked, refusals, and a real fairseq run."""
 import argparse
+import os
 import runpy
 import shutil
 import sys
@@ -278,6 +279,7 @@ def test_a_file_that_is_not_a_checkpoint_is_one_line_naming_it(tmp_path, tiny_ck
     (bad / "random.pt").write_bytes(bytes(range(7, 256)) * 4)
     (bad / "pickle.pt").write_bytes(pickle.dumps({"model": {"w": bytearray(b"x")}}, protocol=4))
     torch.save({"model": {"w": fractions.Fraction(1, 3)}}, bad / "fraction.pt")  # a type fairseq never saves
+    torch.save({"model": {}, "extra": Crafted(bad / "ran")}, bad / "crafted.pt")  # would run a command
     torch.save([torch.zeros(2)], bad / "list.pt")
     torch.save({"state_dict": {"w": torch.zeros(2)}}, bad / "no_model.pt")
     torch.save({"model": torch.zeros(2)}, bad / "tensor_model.pt")
@@ -289,8 +291,10 @@ def test_a_file_that_is_not_a_checkpoint_is_one_line_naming_it(tmp_path, tiny_ck
         "zip.pt": "is not a checkpoint: it is a zip archive without data.pkl, not one torch.save wrote",
         "random.pt": "is not a checkpoint: it is neither a zip archive (torch.save's format) nor a pickle",
         "pickle.pt": "is not a checkpoint: torch.load(weights_only=True) refused it: Unsupported operand",
-        "fraction.pt": "is not a checkpoint: torch.load(weights_only=True) refused it: Unsupported global: GLOBAL "
-                       "fractions.Fraction was not an allowed global by default",
+        "fraction.pt": "is an unsafe file, not loaded: its pickle asks for fractions.Fraction, which no fairseq "
+                       "checkpoint holds (only tensors, plain containers and argparse.Namespace); nothing in it was run",
+        "crafted.pt": "is an unsafe file, not loaded: its pickle asks for posix.system, which no fairseq checkpoint "
+                      "holds",
         "list.pt": "is not a fairseq checkpoint: it holds a list, not a dict with a 'model' state dict",
         "no_model.pt": "is not a fairseq checkpoint: it has no 'model', not a state dict",
         "tensor_model.pt": "is not a fairseq checkpoint: its 'model' is of type Tensor, not a state dict",
@@ -301,10 +305,22 @@ def test_a_file_that_is_not_a_checkpoint_is_one_line_naming_it(tmp_path, tiny_ck
         assert main(["--inputs", str(good), str(bad / name), "--output", str(out)]) == 1
         err = capsys.readouterr().err.splitlines()
         assert len(err) == 1 and err[0].startswith(f"resnmt-average: error: {bad / name} {message}"), err
+        assert "weights_only=False" not in err[0]
     proc = run_cli(["resnmt-average", "--inputs", good, bad / "empty.pt", "--output", out], check=False)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.splitlines() == [f"resnmt-average: error: {bad / 'empty.pt'} {expected['empty.pt']}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]  # no output, no temporary file
+    assert not (bad / "ran").exists()  # the crafted file's command never ran
+
+
+class Crafted:
+    """Pickled as a call of os.system, as a crafted checkpoint would be."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
 
 
 def test_it_prints_every_update_and_what_it_could_not_average(tmp_path, tiny_ckpts, tiny_bin):

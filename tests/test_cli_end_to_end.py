@@ -73,6 +73,21 @@ def test_interactive_from_checkpoint(tiny_bin, trained, family):
     assert len([line for line in proc.stdout.splitlines() if line.startswith("H-")]) == 2
 
 
+def test_training_only_flags_at_decode_time_are_named_as_ignored(tiny_bin, trained):
+    """resnmt_translation's --fast-path, --shape-buckets and --no-step-capture only change
+    training: fairseq-generate given them decodes as without them, and one line says so. Its
+    log lines are in fairseq-train's format, not the logging module's default."""
+    proc = run_cli(["fairseq-generate", tiny_bin, "--user-dir", USER_DIR, "--task", "resnmt_translation",
+                    "--path", trained("sas") / "checkpoint_last.pt", "--gen-subset", "valid", "--beam", "2",
+                    "--max-len-b", "5", "--fast-path", "--shape-buckets", "4", "--no-step-capture"])
+    named = [line for line in proc.stderr.splitlines() if "fast-path" in line]
+    assert len(named) == 1 and re.fullmatch(  # in fairseq-train's log format, as every line of fairseq-generate's
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| WARNING \| resnmt\.tasks\.translation \| --fast-path --shape-buckets 4 "
+        r"--no-step-capture: training-only, ignored when decoding", named[0]), proc.stderr
+    assert not [line for line in proc.stderr.splitlines() if line.startswith(("INFO:", "WARNING:"))]
+    assert len([line for line in proc.stdout.splitlines() if line.startswith("H-")]) == 60
+
+
 def test_hub_interface_from_another_directory(tiny_bin, trained, tmp_path):
     code = f"""
 import resnmt
@@ -145,3 +160,40 @@ def test_deepnorm_with_nswish_trains_and_decodes(tiny_bin, tmp_path):
         "--path", save_dir / "checkpoint_last.pt", "--gen-subset", "valid", "--beam", "4", "--batch-size", "32",
     ])
     assert len([line for line in out.stdout.splitlines() if line.startswith("H-")]) == 60
+
+
+class Crafted:
+    """Pickled as a call of os.system, as a crafted checkpoint would be."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_crafted_checkpoint_is_refused_as_unsafe_everywhere(tiny_bin, tmp_path, capsys):
+    """A checkpoint whose pickle calls posix.system: fairseq-generate (through the plugin), the
+    hub and resnmt-analyze each refuse it in one line naming the global and calling the file
+    unsafe, without torch's advice to load it with weights_only=False; the command never runs."""
+    import resnmt
+    from resnmt.checkpoints.compat import UnsafeCheckpointError
+    from resnmt.cli import analyze
+
+    marker, ckpt = tmp_path / "ran", tmp_path / "checkpoint_best.pt"
+    torch.save({"model": {}, "cfg": Crafted(marker)}, ckpt)
+    message = (f"{ckpt} is an unsafe file, not loaded: its pickle asks for posix.system, which no fairseq checkpoint "
+               "holds (only tensors, plain containers and argparse.Namespace); nothing in it was run")
+    proc = run_cli(["fairseq-generate", tiny_bin, "--user-dir", USER_DIR, "--task", "resnmt_translation",
+                    "--path", ckpt, "--source-lang", "en", "--target-lang", "de"], check=False)
+    assert proc.returncode == 1 and proc.stderr.splitlines()[-1] == f"fairseq-generate: error: {message}", proc.stderr
+    assert "Traceback" not in proc.stderr
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        resnmt.from_pretrained(tmp_path, checkpoint_file=ckpt.name, data_name_or_path=str(tiny_bin))
+    assert str(refused.value) == message.replace(str(ckpt), f"{tmp_path}/{ckpt.name}")
+    capsys.readouterr()
+    assert analyze.main([str(ckpt), "--data", str(tiny_bin), "--out", str(tmp_path / "an"), "--cpu"]) == 1
+    assert capsys.readouterr().err.splitlines() == [f"resnmt-analyze: error: {message}"]
+    assert not marker.exists()

@@ -6,7 +6,9 @@ import importlib
 
 import pytest
 
-from conftest import run_cli
+from conftest import REPO_ROOT, run_cli
+
+USER_DIR = str(REPO_ROOT / "resnmt")
 
 
 @pytest.mark.parametrize("args, error", [
@@ -26,6 +28,23 @@ def test_a_bad_flag_of_resnmt_train_is_one_line_not_fairseqs_usage(args, error, 
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(error), proc.stderr[-3000:]
     assert proc.stdout == ""  # not even fairseq's INFO line that the --user-dir is imported already
+
+
+def test_fairseq_trains_unknown_arch_with_the_plugin_is_one_line_naming_the_closest(tiny_bin, tmp_path):
+    """fairseq-train --user-dir resnmt: the plugin shortens fairseq's own parser's error for a
+    mistyped --arch (114 lines of usage and ~4,700 characters of choices) to one line."""
+    proc = run_cli(["fairseq-train", tiny_bin, "--user-dir", USER_DIR, "--arch", "transformer_sas_bas"],
+                   cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "fairseq-train: error: argument --arch/-a: invalid choice: 'transformer_sas_bas' (closest: transformer_sas_base "
+        "transformer_sas_big transformer_xskip_base; resnmt's archs: python -m resnmt.cli.arch_table; all: "
+        "fairseq-train --help)"]
+    from resnmt.options import short_choice_error  # any long list (fairseq's 38 tasks), the closest names alone
+
+    tasks = ", ".join(f"'{t}'" for t in ["translation", "resnmt_translation", *(f"task{i}" for i in range(36))])
+    assert short_choice_error(f"argument --task: invalid choice: 'resnmt_translatoin' (choose from {tasks})") == \
+        "argument --task: invalid choice: 'resnmt_translatoin' (closest: resnmt_translation translation; all 38: see --help)"
 
 
 def test_what_fairseq_train_finds_late_is_one_line_before_anything_runs(tiny_bin, tmp_path):

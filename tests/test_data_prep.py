@@ -538,6 +538,11 @@ def test_custom_bad_input_is_one_line_before_any_work(tmp_path, capsys):
     Path(f"{short}.en").write_bytes(Path(f"{prefixes['valid']}.en").read_bytes())
     Path(f"{short}.de").write_text("".join(Path(f"{prefixes['valid']}.de").read_text(encoding="utf-8")
                                            .splitlines(keepends=True)[:-1]), encoding="utf-8")
+    latin1 = tmp_path / "latin1"  # the German side in Latin-1, not UTF-8
+    german = Path(f"{prefixes['train']}.de").read_text(encoding="utf-8").splitlines(keepends=True)
+    Path(f"{latin1}.en").write_bytes(Path(f"{prefixes['train']}.en").read_bytes())
+    Path(f"{latin1}.de").write_bytes("".join(german[:2]).encode() + "".join(german[2:]).encode("latin-1"))
+    bad_byte = len("".join(german[:2]).encode()) + next(i for i, c in enumerate(german[2]) if ord(c) > 127)
     cases = [
         (custom_args({**prefixes, "test": tmp_path / "nowhere"}),
          f"--test {tmp_path / 'nowhere'}: no such readable file {tmp_path / 'nowhere'}.en"),
@@ -550,6 +555,9 @@ def test_custom_bad_input_is_one_line_before_any_work(tmp_path, capsys):
          "--source-lang and --target-lang are both 'de'"),
         (custom_args(prefixes)[2:], "missing --train PREFIX (the files PREFIX.en and PREFIX.de)"),
         (custom_args(prefixes, "--bpe-size", "5"), "--bpe-size '5': must be an integer >= 10"),
+        (custom_args({**prefixes, "train": latin1}),
+         f"--train {latin1}: {latin1}.de, line 3: not valid UTF-8 at byte {bad_byte} of the file "
+         "(invalid continuation byte)"),
     ]
     for args, message in cases:
         code, _, err = call_prepare(capsys, "custom", *args, out)
@@ -603,6 +611,30 @@ def test_a_failed_step_resumes_with_the_option_its_error_names(tmp_path):
     assert refused.returncode == 1 and refused.stderr.rstrip().endswith(
         f"was prepared with other options (above): use a new OUTDIR, or delete {out} to start over")
     assert read_manifest(out).subword_size == int(needed)
+
+
+def test_an_edited_input_is_rebuilt_and_a_touched_one_is_not(tmp_path):
+    """An input file edited after its corpus was prepared: the next run names it in one line
+    and redoes every step (they all read it), the data and orig/SHA256SUMS then hold its new
+    text; an input only touched (same bytes) redoes nothing."""
+    prefixes = write_corpus(tmp_path / "corpus", n_train=300, n_valid=20, n_test=20)
+    out, train_de = tmp_path / "out", Path(f"{prefixes['train']}.de")
+    args = [BIN_DIR / "resnmt-prepare", "custom", *custom_args(prefixes, "--bpe-size", "300", "--workers", "1"), out]
+    run_cli(args)
+    size = train_de.stat().st_size
+    text = train_de.read_text(encoding="utf-8").split("\n")
+    train_de.write_text("\n".join(["Ein ganz neuer Satz ."] + text[1:]), encoding="utf-8")
+    err = run_cli(args).stderr.splitlines()
+    changed = [line for line in err if "changed since" in line]
+    assert changed == [f"[prepare-custom] input {train_de} (train.de) changed since it was prepared "
+                       f"(size {size} -> {train_de.stat().st_size}, other sha256): redoing steps 1-6"], err
+    assert "skipping" not in "\n".join(err) and err[-1].startswith("[prepare-custom] finished in")
+    assert spm_decode(out / "spm" / "spm.model", out / "text" / "train.de")[0] == "Ein ganz neuer Satz ."
+    assert f"{sha256(train_de)}  train.de" in (out / "orig" / "SHA256SUMS").read_text().splitlines()
+    os.utime(train_de, ns=(time.time_ns(), time.time_ns()))
+    err = run_cli(args).stderr.splitlines()
+    assert f"[prepare-custom] input {train_de} (train.de): modified time changed, same bytes (sha256): " \
+           "nothing to redo" in err and err[-1].startswith("[prepare-custom] nothing to do"), err
 
 
 @pytest.fixture(scope="module")
@@ -667,14 +699,38 @@ def test_custom_corpus_end_to_end(custom_corpus, tmp_path):
                     "--gen-args", "--max-len-b 10", "--", *TINY, "--num-workers", "0", "--no-progress-bar"],
                    cwd=tmp_path, timeout=600)
     assert f"step 1/5: prepare: {out}/bin exists, skipped" in proc.stderr
+    printed = (proc.stdout + proc.stderr).splitlines()  # without --verbose: resnmt's lines, not fairseq's INFO
+    assert not [line for line in printed if " | INFO | " in line or line.startswith("INFO:")], printed
+    assert "[train] epoch 2: train loss " in proc.stdout and "[train] valid loss " in proc.stdout
     assert "step 3/5: average the last 2 epoch checkpoints" in proc.stderr and "decoded 100 sentences" in proc.stderr
     record = json.loads(results.read_text().splitlines()[-1])
     assert (record["dataset"], record["arch"], record["averaged"], record["epochs"]) == \
         ("my-corpus", "transformer_rskip_base", 2, 2)
+    # TINY after -- shrinks the named arch: every line naming the run says the size trained
+    assert record["size"] == "2+2 layers, d=16, not base" and "transformer_rskip_base (base)" not in proc.stderr
+    assert f"step 2/5: train transformer_rskip_base (2+2 layers, d=16, not base) into {save_dir}" in proc.stderr
+    assert "my-corpus transformer_rskip_base (2+2 layers, d=16, not base): BLEU " in proc.stdout
     assert record["n_sentences"] == 100 and record["ref"] == str(out / "raw" / "test.de")
     assert 0 <= record["bleu"] <= 100 and record["signature"].startswith("nrefs:1")
     generated = (save_dir / "gen.test.avg2.beam4.lenpen0.6.gen-max-len-b10.out").read_text(encoding="utf-8")
     hypotheses = [line.split("\t")[2] for line in generated.splitlines() if line.startswith("D-")]
     assert len(hypotheses) == 100 and not any("\u2581" in h for h in hypotheses)  # the pieces were joined
+    assert generated.splitlines()[-1].startswith("Generate test with beam=4: BLEU4 = ") and \
+        generated.splitlines()[-1].endswith("(fairseq's BLEU over its dictionary's tokens: not the papers' score, "
+                                            "which resnmt-evaluate gives)")  # one unlabelled score: resnmt's
     train_cmd = (save_dir / "train.cmd").read_text()
     assert f"{out}/bin" in train_cmd and "--source-lang en --target-lang de" in train_cmd
+
+    # the same run with another model flag, then after the corpus was binarized again: refused, one line each
+    args = proc.args[:proc.args.index("--encoder-ffn-embed-dim") + 1]
+    other = run_cli([*args, "64", *proc.args[len(args) + 1:]], cwd=tmp_path, check=False)
+    assert other.returncode == 1 and other.stderr.splitlines()[-1] == (
+        f"[resnmt-experiment] error: {save_dir} was trained with other flags (--encoder-ffn-embed-dim 32 then, "
+        f"--encoder-ffn-embed-dim 64 now): use another --save-dir (or --tag), or delete {save_dir} to train again; "
+        f"or delete {save_dir / 'train.done'} to resume it with these"), other.stderr
+    dictionary = out / "bin" / "dict.de.txt"
+    os.utime(dictionary, ns=(dictionary.stat().st_atime_ns, dictionary.stat().st_mtime_ns + 10**9))
+    reprepared = run_cli(proc.args, cwd=tmp_path, check=False)
+    assert reprepared.returncode == 1 and reprepared.stderr.splitlines()[-1] == (
+        f"[resnmt-experiment] error: {save_dir} was trained on {out / 'bin'} before dict.de.txt changed (the corpus "
+        f"was prepared again): use another --save-dir (or --tag), or delete {save_dir} to train again")

@@ -208,7 +208,11 @@ def test_errors_are_one_line_and_append_nothing(tmp_path, capsys, tst2013_vi):
     short.write_text("a\nb\n", encoding="utf-8")
     gen = tmp_path / "gen.out"
     gen.write_text("H-0\t-1\ta\nD-0\t-1\ta\nD-2\t-1\tc\n", encoding="utf-8")
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("eins\nzwei\ndrei Stra\u00dfen\n".encode("latin-1"))
     cases = [
+        (["--hyp", latin1, "--ref", short], f"--hyp {latin1}, line 3: not valid UTF-8 at byte 19 of the file "
+                                            "(invalid continuation byte)"),
         (["--hyp", tmp_path / "nope.txt", "--ref", short], "--hyp", "nope.txt: no such file"),
         (["--hyp", short, "--ref", tmp_path / "nope.ref"], "--ref", "nope.ref: no such file"),
         (["--hyp", short, "--ref", tst2013_vi], "has 2 lines", "has 1268 lines"),
@@ -231,6 +235,30 @@ def test_errors_are_one_line_and_append_nothing(tmp_path, capsys, tst2013_vi):
         assert exc.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
+
+
+def test_a_cut_short_hypothesis_file_is_named_as_such(tmp_path, capsys, tst2013_vi):
+    """fairseq-generate's output (in its order: sentences by length, its closing line last)
+    cut with ``head``, and plain hypotheses cut the same way: the error says how many are
+    missing at the end, not that fairseq dropped a last partial batch."""
+    refs = read_lines(tst2013_vi)[:300]
+    ref = tmp_path / "ref.vi"
+    ref.write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    order = sorted(range(len(refs)), key=lambda i: (len(refs[i].split()), i))
+    gen = [f"{kind}-{i}\t{text}" for i in order
+           for kind, text in (("S", "src"), ("T", refs[i]), ("H", f"-0.5\t{refs[i]}"), ("D", f"-0.5\t{refs[i]}"))]
+    gen.append("Generate test with beam=4: BLEU4 = 100.00, 100.0/100.0/100.0/100.0")
+    whole, cut, plain = tmp_path / "gen.out", tmp_path / "gen.head.out", tmp_path / "hyp.head.txt"
+    whole.write_text("\n".join(gen) + "\n", encoding="utf-8")
+    cut.write_text("\n".join(gen[:4 * 200]) + "\n", encoding="utf-8")  # head -800: 200 sentences
+    plain.write_text("".join(r + "\n" for r in refs[:200]), encoding="utf-8")
+    assert _run(capsys, "--hyp", whole, "--ref", ref, "--quiet")[:2] == (0, "100.00\n")
+    for hyp, message in ((cut, f"{cut} is cut short: it ends before fairseq-generate's closing line ('Generate ... "
+                               "with beam=...'), with 200 of 300 sentences: 100 missing at the end"),
+                         (plain, f"--hyp {plain} has 200 lines but --ref {ref} has 300 lines: 100 lines missing at "
+                                 "the end of --hyp")):
+        rc, _, err = _run(capsys, "--hyp", hyp, "--ref", ref)
+        assert rc == 1 and len(err.splitlines()) == 1 and message in err and "partial batch" not in err, err
 
 
 def test_console_script_on_fairseq_generate_output(tmp_path):

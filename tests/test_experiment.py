@@ -283,3 +283,48 @@ def test_fairseqs_batching_lines_are_left_out_of_what_the_pipeline_prints():
             "2026-11-27 13:52:26 | INFO | fairseq.trainer | begin training epoch 2",
             "2026-11-27 13:52:26 | INFO | fairseq_cli.train | rebuild_batches = False (not fairseq_task's)"]
     assert [line for line in lines + kept if noise.keep(line + "\n")] == kept
+
+
+def test_an_output_older_than_its_input_is_made_again(tmp_path):
+    """A cached step's output (an average, a decoding, a score) counts as done only while no
+    input is newer; a newer one is named in one line."""
+    from resnmt.experiment.steps import up_to_date
+
+    ckpt, avg, lines = tmp_path / "checkpoint3.pt", tmp_path / "checkpoint.avg1.pt", []
+    assert not up_to_date(avg, [ckpt], lines.append) and lines == []
+    ckpt.write_bytes(b"1")
+    avg.write_bytes(b"2")
+    os.utime(ckpt, ns=(0, 10**18))
+    os.utime(avg, ns=(0, 10**18 + 1))
+    assert up_to_date(avg, [ckpt], lines.append) and lines == []
+    os.utime(ckpt, ns=(0, 10**18 + 2))  # checkpoint3.pt written again (training resumed)
+    assert not up_to_date(avg, [ckpt], lines.append)
+    assert lines == [f"{ckpt} is newer than {avg}: making it again"]
+
+
+def test_without_verbose_the_training_step_prints_its_numbers_not_fairseqs_info_lines():
+    """What resnmt-experiment prints of fairseq-train's output without --verbose: an epoch's,
+    a validation's and a logged update's numbers on short lines of its own; fairseq's other
+    INFO lines nothing; a warning or an error as it is."""
+    from resnmt.experiment.steps import progress_of
+    from resnmt.training.quiet import FairseqNoise
+
+    fairseq = [
+        "2026-11-28 00:36:14 | INFO | fairseq_cli.train | task: ResNMTTranslationTask",
+        "2026-11-28 00:36:14 | INFO | fairseq.trainer | Loaded checkpoint run/checkpoint_last.pt (epoch 4 @ 30 "
+        "updates)",
+        "2026-11-28 00:36:19 | INFO | train_inner | epoch 001:    100 / 5 loss=9.1, nll_loss=9.0, num_updates=100",
+        "2026-11-28 00:36:21 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 8.987 | nll_loss 8.986 | "
+        "ppl 507 | wps 0 | wpb 734 | bsz 20 | num_updates 5",
+        "2026-11-28 00:36:21 | INFO | train | epoch 001 | loss 9.068 | nll_loss 9.075 | ppl 539.4 | wps 5248.9 | "
+        "num_updates 5 | lr 0.000447214 | gnorm 0.714 | train_wall 2 | wall 7",
+        "2026-11-28 00:36:21 | INFO | fairseq_cli.train | done training in 2.2 seconds",
+        "2026-11-28 00:36:21 | WARNING | fairseq.trainer | NaN detected",
+        "Traceback (most recent call last):",
+    ]
+    noise = FairseqNoise()
+    assert [progress_of(line + "\n", noise) for line in fairseq] == [
+        None, b"[train] loaded run/checkpoint_last.pt (epoch 4 @ 30 updates): training goes on from there\n",
+        b"[train] update 100: train loss 9.1\n", b"[train] valid loss 8.987 (nll_loss 8.986) after 5 updates\n",
+        b"[train] epoch 1: train loss 9.068, 5 updates\n", None,
+        b"2026-11-28 00:36:21 | WARNING | fairseq.trainer | NaN detected\n", b"Traceback (most recent call last):\n"]

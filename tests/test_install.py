@@ -115,7 +115,7 @@ def test_a_newcomers_first_run_of_the_readmes_own_data_example(installed, tmp_pa
     run = run_cli([installed / experiment[0], *experiment[1:], "--max-update", "30", "--gen-args",
                    "--max-len-a 1.2 --max-len-b 10", "--", *TINY, "--num-workers", "0"], cwd=tmp_path, timeout=900,
                   **alone)
-    save_dir = tmp_path / "runs" / "my-corpus" / experiment[2]
+    save_dir = tmp_path / "runs" / "my-corpus" / f"{experiment[2]}-2+2xd16"  # the size TINY trains, in its name
     record = json.loads((save_dir / "result.json").read_text())
     assert record["num_updates"] == 30 and record["averaged_updates"][-1] == 30  # the model trained is the one scored
     assert record["averaged_kind"] == "epoch+last" and record["averaged_updates"][0] < 30

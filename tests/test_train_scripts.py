@@ -72,7 +72,11 @@ def test_help(script, words):
     (["wmt15-en-de", "transformer_sas_base"], 2,
      "DATASET 'wmt15-en-de' is not one of: multi30k iwslt15-en-vi wmt14-en-de wmt14-en-fr, nor a directory"),
     (["multi30k", "transformer_sas_huge"], 2, "ARCH 'transformer_sas_huge' is not a resnmt_transformer arch"),
-    (["multi30k", "lstm"], 2, "allowed: resnmt_transformer transformer_admin_base"),
+    (["multi30k", "lstm"], 2, "ARCH 'lstm' is not a resnmt_transformer arch or 'transformer'; resnmt's archs: "
+     "python -m resnmt.cli.arch_table (see scripts/train.sh --help)"),  # not the 57 names (1,213 characters)
+    (["multi30k", "transformer_sas_bas"], 2, "ARCH 'transformer_sas_bas' is not a resnmt_transformer arch or "
+     "'transformer'; closest: transformer_sas_base transformer_sas_big transformer_xskip_base; resnmt's archs: "
+     "python -m resnmt.cli.arch_table"),
     (["--gpus", "two", "multi30k", "transformer"], 2, "--gpus 'two': must be an integer >= 0"),
     (["--gpus", "3", "multi30k", "transformer"], 2, "--gpus 3 but only 0 GPU(s) visible here"),
     (["--nodes", "2", "multi30k", "transformer"], 2, "--nodes 2 needs --launcher torchrun or --launcher slurm"),
@@ -115,8 +119,9 @@ def test_the_bin_of_a_prepared_directory_names_it_and_the_directory_is_not_data(
     status, out, err = train_sh("--dry-run", root / "bin", "transformer")
     assert status == 0, err
     cmd = shlex.split(out.strip())
-    assert (cmd[1], flag(cmd, "--save-dir")) == (str(root / "bin"), "runs/multi30k/transformer")  # its manifest
-    assert "[train] multi30k en->de, transformer (base)" in err
+    # its manifest; the CPU preset trains 2+2 layers at d=128: the run's name and its line say so, not "(base)"
+    assert (cmd[1], flag(cmd, "--save-dir")) == (str(root / "bin"), "runs/multi30k/transformer-2+2xd128")
+    assert "[train] multi30k en->de, transformer (2+2 layers, d=128, not base), preset small" in err
     status, _, err = train_sh("--data", root, "--save-dir", tmp_path / "r", root, "transformer")
     assert status == 1 and err.splitlines()[-1] == (
         f"[train] error: --data {root} is a directory prepared by resnmt-prepare: its binarized data is {root}/bin")
@@ -128,7 +133,7 @@ def test_dtype_bf16_runs_resnmt_train(dry_run, monkeypatch):
     monkeypatch.delenv("RESNMT_FAIRSEQ_TRAIN", raising=False)
     cmd, err = dry_run("--gpus", "1", "--dtype", "bf16", "iwslt15-en-vi", "transformer_postln_base")
     assert cmd[0] == "resnmt-train" and "--bf16" in cmd and "--fp16" not in cmd
-    assert "preset paper, bf16," in err
+    assert "transformer_postln_base (base), preset paper, bf16," in err  # the named arch's own size
 
 
 def test_paper_presets_batch_arithmetic_and_multi_gpu_commands(dry_run):

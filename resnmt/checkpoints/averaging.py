@@ -91,7 +91,7 @@ def read_checkpoint(path: Path, mmap: bool = False) -> dict:
     ``torch.load(weights_only=True)`` (fairseq's types allow-listed by resnmt); ``mmap``:
     its tensors memory-mapped, not read (a zip checkpoint). Anything else is an AverageError
     naming the file and what is wrong with it, on one line."""
-    from resnmt.checkpoints.compat import allow_fairseq_checkpoints
+    from resnmt.checkpoints.compat import allow_fairseq_checkpoints, unsafe_checkpoint
 
     path = Path(path)
     problem = _file_problem(path)
@@ -104,7 +104,7 @@ def read_checkpoint(path: Path, mmap: bool = False) -> dict:
             warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and zipped)
     except Exception as e:  # torch.load's errors are of every kind (KeyError, OSError, RuntimeError ...)
-        raise AverageError(f"{path} is not a checkpoint: {_load_error(e)}") from None
+        raise AverageError(unsafe_checkpoint(e, path) or f"{path} is not a checkpoint: {_load_error(e)}") from None
     if not isinstance(state, dict):
         raise AverageError(f"{path} is not a fairseq checkpoint: it holds a {type(state).__name__}, not a dict "
                            "with a 'model' state dict")

@@ -87,11 +87,15 @@ def load(args):
     import resnmt  # noqa: F401  (registers the model; allow-lists checkpoint types for weights_only)
     from fairseq import checkpoint_utils
 
+    from resnmt.checkpoints.compat import UnsafeCheckpointError
+
     overrides = {"data": str(args.data.resolve())} if args.data is not None else {}
     try:
         models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(args.checkpoint)], arg_overrides=overrides)
     except FileNotFoundError as err:
         raise AnalyzeError(f"cannot set up the checkpoint's task: {err} (give --data)")
+    except UnsafeCheckpointError as err:
+        raise AnalyzeError(str(err)) from None
     except Exception as err:  # unpickling errors, missing keys, ...
         raise AnalyzeError(f"cannot load {args.checkpoint} as a fairseq checkpoint: {type(err).__name__}: "
                            f"{str(err).splitlines()[0] if str(err) else ''}")

@@ -194,8 +194,8 @@ def parse_args(ds: Dataset, argv) -> argparse.Namespace:
 
 def own_corpus(args) -> Dataset:
     """resnmt-prepare custom's corpus, its files checked before any work: the languages'
-    shape, every PREFIX.S and PREFIX.T there, non-empty and of equal line counts."""
-    from resnmt.data.textproc import DataPrepError, count_lines
+    shape, every PREFIX.S and PREFIX.T there, UTF-8, non-empty and of equal line counts."""
+    from resnmt.data.textproc import DataPrepError, checked_line_count
 
     for flag, lang in (("--source-lang", args.source_lang), ("--target-lang", args.target_lang)):
         if lang is None:
@@ -216,7 +216,7 @@ def own_corpus(args) -> Dataset:
             if not (path.is_file() and os.access(path, os.R_OK)):
                 raise UsageError(f"--{split} {prefix}: no such readable file {path}")
             try:
-                counts[path] = count_lines(path)
+                counts[path] = checked_line_count(path)
             except DataPrepError as e:
                 raise UsageError(f"--{split} {prefix}: {e}") from None
         (src, n_src), (tgt, n_tgt) = counts.items()

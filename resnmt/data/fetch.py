@@ -6,10 +6,13 @@ mirror (``--mirror DIR``: linked), from an earlier run's download (verified agai
 downloaded (from its published URL or ``--mirror-url``), resuming a partial download, and
 renamed into place only once verified. The hashes are those pinned in the dataset's table
 (``resnmt.data.corpora``), overridden by ``--checksums FILE``; orig/SHA256SUMS records the
-hashes of the files used. The runner (``resnmt.data.pipeline``) calls ``Fetch.run`` as
-step 1.
+hashes of the files used, and OUTDIR/.stamps/inputs the file each was read from with its
+size and modification time, so that a later run sees an input that changed since
+(``Fetch.changed``). The runner (``resnmt.data.pipeline``) calls ``Fetch.run`` as step 1.
 """
 import hashlib
+import json
+import os
 import re
 import time
 import urllib.error
@@ -38,8 +41,9 @@ class Fetch:
     """orig/NAME for every file of ``ds``, from the sources ``args`` names (``mirror``,
     ``mirror_url``, ``checksums``), checked against the known hashes."""
 
-    def __init__(self, ds, args, orig: Path, log: Callable[[str], None]):
-        self.ds, self.args, self.orig, self.log = ds, args, orig, log
+    def __init__(self, ds, args, orig: Path, log: Callable[[str], None], record: Path):
+        """``record``: the file recording each input as used (its source, size, mtime, sha256)."""
+        self.ds, self.args, self.orig, self.log, self.record = ds, args, orig, log, record
         # NAME -> (sha256, where that hash comes from)
         self.sha256: Dict[str, Tuple[str, str]] = {
             f.name: (f.sha256, f"pinned in resnmt's table of {ds.name}, resnmt.data.corpora")
@@ -116,7 +120,7 @@ class Fetch:
                     part.replace(part.with_name(part.name + ".bad"))
                     raise DataPrepError(f"{e}; the download is kept as {part}.bad") from None
                 part.replace(dest)
-        atomic_write_text(self.orig / "SHA256SUMS", "".join(f"{h}  {n}\n" for h, n in sums))
+        self.write_record(dict((n, h) for h, n in sums))
 
     def download(self, url: str, part: Path, tries: int = 3) -> None:
         """Download url to part, resuming a partial download when the server allows it."""
@@ -146,3 +150,57 @@ class Fetch:
                                         "re-run to resume") from None
                 self.log(f"  download of {url} failed ({e}), retrying in 5 s")
                 time.sleep(5)
+
+    # ------------------------------------------------------------ inputs changed since
+
+    def source(self, f) -> Path:
+        """Where this run reads the file ``f`` from: the user's file, the mirror's, or the download."""
+        if f.local:
+            return Path(f.local)
+        return Path(self.args.mirror) / f.name if self.args.mirror else self.orig / f.name
+
+    def write_record(self, sha256: Dict[str, str]) -> None:
+        """orig/SHA256SUMS and the record of each input's source, size and mtime (once they are verified)."""
+        record = {}
+        for f in self.ds.files:
+            st = self.source(f).stat()
+            record[f.name] = {"source": str(self.source(f).absolute()), "size": st.st_size,
+                              "mtime_ns": st.st_mtime_ns, "sha256": sha256[f.name]}
+        atomic_write_text(self.orig / "SHA256SUMS", "".join(f"{sha256[f.name]}  {f.name}\n" for f in self.ds.files))
+        atomic_write_text(self.record, json.dumps(record, indent=1) + "\n")
+
+    def read_record(self) -> Dict[str, dict]:
+        try:
+            return json.loads(self.record.read_text())
+        except (OSError, ValueError):  # prepared before inputs were recorded: orig/SHA256SUMS has their sha256
+            sums = self.orig / "SHA256SUMS"
+            lines = sums.read_text().splitlines() if sums.is_file() else []
+            return {name: {"sha256": digest} for digest, _, name in (line.partition("  ") for line in lines)}
+
+    def changed(self) -> list:
+        """One line per input whose bytes differ from those the last fetch recorded (its sha256,
+        computed only where the size or mtime differ). An input with only a new mtime (the same
+        bytes) is recorded anew, with a line saying so."""
+        record, lines, touched = self.read_record(), [], []
+        for f in self.ds.files:
+            path, was = self.source(f), record.get(f.name)
+            try:
+                st = path.stat()
+            except OSError as e:
+                lines.append(f"input {path} ({f.name}) cannot be read any more: {e.strerror}")
+                continue
+            if was is None:
+                lines.append(f"input {path} ({f.name}) is not among the inputs the last run recorded")
+            elif (st.st_size, st.st_mtime_ns) != (was.get("size"), was.get("mtime_ns")):
+                if sha256_of(path) != was["sha256"]:
+                    size = f"size {was['size']} -> {st.st_size}, " if was.get("size", st.st_size) != st.st_size else ""
+                    lines.append(f"input {path} ({f.name}) changed since it was prepared ({size}other sha256)")
+                else:
+                    touched.append(f.name)
+        if touched and not lines:
+            for f in self.ds.files:
+                if f.name in touched and "mtime_ns" in record[f.name]:
+                    self.log(f"input {self.source(f)} ({f.name}): modified time changed, same bytes (sha256): "
+                             "nothing to redo")
+            self.write_record({name: entry["sha256"] for name, entry in record.items()})
+        return lines

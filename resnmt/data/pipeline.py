@@ -10,7 +10,8 @@ and stamps each finished step.
 OUTDIR layout: orig/ (published files), raw/ (valid/test text as published), work/
 (intermediate, removed after success unless --keep-work), bpe/ or spm/ (subword model),
 text/ (segmented text), bin/ (fairseq data), prepared.json (the manifest,
-resnmt.data.manifest), .stamps/ (config + NN-STEP.done), .lock.
+resnmt.data.manifest), .stamps/ (config, inputs + NN-STEP.done), .lock.
+An input whose bytes changed since the fetch step recorded them redoes every step.
 """
 import contextlib
 import fcntl
@@ -60,7 +61,7 @@ class Preparation:
         # resnmt-prepare custom: the input files, as their --train/--valid/--test PREFIX
         self.config += [(f.name.split(".")[0], f.local[:-len(ds.src) - 1], "fetch") for f in ds.files
                         if f.local and f.name.endswith(f".{ds.src}")]
-        self.fetch = Fetch(ds, args, self.orig, self.log)
+        self.fetch = Fetch(ds, args, self.orig, self.log, self.stamps / "inputs")
         self.process = Processing(ds, args, self.out, self.config, self.log)
 
     def log(self, msg: str) -> None:
@@ -164,7 +165,11 @@ class Preparation:
     def run_steps(self) -> None:
         steps, start = self.steps(), time.time()
         n, redo = len(steps), None
-        for i, step in enumerate(steps, 1):
+        if self.stamp(1):  # every step reads what the fetch step verified: an input changed since redoes them all
+            for line in self.fetch.changed():
+                self.log(f"{line}: redoing steps 1-{n}")
+                redo = 1
+        for i, step in enumerate(steps if redo is None else [], 1):
             missing = [p for p in step.outputs if not (self.out / p).exists()]
             if self.stamp(i) is None:
                 redo = i

@@ -5,6 +5,7 @@ Every output goes through resnmt.atomic, so an interrupted step never
 leaves a half-written file that a later step would trust. Lines are split on "\\n"
 only (a stray carriage return inside a line does not desynchronize a parallel corpus).
 """
+import codecs
 import collections
 import contextlib
 import gzip
@@ -46,8 +47,8 @@ def read_lines(paths, max_lines=0, errors="strict"):
             try:
                 for line in itertools.islice(f, max_lines or None):
                     yield line[:-1] if line.endswith("\n") else line
-            except UnicodeDecodeError as e:
-                raise DataPrepError(f"{path} is not valid UTF-8 ({e.reason} at byte {e.start} of a chunk)") from None
+            except UnicodeDecodeError:
+                raise DataPrepError(utf8_error(path) or f"{user_path(path)} is not valid UTF-8") from None
             except (OSError, EOFError) as e:  # truncated / corrupt gzip
                 raise DataPrepError(f"cannot read {path}: {e}") from None
 
@@ -60,6 +61,43 @@ def blocks(path):
             yield from iter(lambda: f.read(1 << 20), b"")
     except (OSError, EOFError, zlib.error) as e:  # also a truncated / corrupt gzip
         raise DataPrepError(f"cannot read {path} (corrupt or truncated?): {e}") from None
+
+
+def user_path(path):
+    """The file a path names for the user: the target of OUTDIR/orig's link to their own file."""
+    return os.path.realpath(path)
+
+
+def _utf8_scan(path):
+    """(lines, None) for a UTF-8 file; (line, (byte offset, reason)) at its first invalid byte."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    fed, newlines, last = 0, 0, b"\n"
+    for block in itertools.chain(blocks(path), [b""]):
+        pending = len(decoder.getstate()[0])  # the bytes of a character cut by the last block
+        try:
+            decoder.decode(block, final=not block)
+        except UnicodeDecodeError as e:
+            return newlines + e.object[:e.start].count(b"\n") + 1, (fed - pending + e.start, e.reason)
+        fed, newlines, last = fed + len(block), newlines + block.count(b"\n"), block[-1:] or last
+    return newlines + (last != b"\n"), None
+
+
+def utf8_error(path):
+    """Where a plain or gzipped file stops being UTF-8, as one line naming the user's file, the
+    line and the byte offset; None when it is valid UTF-8."""
+    line, bad = _utf8_scan(path)
+    if bad is None:
+        return None
+    where = "of the decompressed text" if str(path).endswith(".gz") else "of the file"
+    return f"{user_path(path)}, line {line}: not valid UTF-8 at byte {bad[0]} {where} ({bad[1]})"
+
+
+def checked_line_count(path) -> int:
+    """Lines of a plain or gzipped file, which must be UTF-8 (else one line saying where it is not)."""
+    line, bad = _utf8_scan(path)
+    if bad is not None:
+        raise DataPrepError(utf8_error(path))
+    return line
 
 
 def count_lines(path) -> int:

@@ -16,6 +16,8 @@ from resnmt.decoding.subword import leftover_warning
 PROG = "resnmt-evaluate"
 
 _GEN_LINE_RE = re.compile(r"^([HD])-(\d+)\t")
+# fairseq-generate's last line where the data has targets (T- lines): "Generate test with beam=4: BLEU4 = ..."
+_GEN_CLOSING_RE = re.compile(r"^Generate \S+ with beam=\d+: ")
 _COMPOUND_RE = re.compile(r"(\S)-(\S)")
 _DROPPED_BATCH_HINT = (
     "; fairseq-generate drops a last partial batch unless run with --required-batch-size-multiple 1 "
@@ -62,12 +64,20 @@ def is_generate_output(lines: Sequence[str]) -> bool:
     return any(_GEN_LINE_RE.match(line) for line in lines)
 
 
-def parse_generate_output(lines: Sequence[str], field: str = "D", source: str = "") -> List[str]:
+def cut_short(lines: Sequence[str]) -> bool:
+    """True for a fairseq-generate output that ends before its closing line (``head -N`` of
+    it): an output with targets (T- lines) always ends with ``Generate SUBSET with beam=K: ...``."""
+    return any(line.startswith("T-") for line in lines) and not any(map(_GEN_CLOSING_RE.match, lines))
+
+
+def parse_generate_output(lines: Sequence[str], field: str = "D", source: str = "",
+                          expected: Optional[int] = None) -> List[str]:
     """Hypotheses of a ``fairseq-generate`` output, ordered by sentence id.
 
     Takes the ``field`` lines (``D``: detokenized, ``H``: as generated after
     ``--post-process``); with ``--nbest`` > 1 the first (best) line of each id.
-    Every id from 0 to the largest must be present.
+    Every id from 0 to the largest (to ``expected - 1`` when given) must be present; an
+    output cut short (``cut_short``) is refused as such.
     """
     by_id: Dict[int, str] = {}
     other = "H" if field == "D" else "D"
@@ -86,7 +96,11 @@ def parse_generate_output(lines: Sequence[str], field: str = "D", source: str = 
     if not by_id:
         hint = f" (it has {other}- lines: pass --generate-field {other})" if n_other else ""
         raise EvaluateError(f"no {field}-<id> lines in {source}{hint}")
-    n = max(by_id) + 1
+    n = max(max(by_id) + 1, expected or 0)
+    if len(by_id) != n and cut_short(lines):
+        raise EvaluateError(f"{source} is cut short: it ends before fairseq-generate's closing line ('Generate ... "
+                            f"with beam=...'), with {len(by_id)} of {n} sentences: {n - len(by_id)} missing at the "
+                            "end (decode again, or score the whole output)")
     if len(by_id) != n:
         missing = [i for i in range(n) if i not in by_id]
         shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
@@ -171,8 +185,10 @@ def meaningless_score_warnings(hyps: Sequence[str], result: dict) -> List[str]:
 def _read(flag: str, path: Path) -> List[str]:
     try:
         return read_lines(path)
-    except UnicodeDecodeError as e:
-        raise EvaluateError(f"{flag} {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except UnicodeDecodeError as e:  # e.object: the whole file
+        line = e.object[:e.start].count(b"\n") + 1
+        raise EvaluateError(f"{flag} {path}, line {line}: not valid UTF-8 at byte {e.start} of the file "
+                            f"({e.reason})") from None
 
 
 # Distinct words above which hypotheses without a single '\u2581' are taken for decoded
@@ -248,10 +264,16 @@ def read_texts(hyp_path: Path, ref_path: Path, input_format: str, generate_field
     fmt = input_format
     if fmt == "auto":
         fmt = "generate" if is_generate_output(hyp_lines) else "plain"
-    hyps = parse_generate_output(hyp_lines, generate_field, str(hyp_path)) if fmt == "generate" else hyp_lines
+    hyps = parse_generate_output(hyp_lines, generate_field, str(hyp_path), len(refs)) if fmt == "generate" \
+        else hyp_lines
     if len(hyps) != len(refs):
         what = "sentences (by id) in the fairseq-generate output" if fmt == "generate" else "lines"
-        hint = _DROPPED_BATCH_HINT if fmt == "generate" and len(hyps) < len(refs) else ""
+        if len(hyps) > len(refs):
+            hint = ""
+        elif fmt == "generate":
+            hint = _DROPPED_BATCH_HINT
+        else:
+            hint = f": {len(refs) - len(hyps)} lines missing at the end of --hyp (a file cut short?)"
         raise EvaluateError(
             f"--hyp {hyp_path} has {len(hyps)} {what} but --ref {ref_path} has {len(refs)} lines{hint}"
         )

@@ -12,30 +12,21 @@ model flag are known), as fairseq-train will at start-up: the training command a
 """
 import contextlib
 import io
-import re
 from typing import Callable, Optional, Sequence
 
 from resnmt.experiment.errors import UsageError
-from resnmt.options import closest, with_closest_names
-
-_ARCH_CHOICE_RE = re.compile(r"(argument --arch(?:/-a)?: invalid choice: '([^']*)') \(choose from .*\)$")
+from resnmt.options import ARCHS_LISTED, closest, short_choice_error, with_closest_names
 
 
 def training_parser(error: Callable[[str], None]):
     """fairseq's training parser whose usage errors call ``error(message)``, ``message`` one
     line naming the bad value and the closest valid names."""
     from fairseq import options
-    from fairseq.models import ARCH_MODEL_REGISTRY
 
     parser = options.get_training_parser()
 
     def one_line(message):
-        wrong = _ARCH_CHOICE_RE.match(message)
-        if wrong:
-            error(f"{wrong.group(1)} ({closest_archs(wrong.group(2), list(ARCH_MODEL_REGISTRY))}resnmt's archs: "
-                  "python -m resnmt.cli.arch_table; all: fairseq-train --help)")
-        else:
-            error(with_closest_names(message, parser))
+        error(short_choice_error(message) or with_closest_names(message, parser))
 
     parser.error = one_line
     return parser
@@ -56,7 +47,7 @@ def check_arch(arch: str) -> None:
     allowed = sorted(a for a, m in ARCH_MODEL_NAME_REGISTRY.items() if m == "resnmt_transformer") + ["transformer"]
     if arch not in allowed:
         raise UsageError(f"ARCH '{arch}' is not a resnmt_transformer arch or 'transformer'; "
-                         f"{closest_archs(arch, allowed)}allowed: {' '.join(allowed)}")
+                         f"{closest_archs(arch, allowed)}{ARCHS_LISTED}")
 
 
 class _Refused(Exception):

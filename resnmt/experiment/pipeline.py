@@ -1,6 +1,7 @@
 """``Experiment``: prepare -> train -> average -> decode -> score for one model, each step
-skipped when its output exists (re-running resumes an interrupted experiment or does
-nothing). ``resnmt-experiment`` (``resnmt.cli.experiment``) and the demo (``resnmt.cli.demo``) run it."""
+skipped when its output exists and is newer than its inputs (re-running resumes an
+interrupted experiment or does nothing; a training whose data or flags changed since is
+refused). ``resnmt-experiment`` (``resnmt.cli.experiment``) and the demo (``resnmt.cli.demo``) run it."""
 import json
 import os
 import shlex
@@ -16,8 +17,8 @@ from resnmt.decoding.subword import SubwordError, checked_post_process
 from resnmt.experiment import steps
 from resnmt.experiment.command_options import convert_options, option
 from resnmt.experiment.errors import ExperimentError, Log, UsageError
-from resnmt.experiment.presets import (TrainPlan, TrainRequest, dataset_of, default_data_root, default_save_dir,
-                                      plan_training, prepared_dataset)
+from resnmt.experiment.presets import (TrainPlan, TrainRequest, dataset_of, default_data_root, plan_training,
+                                      prepared_dataset, trained_size)
 from resnmt.experiment.results import append_jsonl, decoding_key, describe
 from resnmt.experiment.runtime import require_commands, tool_env
 from resnmt.progress import format_seconds
@@ -78,12 +79,13 @@ class Experiment:
         self.builtin = req.train.dataset in DATASETS  # else a directory prepared by resnmt-prepare
         require_commands("fairseq-generate")
         self.data_root = req.data_root or default_data_root(req.train.dataset)
-        self.save_dir = req.train.save_dir or default_save_dir(self.dataset.name, req.train.arch, req.train.tag)
-        self.train_request = replace(req.train, data=self.data_root / "bin", save_dir=self.save_dir)
         try:  # every option of the training step is checked now, before any heavy work
-            plan_training(self.train_request, dry_run=True)
+            plan = plan_training(replace(req.train, data=self.data_root / "bin"), dry_run=True)
         except ExperimentError as e:  # one line, the last, exit status 1 as for a failed step
             raise ExperimentError(f"the training options were refused: {e}") from None
+        self.size = trained_size(req.train.arch, plan.cmd)
+        self.save_dir = plan.save_dir  # --save-dir, else runs/DATASET/ARCH[-SIZE][-TAG]
+        self.train_request = replace(req.train, data=self.data_root / "bin", save_dir=self.save_dir)
 
     def plan(self) -> List[str]:
         """What ``run`` would do, one line per step; nothing is run or written."""
@@ -144,15 +146,34 @@ class Experiment:
     def train(self) -> None:
         done = self.save_dir / "train.done"
         if done.exists():
+            self.check_trained(done)
             self.step(2, f"train: {done} exists, skipped")
             return
-        self.step(2, f"train {self.req.train.arch} into {self.save_dir}")
+        self.step(2, f"train {self.req.train.arch} ({self.size}) into {self.save_dir}")
         t0 = time.time()
         plan = plan_training(self.train_request, self.train_log)
         for warning in self.schedule_warnings(plan):
             self.train_log(f"warning: {warning}")
         steps.train(plan, self.train_log, self.req.threads, self.label, verbose=self.req.verbose)
-        atomic_write_text(done, json.dumps({"wall_seconds": int(time.time() - t0)}) + "\n")
+        atomic_write_text(done, json.dumps({"wall_seconds": int(time.time() - t0), "cmd": [str(c) for c in plan.cmd],
+                                            "data": steps.data_stamp(self.data_root / "bin")}) + "\n")
+
+    def check_trained(self, done: Path) -> None:
+        """A finished training whose data or command changed since (train.done records both) is
+        refused in one line naming what changed: its checkpoints are not the model asked for."""
+        record = json.loads(done.read_text())
+        redo = f"use another --save-dir (or --tag), or delete {self.save_dir} to train again"
+        if "data" in record:
+            changed = steps.data_changes(record["data"], steps.data_stamp(self.data_root / "bin"))
+            if changed:
+                raise ExperimentError(f"{self.save_dir} was trained on {self.data_root / 'bin'} before "
+                                      f"{changed} changed (the corpus was prepared again): {redo}")
+        if "cmd" in record:
+            cmd = [str(c) for c in plan_training(self.train_request, dry_run=True).cmd]
+            before, now = steps.flag_changes(record["cmd"], cmd)
+            if before or now:
+                raise ExperimentError(f"{self.save_dir} was trained with other flags ({before or 'none'} then, "
+                                      f"{now or 'none'} now): {redo}; or delete {done} to resume it with these")
 
     def average(self) -> Tuple[Path, List[int], str, str]:
         """(checkpoint to decode, the updates of the checkpoints averaged, their kind, label):
@@ -177,7 +198,7 @@ class Experiment:
         n, kind = len(selected), selection.kind
         label = f"avg{n}-last" if selection.with_last else f"avg{n}"
         output = self.save_dir / f"checkpoint.{label}.pt"
-        if output.exists():
+        if steps.up_to_date(output, selected, self.log):
             self.step(3, f"average: {output} exists, skipped")
         else:
             self.step(3, f"average the last {n} {kind} checkpoints (updates {', '.join(map(str, updates))}) "
@@ -201,7 +222,7 @@ class Experiment:
 
     def decode(self, checkpoint: Path, key: str) -> Path:
         gen = self.save_dir / f"gen.test.{key}.out"
-        if gen.exists():
+        if steps.up_to_date(gen, [checkpoint], self.log):
             self.step(4, f"decode: {gen} exists, skipped")
             return gen
         self.step(4, f"decode test with beam {self.req.beam}, GNMT length penalty {self.req.lenpen:g} -> {gen}")
@@ -217,7 +238,7 @@ class Experiment:
 
     def score(self, gen: Path, key: str, checkpoint: Path, updates: List[int], kind: str) -> dict:
         result_path = self.save_dir / f"result.{key}.json"
-        if result_path.exists():
+        if steps.up_to_date(result_path, [gen], self.log):
             self.step(5, f"score: {result_path} exists, skipped")
             record = json.loads(result_path.read_text(encoding="utf-8"))
         else:
@@ -231,7 +252,8 @@ class Experiment:
             fairseq_log = steps.FairseqLog.read(self.save_dir / "train.log")
             last_epoch = fairseq_log.epochs[-1] if fairseq_log.epochs else (None, None, None)
             record = {
-                "dataset": self.dataset.name, "arch": self.req.train.arch, "save_dir": os.path.abspath(self.save_dir),
+                "dataset": self.dataset.name, "arch": self.req.train.arch, "size": self.size,
+                "save_dir": os.path.abspath(self.save_dir),
                 "params": fairseq_log.params, "num_updates": last_epoch[1], "epochs": last_epoch[0],
                 "train_seconds": fairseq_log.train_seconds,
                 "train_wall_seconds": json.loads((self.save_dir / "train.done").read_text()).get("wall_seconds"),

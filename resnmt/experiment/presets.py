@@ -8,6 +8,7 @@ papers' (the CPU presets, the benchmarks and the tests). DATASET is a corpus of
 """
 import dataclasses
 import os
+import re
 import shlex
 import shutil
 from dataclasses import dataclass
@@ -54,6 +55,26 @@ SIZES = {
     "base12": ModelSize(12, 512, 2048, 8),  # base at twice the depth, where post-LN fails (GPU study only)
 }
 
+# the sizes of the named archs (``*_base``, ``*_big``; fairseq's transformer is base)
+NAMED_SIZES = {"base": SIZES["base"], "big": ModelSize(6, 1024, 4096, 16)}
+
+
+def trained_size(arch: str, cmd: Sequence[str]) -> str:
+    """The size the training command ``cmd`` trains, as every line naming the run says it:
+    the named arch's (``base``, ``big``) where the command keeps it, else what it trains
+    instead (a preset, or flags after --, shrink the named arch): ``2+2 layers, d=128, not base``."""
+    named = "big" if arch.endswith("_big") else "base"
+    cmd = [str(c) for c in cmd]
+
+    def last(flag: str, default: int) -> int:
+        at = [i for i, word in enumerate(cmd[:-1]) if word == flag]
+        return int(cmd[at[-1] + 1]) if at else default
+
+    size = NAMED_SIZES[named]
+    enc, dec = last("--encoder-layers", size.layers), last("--decoder-layers", size.layers)
+    dim = last("--encoder-embed-dim", size.dim)
+    return named if (enc, dec, dim) == (size.layers, size.layers, size.dim) else f"{enc}+{dec} layers, d={dim}, not {named}"
+
 # ---------------------------------------------------------------------------- datasets
 
 
@@ -89,8 +110,12 @@ def default_data_root(name: str) -> Path:
     return Path("data") / name if name in DATASETS else Path(name)
 
 
-def default_save_dir(dataset: str, arch: str, tag: Optional[str]) -> Path:
-    return Path("runs") / dataset / (f"{arch}-{tag}" if tag else arch)
+def default_save_dir(dataset: str, arch: str, tag: Optional[str], size: str = "") -> Path:
+    """runs/DATASET/ARCH[-SIZE][-TAG]: SIZE (``2+2xd128``) where the run trains another size
+    than the named arch's (``size``: ``trained_size``'s words)."""
+    shape = re.fullmatch(r"(\d+)\+(\d+) layers, d=(\d+), not \w+", size)
+    name = f"{arch}-{shape.group(1)}+{shape.group(2)}xd{shape.group(3)}" if shape else arch
+    return Path("runs") / dataset / (f"{name}-{tag}" if tag else name)
 
 
 # ------------------------------------------------------------------------------ request
@@ -116,7 +141,8 @@ class TrainRequest:
                                   "DATASET/bin for a prepared directory)", kind="path")
     save_dir: Optional[Path] = option(
         None, "DIR", "checkpoints, train.log (the output of every run, appended) and train.cmd (the commands "
-        "used) (default: runs/DATASET/ARCH[-TAG])", kind="path")
+        "used) (default: runs/DATASET/ARCH[-SIZE][-TAG], SIZE such as 2+2xd128 where a preset or flags after -- "
+        "shrink ARCH)", kind="path")
     tag: Optional[str] = option(None, "TAG", "suffix of the default save dir (e.g. seed1)")
     preset: Optional[str] = option(
         None, "P", "paper: the papers' settings for DATASET and the arch's size (default with GPUs); small: "
@@ -242,7 +268,8 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
     dtype = decide_dtype(req, hardware)
     flags += precision_flags(req, dtype, hardware.gpus)
     data = req.data or default_data_root(req.dataset) / "bin"
-    save_dir = req.save_dir or default_save_dir(dataset.name, req.arch, req.tag)
+    save_dir = req.save_dir or default_save_dir(dataset.name, req.arch, req.tag,
+                                                trained_size(req.arch, [*flags, *req.extra]))
     launch, trainer, dist = launcher(req, hardware, trainer)
 
     def fairseq_args():
@@ -255,7 +282,8 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
     cmd = [*launch, *trainer, *fairseq_args()]
     if not dry_run:
         check_data(req, dataset, data)
-    log(f"{dataset.name} {dataset.src}->{dataset.tgt}, {req.arch} ({size}), preset {hardware.preset}, {dtype}, "
+    log(f"{dataset.name} {dataset.src}->{dataset.tgt}, {req.arch} ({trained_size(req.arch, cmd)}), "
+        f"preset {hardware.preset}, {dtype}, "
         f"{hardware.world} process(es) ({hardware.gpus} GPU(s) x {hardware.nodes} node(s))")
     log(f"batch: {hardware.world} x max-tokens {batch.max_tokens} x update-freq {batch.update_freq} = "
         f"{hardware.world * batch.max_tokens * batch.update_freq} tokens per update (target {batch.target})"

@@ -59,4 +59,5 @@ def describe(r: dict) -> str:
         parts.append(f"{r['params']:,} parameters")
     at = f" (updates {', '.join(map(str, r['averaged_updates']))})" if r.get("averaged_updates") else ""
     parts.append(f"{r['num_updates']} updates, averaged {r['averaged']} {r['averaged_kind']} checkpoints{at}")
-    return f"{r['dataset']} {r['arch']}: " + ", ".join(parts)
+    size = f" ({r['size']})" if r.get("size") else ""  # the size trained (records written before: none)
+    return f"{r['dataset']} {r['arch']}{size}: " + ", ".join(parts)

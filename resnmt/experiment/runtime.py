@@ -56,8 +56,8 @@ def require_commands(*names: str) -> None:
 def run_logged(cmd: Sequence, log_path: Optional[Path], env: Optional[Dict[str, str]] = None,
                stdout_path: Optional[Path] = None, quiet: bool = False) -> None:
     """Run ``cmd``; its stderr (and stdout unless ``stdout_path``) is appended to ``log_path``
-    (or passed through when None; ``quiet``: without fairseq's configuration and model
-    dumps, resnmt.training.quiet.FairseqNoise). ``stdout_path`` is written atomically: it exists
+    (or passed through when None; ``quiet``: without fairseq's INFO lines and its
+    configuration and model dumps, resnmt.training.quiet). ``stdout_path`` is written atomically: it exists
     only if the command succeeded."""
     cmd = [str(c) for c in cmd]
     log = None
@@ -83,10 +83,11 @@ def run_logged(cmd: Sequence, log_path: Optional[Path], env: Optional[Dict[str, 
         if log is not None:
             log.close()
     if err is subprocess.PIPE:
-        from resnmt.training.quiet import FairseqNoise
+        from resnmt.training.quiet import FairseqNoise, is_info_line
 
         noise = FairseqNoise()
-        sys.stderr.write("".join(filter(noise.keep, proc.stderr.decode(errors="replace").splitlines(True))))
+        lines = proc.stderr.decode(errors="replace").splitlines(True)
+        sys.stderr.write("".join(line for line in lines if noise.keep(line) and not is_info_line(line)))
         sys.stderr.flush()
     if proc.returncode != 0:
         where = ""

@@ -37,6 +37,44 @@ def prepare(name: str, data_root: Path, mirror: Optional[Path] = None, options: 
     cmd = ["resnmt-prepare", name, *(["--mirror", mirror] if mirror else []), *options, data_root]
     run_logged(cmd, None, tool_env())
 
+# ------------------------------------------------------------- outputs newer than inputs
+
+
+def up_to_date(output: Path, inputs: Sequence[Path], log: Log) -> bool:
+    """True when ``output`` exists and no input is newer; else False, with a line naming
+    the newer input where the output exists (it is made again)."""
+    if not output.exists():
+        return False
+    newer = [p for p in inputs if Path(p).stat().st_mtime_ns > output.stat().st_mtime_ns]
+    if newer:
+        log(f"{newer[0]} is newer than {output}: making it again")
+    return not newer
+
+
+def data_stamp(bin_dir: Path) -> Dict[str, list]:
+    """The binarized data's files with their size and mtime (what a training used)."""
+    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(Path(bin_dir).iterdir()) if p.is_file()}
+
+
+def data_changes(before: Dict[str, list], now: Dict[str, list]) -> str:
+    """The files of two data stamps that differ, for a message ('' when none)."""
+    names = sorted(n for n in set(before) | set(now) if before.get(n) != now.get(n))
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def flag_changes(before: Sequence[str], now: Sequence[str]) -> tuple:
+    """The flags (with their values) of one command line that the other lacks, as two strings."""
+    def flags(cmd):
+        out, cmd = set(), list(cmd)
+        for i, word in enumerate(cmd):
+            if word.startswith("--"):
+                value = cmd[i + 1] if i + 1 < len(cmd) and not cmd[i + 1].startswith("--") else ""
+                out.add(f"{word} {value}".strip())
+        return out
+
+    old, new = flags(before), flags(now)
+    return " ".join(sorted(old - new)), " ".join(sorted(new - old))
+
 # -------------------------------------------------------------------------------- train
 
 
@@ -64,8 +102,8 @@ def repair_checkpoint_last(save_dir: Path, log: Log) -> None:
 
 def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str = "", verbose: bool = True) -> None:
     """Run ``plan.cmd`` (resuming from checkpoint_last.pt), its output on stdout (each line
-    after ``label``, which tells concurrent runs apart; without ``verbose``, not fairseq's
-    configuration and model dumps) and appended to SAVE_DIR/train.log in full, the command
+    after ``label``, which tells concurrent runs apart; without ``verbose``, only the
+    numbers of its epochs, validations and logged updates, ``progress_of``) and appended to SAVE_DIR/train.log in full, the command
     to SAVE_DIR/train.cmd; ``threads``: its torch threads (None: torch's default)."""
     from resnmt.training.quiet import FairseqNoise
 
@@ -91,8 +129,9 @@ def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str =
         proc = subprocess.Popen(plan.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=tool_env(threads))
         prefix, noise = label.encode(), FairseqNoise()
         for line in iter(proc.stdout.readline, b""):
-            if verbose or noise.keep(line.decode(errors="replace")):
-                sys.stdout.buffer.write(prefix + line)
+            shown = line if verbose else progress_of(line.decode(errors="replace"), noise)
+            if shown:
+                sys.stdout.buffer.write(prefix + shown)
                 sys.stdout.flush()
             train_log.write(line)
             train_log.flush()
@@ -100,6 +139,30 @@ def train(plan: TrainPlan, log: Log, threads: Optional[int] = None, label: str =
     if returncode != 0:
         raise ExperimentError(f"{Path(plan.cmd[0]).name} failed (exit {returncode}); its output: {save_dir}/train.log")
     log(f"done in {format_seconds(time.time() - start)}: {save_dir}")
+
+def progress_of(line: str, noise) -> Optional[bytes]:
+    """What the training step prints of a line of fairseq-train's without ``verbose``: an
+    epoch's, a validation's or a logged update's numbers, or the checkpoint a resumed run
+    loaded, on a short line of its own; every
+    other INFO line, and ``noise``'s dumps (resnmt.training.quiet.FairseqNoise), nothing; any
+    other line (a warning, an error) as it is."""
+    from resnmt.training.quiet import is_info_line
+
+    if not noise.keep(line):
+        return None
+    epoch, valid, inner = _EPOCH_RE.search(line), _VALID_RE.search(line), _TRAIN_RE.search(line)
+    loaded = _LOADED_RE.search(line)
+    if loaded:
+        text = f"loaded {loaded.group(1)} ({loaded.group(2)}): training goes on from there"
+    elif epoch:
+        text = f"epoch {int(epoch.group(1))}: train loss {epoch.group(2)}, {epoch.group(3)} updates"
+    elif valid:
+        text = f"valid loss {valid.group(1)} (nll_loss {valid.group(2)}) after {valid.group(3)} updates"
+    elif inner:
+        text = f"update {inner.group(2)}: train loss {inner.group(1)}"
+    else:
+        return None if is_info_line(line) else line.encode()
+    return f"[train] {text}\n".encode()
 
 # ------------------------------------------------------------------------------ average
 
@@ -117,13 +180,14 @@ def decode(bin_dir: Path, checkpoint: Path, output: Path, log_path: Optional[Pat
            subset: str = "test", beam: int = 4, lenpen: float = 0.6, batch_size: int = 128,
            max_len_a: float = 0, max_len_b: int = 200, extra: Sequence[str] = (), verbose: bool = True) -> None:
     """``fairseq-generate`` with the papers' search (beam ``beam``, GNMT length penalty
-    ``lenpen``) into ``output`` (written only if decoding succeeded); ``extra`` flags last;
+    ``lenpen``) into ``output`` (written only if decoding succeeded), fairseq's own BLEU line
+    labelled as not the papers' score (resnmt.decoding.token_bleu); ``extra`` flags last;
     without ``verbose`` and ``log_path``, its messages without fairseq's configuration dump."""
     run_logged(
         ["fairseq-generate", bin_dir, "--user-dir", USER_DIR, "--task", "resnmt_translation", "--path", checkpoint,
          "--gen-subset", subset, "--beam", beam, "--lenpen-form", "gnmt", "--lenpen", lenpen,
          "--batch-size", batch_size, "--num-workers", "0", "--max-len-a", max_len_a, "--max-len-b", max_len_b,
-         *extra],
+         "--scoring", "token_bleu", *extra],
         log_path, env, stdout_path=output, quiet=not verbose)
 
 
@@ -154,6 +218,7 @@ _EPOCH_RE = re.compile(r"\| train \| epoch (\d+) \| loss ([\d.]+) \|.*?\| num_up
 _PARAMS_RE = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
 _DONE_RE = re.compile(r"done training in ([\d.]+) seconds")
 _INNER_RE = re.compile(r"\| train_inner \| (.*)")
+_LOADED_RE = re.compile(r"\| Loaded checkpoint (\S+) \((epoch \d+ @ \d+ updates)\)")
 _FIELD_RE = re.compile(r"(\w+)=([^,\s]+)")
 _OVERFLOW_RE = re.compile(r"gradient overflow detected, ignoring gradient, setting loss scale to: ([\d.e+-]+)")
 _MIN_SCALE_RE = re.compile(r"Minimum loss scale reached")

@@ -30,6 +30,7 @@ uninterrupted one update for update (tests/test_resume.py).
 batches in ``--shape-buckets`` static shapes, and fairseq-train's Trainer replaced by one
 whose update never waits for the device (captured as CUDA graphs on a GPU).
 """
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -111,6 +112,16 @@ class ResNMTTranslationConfig(TranslationConfig):
     )
 
 
+# the options that only training reads, with their defaults
+TRAINING_ONLY = {"fast_path": False, "shape_buckets": 8, "no_step_capture": False}
+
+
+def training_only_flags(cfg) -> list:
+    """The training-only flags of ``cfg`` set to other than their defaults, as typed (``--shape-buckets 4``)."""
+    return [f"--{name.replace('_', '-')}" + ("" if isinstance(default, bool) else f" {getattr(cfg, name)}")
+            for name, default in TRAINING_ONLY.items() if getattr(cfg, name, default) != default]
+
+
 @register_task("resnmt_translation", dataclass=ResNMTTranslationConfig)
 class ResNMTTranslationTask(TranslationTask):
     """fairseq's TranslationTask whose generators use the ``--lenpen-form`` penalty."""
@@ -140,9 +151,13 @@ class ResNMTTranslationTask(TranslationTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         """fairseq's; first, stock fairseq-train's --bf16 without torch_xla stops with one
-        line naming resnmt-train (resnmt/training/bf16.py), whatever the --arch; with
+        line naming resnmt-train (resnmt/training/bf16.py), whatever the --arch; a model loaded
+        from a checkpoint (to decode) names the training-only flags given, as ignored; with
         --compile-layers the layers are compiled for training (resnmt/training/compile.py)."""
         check_bf16_device(cfg)
+        ignored = training_only_flags(self.cfg) if from_checkpoint else []
+        if ignored:  # a model loaded to decode (fairseq-generate, fairseq-interactive, the hub)
+            logging.getLogger(__name__).warning(f"{' '.join(ignored)}: training-only, ignored when decoding")
         if self.cfg.compile_layers and not from_checkpoint and getattr(cfg, "log_connection_stats", None):
             raise ValueError("--compile-layers with --log-connection-stats: the statistics hooks are not "
                              "compiled; train with one of them")

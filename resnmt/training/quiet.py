@@ -66,8 +66,9 @@ def lower_fairseqs_debug_logging() -> None:
     and a Python session do not, so they print hydra's ``DEBUG:hydra.core.utils:Setting
     JobRuntime`` lines (and any library's debug output). When the root logger is exactly
     that configuration (level DEBUG, one stderr handler with ``logging.BASIC_FORMAT``) it
-    goes back to ``$LOGLEVEL`` or INFO, fairseq's level; INFO messages and where they go
-    are unchanged. ``LOGLEVEL=DEBUG`` (fairseq's own switch) keeps DEBUG.
+    goes back to ``$LOGLEVEL`` or INFO, fairseq's level, and its lines take fairseq-train's
+    format (``2026-01-01 12:00:00 | INFO | fairseq_cli.generate | ...``); where they go is
+    unchanged. ``LOGLEVEL=DEBUG`` (fairseq's own switch) keeps DEBUG.
     """
     import logging
     import os
@@ -83,6 +84,18 @@ def lower_fairseqs_debug_logging() -> None:
     if handler.formatter is None or handler.formatter._fmt != logging.BASIC_FORMAT:
         return
     root.setLevel(level)
+    handler.setFormatter(logging.Formatter(FAIRSEQ_LOG_FORMAT, FAIRSEQ_LOG_DATEFMT))  # as fairseq-train's lines
+
+
+# fairseq-train's log format (fairseq_cli/train.py), which fairseq-generate's lines take too
+FAIRSEQ_LOG_FORMAT, FAIRSEQ_LOG_DATEFMT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s", "%Y-%m-%d %H:%M:%S"
+# a fairseq INFO line, in fairseq-train's format or the logging module's default
+_INFO_LINE_RE = re.compile(r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| INFO \| |INFO:)")
+
+
+def is_info_line(line: str) -> bool:
+    """True for a line fairseq logged at INFO level (what resnmt-experiment leaves out without --verbose)."""
+    return bool(_INFO_LINE_RE.match(line))
 
 
 # fairseq_cli's INFO line holding its whole configuration ("{'_name': None, 'common': ...",
