@@ -184,11 +184,11 @@ def test_option_errors(script, tmp_path, capsys):
 def test_overview_and_unknown_dataset(capsys):
     code, out, _ = call_prepare(capsys, "--help")
     assert code == 0 and out.startswith("Usage: resnmt-prepare DATASET [options] OUTDIR")
-    assert all(name in out for name in ("multi30k", "iwslt15-en-vi", "wmt14-en-de", "wmt14-en-fr", "custom"))
+    assert all(name in out for name in ("multi30k", "multi30k-en-fr", "iwslt15-en-vi", "wmt14-en-de", "wmt14-en-fr", "custom"))
     code, _, err = call_prepare(capsys, "wmt16-en-de", "out")
     assert code == 2 and err.rstrip().split("\n")[-1] == (
         "[resnmt-prepare] error: unknown DATASET 'wmt16-en-de'; choose one of: "
-        "multi30k iwslt15-en-vi wmt14-en-de wmt14-en-fr custom")
+        "multi30k multi30k-en-fr iwslt15-en-vi wmt14-en-de wmt14-en-fr custom")
 
 
 def test_missing_tool_and_python_module(tmp_path, capsys, monkeypatch):

@@ -168,7 +168,7 @@ def test_dtype_fp16_on_the_cpu_and_unknown_dtypes_are_refused():
 
 
 def test_unknown_dataset_names_the_allowed_ones(tmp_path):
-    with pytest.raises(UsageError, match=r"^DATASET 'wmt16' is not one of: multi30k iwslt15-en-vi wmt14-en-de "
+    with pytest.raises(UsageError, match=r"^DATASET 'wmt16' is not one of: multi30k multi30k-en-fr iwslt15-en-vi wmt14-en-de "
                                          r"wmt14-en-fr, nor a directory prepared by resnmt-prepare$"):
         presets.dataset_of("wmt16")
     with pytest.raises(UsageError, match=rf"^DATASET '{tmp_path}': {tmp_path}: not a directory prepared by "

@@ -70,7 +70,7 @@ def test_help(script, words):
 
 @pytest.mark.parametrize("args, code, message", [
     (["wmt15-en-de", "transformer_sas_base"], 2,
-     "DATASET 'wmt15-en-de' is not one of: multi30k iwslt15-en-vi wmt14-en-de wmt14-en-fr, nor a directory"),
+     "DATASET 'wmt15-en-de' is not one of: multi30k multi30k-en-fr iwslt15-en-vi wmt14-en-de wmt14-en-fr, nor a directory"),
     (["multi30k", "transformer_sas_huge"], 2, "ARCH 'transformer_sas_huge' is not a resnmt_transformer arch"),
     (["multi30k", "lstm"], 2, "ARCH 'lstm' is not a resnmt_transformer arch or 'transformer'; resnmt's archs: "
      "python -m resnmt.cli.arch_table (see scripts/train.sh --help)"),  # not the 57 names (1,213 characters)

@@ -31,6 +31,7 @@ and decoding read).
 
 DATASET:
   multi30k        Multi30k task 1 EN-DE (29k pairs; CPU runs, the demo)
+  multi30k-en-fr  Multi30k task 1 EN-FR (the same 29k captions in French)
   iwslt15-en-vi   IWSLT'15 EN-VI, the Stanford release (133k pairs)
   wmt14-en-de     WMT'14 EN-DE (4.5M pairs)
   wmt14-en-fr     WMT'14 EN-FR (36M pairs)
