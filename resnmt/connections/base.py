@@ -55,6 +55,9 @@ class SublayerConnection(nn.Module):
     * ``normalized``: the kind owns normalizations (``--normalization`` replaces them);
     * ``multi_stream``: ``x`` is n streams (Hyper-Connections, mHC; what ``resnmt-analyze``
       reads as the kind's ``learned()`` mixing);
+    * ``no_gradient_by_design``: patterns (``fnmatch``) of the model's parameter names that
+      get no gradient by the method's design (the contract, :mod:`resnmt.testing`, checks
+      that every other parameter gets one and these none);
     * :meth:`build_stream`: the :class:`~resnmt.connections.streams.ResidualStream` the
       stack carries from layer to layer besides ``x`` (ResiDual, DLCL, DenseFormer, HC;
       None: plain stacking);
@@ -76,6 +79,7 @@ class SublayerConnection(nn.Module):
     arch_options: ClassVar[Mapping[str, Any]] = {}
     normalized: ClassVar[bool] = True
     multi_stream: ClassVar[bool] = False
+    no_gradient_by_design: ClassVar[Tuple[str, ...]] = ()
 
     @classmethod
     def check_spec(cls, spec: ConnectionSpec) -> None:
