@@ -91,9 +91,13 @@ def check_spec(case: Case) -> None:
 
 def check_forward(case: Case) -> None:
     """At several depths, in training and evaluation, and under bf16 autocast (CPU): logits
-    of the batch's shape, finite."""
+    of the batch's shape, finite; each stack ends with a norm exactly where its kind says so
+    (``final_norm``)."""
     for depth in DEPTHS:
         model, task, _ = case.build(depth)
+        for stack in (model.encoder, model.decoder):
+            final = kind_class(stack.connection_spec.kind).final_norm
+            assert (stack.layer_norm is not None) == final, f"{stack.connection_spec.kind}: final norm {final}"
         sample = tiny.batch(task)
         for training, bf16 in ((True, False), (False, False), (False, True)):
             model.train(training)
