@@ -29,7 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from resnmt.connections.spec import CONNECTION_CLASSES, ConnectionConfigError, is_builtin
+from resnmt.connections.spec import CONNECTION_CLASSES, FILE_MODULE_PREFIX, ConnectionConfigError, is_builtin, origin
 
 ENTRY_POINT_GROUP = "resnmt.connections"
 ENVIRONMENT = "RESNMT_CONNECTIONS"
@@ -38,7 +38,6 @@ HOW_TO_PROVIDE = (f"pip install the package that provides it (entry-point group 
                   f"or name its module or .py file with {FLAG} or {ENVIRONMENT}")
 
 _LOADED: Dict[str, ModuleType] = {}  # source (module name, or a file's absolute path) -> its module
-_FILES: Dict[str, str] = {}  # module name given to a file -> the file's absolute path
 
 
 def split_sources(text: Optional[str]) -> List[str]:
@@ -72,16 +71,14 @@ def _import_file(path: Path) -> ModuleType:
     reads a scripted class's source through it)."""
     if not path.is_file():
         raise FileNotFoundError(f"no such file {path}")
-    name = f"resnmt_user_connections_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    name = f"{FILE_MODULE_PREFIX}{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    _FILES[name] = str(path)
     try:
         spec.loader.exec_module(module)
     except BaseException:
         sys.modules.pop(name, None)
-        _FILES.pop(name, None)
         raise
     return module
 
@@ -136,9 +133,7 @@ def source_of(kind: str) -> Optional[str]:
     """Where the registered ``kind`` comes from: None for a built-in kind, else its module's
     name, or the absolute path of the file it was loaded from."""
     cls = CONNECTION_CLASSES[kind]
-    if is_builtin(cls):
-        return None
-    return _FILES.get(cls.__module__, cls.__module__)
+    return None if is_builtin(cls) else origin(cls)
 
 
 def sources_of(kinds: Iterable[str]) -> Optional[str]:
@@ -153,7 +148,6 @@ def require_kinds(kinds: Iterable[str], sources: Optional[str]) -> None:
     missing = [kind for kind in dict.fromkeys(kinds) if kind not in CONNECTION_CLASSES]
     if not missing:
         return
-    needed = f" from {sources}" if sources else ""
     for source in split_sources(sources):
         try:
             import_connections(source)
@@ -162,7 +156,8 @@ def require_kinds(kinds: Iterable[str], sources: Optional[str]) -> None:
                                         f"be imported ({e}); {HOW_TO_PROVIDE}") from None
     missing = [kind for kind in missing if kind not in CONNECTION_CLASSES]
     if missing:
+        loaded = f" ({', '.join(split_sources(sources))})" if sources else ""
         raise ConnectionConfigError(
-            f"--residual {missing[0]} is not a connection kind here{needed}: it is neither built in "
-            f"({', '.join(k for k, c in CONNECTION_CLASSES.items() if is_builtin(c))}) nor registered by a "
-            f"module loaded; {HOW_TO_PROVIDE}")
+            f"--residual {missing[0]} is not a connection kind: neither built in "
+            f"({', '.join(k for k, c in CONNECTION_CLASSES.items() if is_builtin(c))}) nor registered by the "
+            f"modules loaded{loaded}; {HOW_TO_PROVIDE}")

@@ -6,6 +6,7 @@ declares beside its equation (its :class:`~resnmt.options.Option` s, the
 classes (:func:`register_connection`), and :class:`ConnectionSpec`, everything one side's
 connections are built from, checked once, when it is made.
 """
+import sys
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Type
 
@@ -48,6 +49,17 @@ CONNECTION_FLAGS: Dict[str, Option] = {}  # dest -> flag, over every registered 
 BUILTIN_PACKAGE = "resnmt.connections."  # a kind whose class lives here is built in; any other is the user's
 
 
+FILE_MODULE_PREFIX = "resnmt_user_connections_"  # the module of a kind loaded from a .py file
+
+
+def origin(cls) -> str:
+    """Where the kind class ``cls`` comes from: its module, or the file it was loaded from."""
+    module = sys.modules.get(cls.__module__)
+    if cls.__module__.startswith(FILE_MODULE_PREFIX) and getattr(module, "__file__", None):
+        return module.__file__
+    return cls.__module__
+
+
 def is_builtin(cls) -> bool:
     """Whether the kind class ``cls`` is one of resnmt's own (defined in this package)."""
     return cls.__module__.startswith(BUILTIN_PACKAGE)
@@ -63,14 +75,14 @@ def register_connection(cls):
     if known is not None:
         if is_builtin(known) and not is_builtin(cls):
             raise ConnectionConfigError(
-                f"connection kind {cls.kind!r} of module {cls.__module__} clashes with the built-in kind "
+                f"connection kind {cls.kind!r} of module {origin(cls)} clashes with the built-in kind "
                 f"{cls.kind}: give it another name")
         raise ConnectionConfigError(
-            f"connection kind {cls.kind!r} registered twice: by {known.__module__} and by {cls.__module__}")
+            f"connection kind {cls.kind!r} registered twice: by {origin(known)} and by {origin(cls)}")
     for flag in cls.flags:  # every flag checked before any is added: a refused kind leaves nothing behind
         if CONNECTION_FLAGS.get(flag.dest, flag) is not flag:
             raise ConnectionConfigError(
-                f"{flag.flag} of connection kind {cls.kind!r} ({cls.__module__}) is already a flag of another kind "
+                f"{flag.flag} of connection kind {cls.kind!r} ({origin(cls)}) is already a flag of another kind "
                 "with a different definition: give it another name, or reuse that kind's Option")
     for flag in cls.flags:
         CONNECTION_FLAGS.setdefault(flag.dest, flag)
