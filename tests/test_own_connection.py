@@ -107,3 +107,19 @@ def test_a_module_that_cannot_be_imported_stops_a_command_in_one_line(tmp_path, 
     assert stop.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         f"resnmt-train: error: connection module '{missing}' cannot be imported: FileNotFoundError")
+
+
+def test_an_installed_kind_that_fails_to_load_leaves_the_others_and_is_named_when_asked_for(monkeypatch, caplog):
+    from importlib import metadata
+
+    from resnmt.connections import ConnectionConfigError, plugins
+
+    broken = metadata.EntryPoint("broken_kind", "no_such_module_of_a_kind", plugins.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: [broken])
+    monkeypatch.setattr(plugins, "BROKEN", {})
+    plugins.load_entry_points()  # no exception: the built-in kinds and the other packages' work
+    assert "entry point broken_kind = no_such_module_of_a_kind (package ?) failed to load: ModuleNotFoundError" \
+        in caplog.text
+    with pytest.raises(ConnectionConfigError, match=r"^--residual broken_kind is not a connection kind: .*\(entry "
+                       r"point broken_kind = no_such_module_of_a_kind \(package \?\) failed to load: Module"):
+        plugins.require_kinds(["broken_kind"], None)

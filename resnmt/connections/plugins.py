@@ -22,6 +22,7 @@ imports it (:func:`require_kinds`) or says in one line which kind and module are
 import hashlib
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 from importlib import metadata
@@ -38,6 +39,7 @@ HOW_TO_PROVIDE = (f"pip install the package that provides it (entry-point group 
                   f"or name its module or .py file with {FLAG} or {ENVIRONMENT}")
 
 _LOADED: Dict[str, ModuleType] = {}  # source (module name, or a file's absolute path) -> its module
+BROKEN: Dict[str, str] = {}  # entry point value -> why it failed to load
 
 
 def split_sources(text: Optional[str]) -> List[str]:
@@ -84,20 +86,24 @@ def _import_file(path: Path) -> ModuleType:
 
 
 def load_entry_points() -> None:
-    """Import every installed ``resnmt.connections`` entry point."""
+    """Import every installed ``resnmt.connections`` entry point. One that fails does not stop
+    resnmt (the other kinds work): it is logged once, and named when its kind is asked for."""
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if entry.value in _LOADED:
+        if entry.value in _LOADED or entry.value in BROKEN:
             continue
         try:
             entry.load()
-        except ConnectionConfigError:
-            raise
-        except Exception as e:
-            dist = getattr(getattr(entry, "dist", None), "name", "?")
-            raise ConnectionConfigError(
-                f"connection entry point {entry.name} = {entry.value} (package {dist}) failed to load: "
-                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-        _LOADED[entry.value] = sys.modules.get(entry.module)
+        except ConnectionConfigError as e:
+            BROKEN[entry.value] = str(e)
+        except Exception as e:  # the package's code: whatever it raises
+            BROKEN[entry.value] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        else:
+            _LOADED[entry.value] = sys.modules.get(entry.module)
+            continue
+        dist = getattr(getattr(entry, "dist", None), "name", "?")
+        BROKEN[entry.value] = f"entry point {entry.name} = {entry.value} (package {dist}) failed to load: " \
+                              f"{BROKEN[entry.value]}"
+        logging.getLogger(__name__).warning(BROKEN[entry.value])
 
 
 def command_line_sources(argv: Sequence[str]) -> List[str]:
@@ -113,8 +119,9 @@ def command_line_sources(argv: Sequence[str]) -> List[str]:
 
 def load_plugins(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]] = None) -> None:
     """Load the user's kinds: the installed entry points, ``RESNMT_CONNECTIONS``, and
-    ``--connections`` on the command line. In a command (fairseq-*, resnmt-*) a failure
-    is one ``PROG: error:`` line and exit status 2; elsewhere the ConnectionConfigError."""
+    ``--connections`` on the command line. A module named by the last two that fails, or a
+    kind that clashes, is, in a command (fairseq-*, resnmt-*), one ``PROG: error:`` line
+    and exit status 2; elsewhere the ConnectionConfigError."""
     argv = sys.argv if argv is None else argv
     environ = os.environ if environ is None else environ
     try:
@@ -157,7 +164,8 @@ def require_kinds(kinds: Iterable[str], sources: Optional[str]) -> None:
     missing = [kind for kind in missing if kind not in CONNECTION_CLASSES]
     if missing:
         loaded = f" ({', '.join(split_sources(sources))})" if sources else ""
+        broken = "".join(f" ({why})" for why in BROKEN.values())
         raise ConnectionConfigError(
             f"--residual {missing[0]} is not a connection kind: neither built in "
             f"({', '.join(k for k, c in CONNECTION_CLASSES.items() if is_builtin(c))}) nor registered by the "
-            f"modules loaded{loaded}; {HOW_TO_PROVIDE}")
+            f"modules loaded{loaded}{broken}; {HOW_TO_PROVIDE}")
