@@ -81,6 +81,15 @@ def assert_loading_stops_in_one_line(checkpoint, moved, data, capsys, kind_file)
             assert f"nor registered by the modules loaded (resnmt_layerscale.connection, {kind_file})" in last, last
 
 
+def test_resnmt_train_help_lists_the_kinds_and_flags_of_a_package_and_a_file(tmp_path):
+    kind_file = tmp_path / "half_post_ln.py"
+    kind_file.write_text(HALF_POST_LN)
+    text = " ".join(run_cli(["resnmt-train", "--arch", "resnmt_transformer", "--connections", kind_file,
+                             "--help"]).stdout.split())  # argparse's wrapping undone
+    assert "layerscale: x + diag(λ)·F(LN(x))" in text and "--layer-scale-init EPS" in text
+    assert "half_post_ln: LN(x + F/2) [a test]" in text
+
+
 def test_a_kind_named_as_a_built_in_one_is_refused_in_one_line(tmp_path, tiny_bin):
     clash = tmp_path / "clash.py"
     clash.write_text(HALF_POST_LN.replace('"half_post_ln"', '"post_ln"'))
