@@ -138,7 +138,7 @@ def check_gradients(case: Case) -> None:
 
 def check_incremental(case: Case) -> None:
     """Decoding step by step (fairseq's incremental state) gives the full forward's outputs
-    at every real target position."""
+    at every real target position; the forward is finite under bf16 autocast too."""
     model, task, _ = case.build()
     tiny.perturb_connections(model)
     model.eval()
@@ -152,6 +152,8 @@ def check_incremental(case: Case) -> None:
     real = prev.ne(task.target_dictionary.pad())
     scale = max(1.0, float(full[real].abs().max()))  # float32 rounding grows with the logits (xSkip: λ^depth)
     torch.testing.assert_close(torch.cat(steps, dim=1)[real], full[real], rtol=0, atol=1e-5 * scale)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(forward(model, net_input)).all(), "non-finite logits under bf16 autocast"
 
 
 def check_torchscript(case: Case) -> None:
@@ -263,7 +265,7 @@ def check_analysis(case: Case) -> None:
 # name -> (check, whether it also runs on a kind's flag variants)
 CHECKS: Dict[str, Tuple[Callable[[Case], None], bool]] = {
     "spec": (check_spec, False),
-    "forward": (check_forward, True),
+    "forward": (check_forward, False),
     "gradients": (check_gradients, True),
     "incremental": (check_incremental, True),
     "torchscript": (check_torchscript, True),
