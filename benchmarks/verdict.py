@@ -55,6 +55,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/verdict/curves.jsonl", help="your runs' lines (default: %(default)s)")
     p.add_argument("--threads", type=int, default=2, help="torch threads of each run (default: 2)")
     p.add_argument("--report", action="store_true", help="print the comparison from --out only, training nothing")
+    p.add_argument("--tiny", action="store_true", help="smoke test: the tiny model size (its lines are not the "
+                   "study's: the comparison says not measured)")
     return p
 
 
@@ -66,7 +68,7 @@ def study_args(a, milestones: Dict[str, Sequence[int]]):
     """curves.py's arguments as the study ran (its defaults: the same settings key), for this
     command's data, work directory and output."""
     args = curves.parser().parse_args(["--data", a.data, "--workdir", a.workdir, "--out", a.out,
-                                       "--threads", str(a.threads)])
+                                       "--threads", str(a.threads), *(["--tiny"] if a.tiny else [])])
     args.workdir, args.out, args.milestones = Path(a.workdir), Path(a.out), {s: list(m) for s, m in milestones.items()}
     return args
 
