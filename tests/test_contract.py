@@ -38,7 +38,7 @@ def test_contract(case, check):
 def test_every_check_runs_on_every_kind_and_variants_come_from_its_flags():
     items = {(p.values[0].name, p.values[1]) for p in contract_params(BUILTIN_KINDS)}
     assert {(kind, check) for kind in BUILTIN_KINDS for check in CHECKS} <= items
-    assert [c.name for c in cases("sas")] == ["sas", "sas---sas-gate-single_layer", "sas---sas-gamma-gate"]
+    assert [c.name for c in cases("sas")] == ["sas", "sas --sas-gate single_layer", "sas --sas-gamma gate"]
     assert [c.flags for c in cases("b2t")] == [("--residual", "b2t"), ("--residual", "b2t", "--b2t-rescale-init")]
     assert set(BUILTIN_KINDS) <= set(CONNECTION_CLASSES)
 

@@ -81,23 +81,34 @@ def assert_loading_stops_in_one_line(checkpoint, moved, data, capsys, kind_file)
             assert f"nor registered by the modules loaded (resnmt_layerscale.connection, {kind_file})" in last, last
 
 
-def test_resnmt_train_help_lists_the_kinds_and_flags_of_a_package_and_a_file(tmp_path):
+def test_help_lists_the_kinds_and_flags_of_a_package_and_of_a_file_loaded_later(tmp_path):
+    """--residual's choices and help, and the kinds' flags, are those registered when fairseq
+    adds the model's flags (resnmt-train --help), a file imported after resnmt included."""
+    from fairseq import options
+
+    from resnmt.connections import import_connections
+    from resnmt.models import ResidualTransformerModel
+
     kind_file = tmp_path / "half_post_ln.py"
-    kind_file.write_text(HALF_POST_LN)
-    text = " ".join(run_cli(["resnmt-train", "--arch", "resnmt_transformer", "--connections", kind_file,
-                             "--help"]).stdout.split())  # argparse's wrapping undone
+    kind_file.write_text(HALF_POST_LN.replace('"half_post_ln"', '"half_post_ln_help"'))
+    import_connections(str(kind_file))
+    parser = options.get_training_parser()
+    ResidualTransformerModel.add_args(parser.add_argument_group("model"))
+    text = " ".join(parser.format_help().split())  # argparse's wrapping undone
     assert "layerscale: x + diag(λ)·F(LN(x))" in text and "--layer-scale-init EPS" in text
-    assert "half_post_ln: LN(x + F/2) [a test]" in text
+    assert "half_post_ln_help: LN(x + F/2) [a test]" in text
+    residual = next(a for a in parser._actions if "--residual" in a.option_strings)
+    assert {"post_ln", "layerscale", "half_post_ln_help"} <= set(residual.choices)
 
 
 def test_a_kind_named_as_a_built_in_one_is_refused_in_one_line(tmp_path, tiny_bin):
     clash = tmp_path / "clash.py"
     clash.write_text(HALF_POST_LN.replace('"half_post_ln"', '"post_ln"'))
-    proc = run_cli(["fairseq-train", tiny_bin, "--user-dir", USER_DIR, "--arch", "resnmt_transformer",
-                    "--connections", clash, "--residual", "post_ln", "--max-tokens", "800"], check=False)
+    proc = run_cli(["resnmt-train", tiny_bin, "--arch", "resnmt_transformer", "--connections", clash,
+                    "--residual", "post_ln", "--max-tokens", "800"], check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"fairseq-train: error: connection kind 'post_ln' of module {clash} clashes with the built-in kind post_ln: "
+        f"resnmt-train: error: connection kind 'post_ln' of module {clash} clashes with the built-in kind post_ln: "
         "give it another name")
 
 

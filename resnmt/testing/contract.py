@@ -3,8 +3,10 @@
 A :class:`Case` is a kind with flag values (:func:`cases`: its defaults, and one case per
 other value of each of its switches and choices); a check takes a case and raises an
 AssertionError saying what is wrong. :data:`CHECKS` lists them in order, each with whether
-it also runs on the flag variants or on the defaults alone (the checks that train or save:
-they do not depend on a flag's code path more than the forward does).
+it also runs on the flag variants or on the defaults alone (the class and its flags, the
+forward at several depths, the checkpoint, the fast path and the normalization: a flag's
+code path is in the forward that the gradients, incremental decoding and TorchScript
+checks run too).
 """
 import fnmatch
 import io
@@ -51,7 +53,7 @@ def cases(kind: str) -> List[Case]:
         values = [True] if flag.kind == "switch" else [c for c in flag.choices if c != flag.default]
         for value in values if flag.kind in ("switch", "choice") else ():
             extra = (flag.flag,) if value is True else (flag.flag, str(value))
-            found.append(Case(f"{kind}{''.join('-' + str(v) for v in extra)}", ("--residual", kind, *extra)))
+            found.append(Case(" ".join((kind, *extra)), ("--residual", kind, *extra)))
     return found
 
 
@@ -86,7 +88,8 @@ def check_spec(case: Case) -> None:
                 assert spec.kind == kind and spec.layers == (n if side == "encoder" else m)
     args = tiny.parse([*case.flags, *(word for words in added.values() for word in words)])
     for flag in added:
-        assert flag.read(args) == flag.check(flag.default), f"{flag.flag} {flag.default} is read back as {flag.read(args)}"
+        got = flag.read(args)
+        assert got == flag.check(flag.default), f"{flag.flag} {flag.default} is read back as {got}"
 
 
 def check_forward(case: Case) -> None:

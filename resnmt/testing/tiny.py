@@ -6,6 +6,7 @@ directory); models of ``resnmt_transformer`` with d=16, 2 heads, FFN 32, built t
 fairseq's own parsing (arch function included) from a case's flags (:func:`build`).
 """
 import atexit
+import copy
 import functools
 import shutil
 import tempfile
@@ -70,7 +71,14 @@ def parse(flags: Sequence[str], depth: Tuple[int, int] = (2, 2), parser=None):
 
 
 def build(flags: Sequence[str], depth: Tuple[int, int] = (2, 2), seed: int = 1):
-    """``(model, task, args)``: a tiny model with ``flags``, weights fixed by ``seed``."""
+    """``(model, task, args)``: a tiny model with ``flags``, weights fixed by ``seed`` (a copy
+    of the one built for these arguments first: the checks of a case build it once)."""
+    model, task, args = _built(tuple(flags), tuple(depth), seed)
+    return copy.deepcopy(model), task, copy.copy(args)
+
+
+@functools.lru_cache(maxsize=None)
+def _built(flags: Tuple[str, ...], depth: Tuple[int, int], seed: int):
     from fairseq import tasks
 
     args = parse(flags, depth)
@@ -81,7 +89,8 @@ def build(flags: Sequence[str], depth: Tuple[int, int] = (2, 2), seed: int = 1):
 
 def batch(task, n: int = 4, split: str = "valid") -> dict:
     """The first ``n`` pairs of ``split``, collated as fairseq batches them."""
-    task.load_dataset(split)
+    if task.datasets.get(split) is None:
+        task.load_dataset(split)
     dataset = task.dataset(split)
     return dataset.collater([dataset[i] for i in range(n)])
 
