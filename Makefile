@@ -25,18 +25,22 @@ STAMP := $(VENV)/.resnmt-installed
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt requirements-fairseq.txt requirements-dev.txt setup.py
+EXAMPLE := examples/layerscale
+
+$(STAMP): requirements.txt requirements-fairseq.txt requirements-dev.txt setup.py $(EXAMPLE)/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -r requirements.txt -r requirements-dev.txt
 	$(BIN)/python -m pip install -q --no-deps -r requirements-fairseq.txt
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	# the worked example of a connection kind of one's own (registers --residual layerscale)
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e $(EXAMPLE)
 	$(BIN)/python -c "import torch, fairseq, resnmt; print('torch', torch.__version__, '| fairseq', fairseq.__version__, '| resnmt', resnmt.__version__)"
 	touch $@
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS) tests
+	$(BIN)/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS) tests $(EXAMPLE)/tests
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS) tests

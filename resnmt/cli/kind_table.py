@@ -14,7 +14,9 @@ import argparse
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from resnmt.connections import CONNECTION_CLASSES
+from resnmt.connections import BUILTIN_KINDS, CONNECTION_CLASSES
+
+BUILTIN = {kind: CONNECTION_CLASSES[kind] for kind in BUILTIN_KINDS}  # the user's kinds are in no table
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,13 +29,13 @@ def output(cls, code: bool) -> str:
 
 def readme_table() -> str:
     rows = ["| `--residual` | output | source |", "|---|---|---|"]
-    rows += [f"| `{kind}` | {output(cls, True)} | {cls.source} |" for kind, cls in CONNECTION_CLASSES.items()]
+    rows += [f"| `{kind}` | {output(cls, True)} | {cls.source} |" for kind, cls in BUILTIN.items()]
     return "\n".join(rows)
 
 
 def docs_table() -> str:
     rows = ["| `--residual` | output `y` | its flags | source |", "|---|---|---|---|"]
-    for kind, cls in CONNECTION_CLASSES.items():
+    for kind, cls in BUILTIN.items():
         flags = ", ".join(f"`{flag.flag}`" for flag in cls.flags) or "none"
         rows.append(f"| `{kind}` | {output(cls, True)} | {flags} | {cls.source} |")
     return "\n".join(rows)
@@ -41,7 +43,7 @@ def docs_table() -> str:
 
 def docstring_table() -> str:
     """An RST simple table of each kind's output, as the package's docstring shows it."""
-    rows = [("kind", "output y")] + [(kind, output(cls, False)) for kind, cls in CONNECTION_CLASSES.items()]
+    rows = [("kind", "output y")] + [(kind, output(cls, False)) for kind, cls in BUILTIN.items()]
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
     rule = "  ".join("=" * w for w in widths)
 

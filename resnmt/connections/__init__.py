@@ -19,6 +19,8 @@ The package, by job:
 * :mod:`~resnmt.connections.spec`: the registry of kinds and
   :class:`ConnectionSpec`, one side's resolved and validated choices (flags are
   declared with :class:`resnmt.options.Option`);
+* :mod:`~resnmt.connections.plugins`: the user's own kinds (an installed package's entry
+  point, a module or file named by ``--connections`` or ``RESNMT_CONNECTIONS``);
 * :mod:`~resnmt.connections.norms`: ``--normalization``, every norm a kind or a stack owns;
 * :mod:`~resnmt.connections.base`: :class:`SublayerConnection`, what every kind
   is, and the forms several kinds share;
@@ -116,4 +118,10 @@ from resnmt.connections.depth_norm import HybridNormConnection, LNScalingConnect
 from resnmt.connections.hyper import HyperConnection  # noqa: F401
 from resnmt.connections.mhc import ManifoldHyperConnection  # noqa: F401
 
-CONNECTION_KINDS = tuple(CONNECTION_CLASSES)
+CONNECTION_KINDS = BUILTIN_KINDS = tuple(CONNECTION_CLASSES)  # the built-in kinds (the tables, the study)
+
+# the user's kinds (an installed package's entry point, RESNMT_CONNECTIONS, --connections), after
+# every built-in one: resnmt.connections.plugins
+from resnmt.connections.plugins import import_connections, load_plugins  # noqa: E402, F401
+
+load_plugins()

@@ -58,6 +58,9 @@ class SublayerConnection(nn.Module):
       :class:`~resnmt.connections.streams.ResidualStream` from layer to layer besides ``x``
       (ResiDual, DLCL, DenseFormer, HC, mHC), which :meth:`build_stream` builds (None:
       plain stacking);
+    * ``no_gradient_by_design``: patterns (``fnmatch``) of the model's parameter names that
+      get no gradient by the method's design (the contract, :mod:`resnmt.testing`, checks
+      that every other parameter gets one and these none);
     * :meth:`learned`: what ``resnmt-analyze`` reports of a connection's learned weights
       (HC's and mHC's static mixing; nothing by default);
     * :meth:`build_attention`: the layer's attentions (fairseq's, or HybridNorm's with
@@ -79,6 +82,7 @@ class SublayerConnection(nn.Module):
     normalized: ClassVar[bool] = True
     multi_stream: ClassVar[bool] = False
     crosses_layers: ClassVar[bool] = False
+    no_gradient_by_design: ClassVar[Tuple[str, ...]] = ()
 
     @classmethod
     def check_spec(cls, spec: ConnectionSpec) -> None:

@@ -146,6 +146,9 @@ class ManifoldHyperConnection(MultiStreamConnection):
                "the paper's)"),
     )
     arch_family = "mhc"
+    # each stack's first sublayer mixes n equal copies of the embedding, which every
+    # row-stochastic H_res leaves unchanged
+    no_gradient_by_design = tuple(f"*.layers.0.self_attn_connection.streams.{p}" for p in ("bias_res", "alpha_res"))
 
     @classmethod
     def check_spec(cls, spec: ConnectionSpec) -> None:

@@ -7,6 +7,7 @@ classes (:func:`register_connection`), and :class:`ConnectionSpec`, everything o
 connections are built from, checked once, when it is made.
 """
 import copy
+import sys
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Optional, Tuple, Type
 
@@ -46,16 +47,46 @@ class Statistic:
 
 CONNECTION_CLASSES: Dict[str, Type[nn.Module]] = {}  # --residual name -> kind class, in registration order
 CONNECTION_FLAGS: Dict[str, Option] = {}  # dest -> flag, over every registered kind
+BUILTIN_PACKAGE = "resnmt.connections."  # a kind whose class lives here is built in; any other is the user's
+
+
+FILE_MODULE_PREFIX = "resnmt_user_connections_"  # the module of a kind loaded from a .py file
+
+
+def origin(cls) -> str:
+    """Where the kind class ``cls`` comes from: its module, or the file it was loaded from."""
+    module = sys.modules.get(cls.__module__)
+    if cls.__module__.startswith(FILE_MODULE_PREFIX) and getattr(module, "__file__", None):
+        return module.__file__
+    return cls.__module__
+
+
+def is_builtin(cls) -> bool:
+    """Whether the kind class ``cls`` is one of resnmt's own (defined in this package)."""
+    return cls.__module__.startswith(BUILTIN_PACKAGE)
 
 
 def register_connection(cls):
-    """Class decorator: add a kind class (a ``SublayerConnection``) under ``cls.kind``."""
-    if cls.kind in CONNECTION_CLASSES:
-        raise ValueError(f"connection kind {cls.kind!r} registered twice")
+    """Class decorator: add a kind class (a ``SublayerConnection``) under ``cls.kind``.
+
+    The built-in kinds and the user's (a module or package outside resnmt:
+    :mod:`resnmt.connections.plugins`) register alike; a user's kind may not take a built-in
+    kind's name, nor a name another module registered (ConnectionConfigError, one line)."""
+    known = CONNECTION_CLASSES.get(cls.kind)
+    if known is not None:
+        if is_builtin(known) and not is_builtin(cls):
+            raise ConnectionConfigError(
+                f"connection kind {cls.kind!r} of module {origin(cls)} clashes with the built-in kind "
+                f"{cls.kind}: give it another name")
+        raise ConnectionConfigError(
+            f"connection kind {cls.kind!r} registered twice: by {origin(known)} and by {origin(cls)}")
+    for flag in cls.flags:  # every flag checked before any is added: a refused kind leaves nothing behind
+        if CONNECTION_FLAGS.get(flag.dest, flag) is not flag:
+            raise ConnectionConfigError(
+                f"{flag.flag} of connection kind {cls.kind!r} ({origin(cls)}) is already a flag of another kind "
+                "with a different definition: give it another name, or reuse that kind's Option")
     for flag in cls.flags:
-        known = CONNECTION_FLAGS.setdefault(flag.dest, flag)
-        if known is not flag:
-            raise ValueError(f"{flag.flag} is declared twice with different definitions")
+        CONNECTION_FLAGS.setdefault(flag.dest, flag)
     CONNECTION_CLASSES[cls.kind] = cls
     return cls
 

@@ -9,8 +9,11 @@ flags with ``argparse.SUPPRESS``): :func:`resnmt.models.model_spec.resolve_model
 each one with :meth:`Option.read`, so a configuration without a flag (a checkpoint older
 than it) gets the flag's default.
 """
+from dataclasses import replace
+
 from resnmt.activations.normalized import KINDS, PAPER, SIDES, STATS_MODES, ActivationSpec
 from resnmt.connections import CONNECTION_CLASSES, CONNECTION_FLAGS, CONNECTION_KINDS
+from resnmt.connections.plugins import ENTRY_POINT_GROUP, ENVIRONMENT
 from resnmt.connections.norms import DYT_ALPHA_INIT, NORMALIZATION
 from resnmt.options import Option
 
@@ -28,6 +31,13 @@ SIDE_RESIDUAL = {
                  f"fairseq's --{side}-normalize-before)")
     for side in SIDES
 }
+CONNECTIONS = Option(
+    "connections", None, metavar="MODULE_OR_FILE",
+    help="connection kinds of your own: Python modules or .py files, comma-separated, imported before "
+    f"--residual is read (as is {ENVIRONMENT}; an installed package registers its kinds through the "
+    f"entry-point group {ENTRY_POINT_GROUP}). A model keeps the modules of the kinds it uses here, so "
+    "that its checkpoint loads them",
+)
 FUSED_CONNECTIONS = Option(
     "fused_connections", False, kind="switch",
     help="compile SAS's combination (gate sigmoids, LN(x+F), alpha*x+beta*F+gamma*LN(x+F)) and "
@@ -85,15 +95,20 @@ ACTIVATION_FLAGS = {
     },
 }
 
-# every model flag, in --help's order
-CONNECTION_OPTIONS = (RESIDUAL, *SIDE_RESIDUAL.values(), NORMALIZATION, DYT_ALPHA_INIT, *CONNECTION_FLAGS.values())
-MODEL_FLAGS = (*CONNECTION_OPTIONS, *ACTIVATION_FLAGS.values(), FUSED_CONNECTIONS)
+def model_flags():
+    """Every model flag, in --help's order, over the kinds registered now (the user's kinds,
+    loaded after this module, included: their names and flags)."""
+    kinds = tuple(CONNECTION_CLASSES)
+    residual = (replace(RESIDUAL, choices=kinds, help=residual_help()),
+                *(replace(flag, choices=kinds) for flag in SIDE_RESIDUAL.values()))
+    return (*residual, CONNECTIONS, NORMALIZATION, DYT_ALPHA_INIT, *CONNECTION_FLAGS.values(),
+            *ACTIVATION_FLAGS.values(), FUSED_CONNECTIONS)
 
 
 def add_model_args(parser) -> None:
     """Add every resnmt model flag to ``parser`` (fairseq passes its model-specific
     argument group; no nested group, which argparse would leave out of --help)."""
-    for flag in MODEL_FLAGS:
+    for flag in model_flags():
         flag.add_to(parser)
 
 

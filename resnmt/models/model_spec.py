@@ -11,7 +11,9 @@ fairseq flags they depend on, and decides from them, in one pass:
 * the normalization, the kinds' own flag values and the FFN activation;
 * every check: a value out of range, a flag no chosen kind takes, a combination the
   layers do not implement. A problem is a ValueError naming the flag, the value and
-  what is allowed.
+  what is allowed;
+* the user's own kinds: the modules ``--connections`` names are imported, and a kind
+  neither built in nor registered is one line naming it and the module it needs.
 
 The model's build runs it once per model and adds the result to the model's
 configuration (``cfg.model_spec``, :class:`~resnmt.models.resnmt_transformer.ResolvedChoices`);
@@ -20,7 +22,9 @@ The stacks, layers, connections and streams read the :class:`ModelSpec` (each st
 side's :class:`~resnmt.connections.ConnectionSpec`, each layer its
 :class:`~resnmt.models.layers.LayerSpec`), never the flags. Nothing is written back into
 the flags: a checkpoint keeps the flags as given, and loading it resolves them again, by
-this function.
+this function. The one exception is ``connections``: the model's build records there the
+modules of the user's kinds it uses (:func:`record_connection_sources`), so that its
+checkpoint names them.
 """
 from dataclasses import dataclass
 
@@ -32,9 +36,11 @@ from resnmt.connections import (
     ConnectionSpec,
     check_flags_used,
 )
+from resnmt.connections.plugins import require_kinds, sources_of
 from resnmt.fused import require_compile
 from resnmt.models.flags import (
     ACTIVATION_FLAGS,
+    CONNECTIONS,
     DYT_ALPHA_INIT,
     FUSED_CONNECTIONS,
     NORMALIZATION,
@@ -73,6 +79,7 @@ def resolve_model(args) -> ModelSpec:
             raise ConnectionConfigError(f"{flag} is not supported by resnmt_transformer models")
     depths = {side: depth(args, side) for side in SIDES}
     kinds = {side: side_kind(args, side) for side in SIDES}
+    require_kinds(kinds.values(), CONNECTIONS.read(args))  # the user's kinds: their modules imported
     settings = dict(
         encoder_layers=depths["encoder"],
         decoder_layers=depths["decoder"],
@@ -123,3 +130,11 @@ def depth(args, side: str) -> int:
     if keep:
         return len(keep.split(",") if isinstance(keep, str) else keep)
     return int(getattr(args, f"{side}_layers", None) or 6)
+
+
+def record_connection_sources(args, kinds) -> None:
+    """Keep in ``args.connections`` the modules (or files) of the user's kinds among ``kinds``
+    (a model's), so that a checkpoint of the model loads them, or names them when they are missing."""
+    sources = sources_of(kinds)
+    if sources or getattr(args, "connections", None):
+        setattr(args, "connections", sources)

@@ -7,8 +7,8 @@ from fairseq.models.transformer import TransformerModel, TransformerModelBase
 
 from resnmt.analysis.training_log import add_log_connection_stats_args
 from resnmt.models.encoder_decoder import ResidualTransformerDecoder, ResidualTransformerEncoder
-from resnmt.models.model_spec import resolve_model
 from resnmt.models.flags import add_model_args
+from resnmt.models.model_spec import record_connection_sources, resolve_model
 from resnmt.training.bf16 import check_bf16_device
 
 
@@ -45,7 +45,10 @@ class ResidualTransformerModel(TransformerModel, ResolvedChoices):
     @classmethod
     def build_model(cls, args, task):
         check_bf16_device(args)  # stock fairseq-train --bf16 without torch_xla: one line naming resnmt-train
-        return super().build_model(args, task)  # no hooks: the task attaches them in training
+        model = super().build_model(args, task)  # no hooks: the task attaches them in training
+        # the modules of the user's kinds, in the flags a checkpoint keeps
+        record_connection_sources(args, [model.encoder.connection_spec.kind, model.decoder.connection_spec.kind])
+        return model
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):

@@ -1,0 +1,1 @@
+"""LayerScale as a resnmt connection kind (``--residual layerscale``): see connection.py."""
