@@ -14,6 +14,7 @@
 * ``resnmt-train --fast-path`` and ``fairseq-train --user-dir resnmt --fast-path`` end to end,
   and the one-line refusal of what the fast path does not run.
 """
+import contextlib
 import linecache
 import math
 import sys
@@ -30,11 +31,12 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.trainer import Trainer
 
 from conftest import REPO_ROOT, run_cli
+from cpu_graph import HOST_TENSOR_LINES, op_capture
 from model_utils import TINY
 from resnmt.training import fast
 from resnmt.training.bf16 import untie_bf16_from_tpu
 from resnmt.training.fast.buckets import BucketedPairDataset, bucket_batch_size, bucket_sizes
-from resnmt.training.fast.capture import StepGraphs
+from resnmt.training.fast.capture import StepGraphs, describe_key
 from resnmt.training.fast.step import FastPathTrainer, unsupported
 from resnmt.training.fast.update import DeviceUpdate
 
@@ -282,11 +284,9 @@ def test_every_kind_trains_as_with_fairseqs_step(tiny_bin, probe_fairseq_losses,
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-7)
 
 
-# the host reads left in a fast-path update, each with why it is there
-ALLOWED_HOST_READS = {
-    # a shape as a CPU tensor (torch.onnx.operators.shape_as_tensor): no device to wait for
-    "if max_pos > self.weights.size(0):",
-}
+# the host reads left in a fast-path update, each with why it is there (a shape as a CPU
+# tensor, torch.onnx.operators.shape_as_tensor: no device to wait for)
+ALLOWED_HOST_READS = HOST_TENSOR_LINES
 
 
 def test_update_reads_no_device_value(tiny_bin):
@@ -403,9 +403,10 @@ def test_step_graphs_capture_each_shape_once_and_copy_the_inputs():
 
 
 def test_captured_training_equals_eager_training(tiny_bin):
-    """The trainer through StepGraphs (fake graphs) trains exactly as eagerly, recording
-    one graph per batch shape and one for the update, over two epochs."""
-    graphs = StepGraphs(fake_capture, warmup=1)
+    """The trainer through StepGraphs (graphs of recorded operations replayed on the
+    recorded tensors: tests/cpu_graph.py) trains exactly as eagerly, recording one graph
+    per batch shape and one for the update, all before the first update, over two epochs."""
+    graphs = StepGraphs(op_capture, warmup=1)
     captured, task = build(tiny_bin, FastPathTrainer, "--clip-norm", "0.5", "--log-interval", "100", graphs=graphs)
     eager, _ = build(tiny_bin, FastPathTrainer, "--clip-norm", "0.5", "--log-interval", "100")
     batches = epoch_batches(task, 1) + epoch_batches(task, 2)
@@ -417,10 +418,102 @@ def test_captured_training_equals_eager_training(tiny_bin):
     keys = Counter(c["key"][0] for c in graphs.captures)
     assert keys == {"forward_backward": len(shapes), "update": 1}
     assert len({c["key"] for c in graphs.captures}) == len(graphs.captures)  # each once
-    # nothing recorded before every shape and the update had run eagerly
+    # every shape and the update warmed up, then recorded, before the first real update
     assert graphs.keys_before_capture == len(shapes) + 1 == len(task.dataset("train").shapes()) + 1
     assert min(c["call"] for c in graphs.captures) > max(graphs.first_seen.values())
+    assert max(c["call"] for c in graphs.captures) <= 2 * (len(shapes) + 1) and not graphs.failures
     assert graphs.replays == graphs.calls - sum(graphs.eager_runs.values())
+
+
+def failing_for(shape_index: int):
+    """A capture that raises for the ``shape_index``-th forward-backward shape recorded (as
+    an operation that cannot be captured would on a GPU), else records."""
+    seen = []
+
+    def capture(record):
+        seen.append(record)
+        if len(seen) == shape_index + 1:
+            raise RuntimeError("operation not permitted when stream is capturing (forced)")
+        return op_capture(record)
+    return capture
+
+
+def test_a_shape_that_cannot_be_captured_runs_eagerly_with_one_line(tiny_bin, caplog):
+    graphs = StepGraphs(failing_for(1), warmup=1)
+    captured, task = build(tiny_bin, FastPathTrainer, "--clip-norm", "0.5", "--log-interval", "100", graphs=graphs)
+    eager, _ = build(tiny_bin, FastPathTrainer, "--clip-norm", "0.5", "--log-interval", "100")
+    batches = epoch_batches(task)[:8]
+    with caplog.at_level("WARNING", logger="resnmt.training.fast.capture"):
+        losses = [(exact_loss(captured.train_step([b])), exact_loss(eager.train_step([b]))) for b in batches]
+    assert [c for c, _ in losses] == pytest.approx([e for _, e in losses], rel=1e-6)
+    (key, why), = graphs.failures.items()
+    assert why == "RuntimeError: operation not permitted when stream is capturing (forced)"
+    lines = [r.getMessage() for r in caplog.records if "eagerly from now on" in r.getMessage()]
+    rows, src, tgt = task.dataset("train").shapes()[1]
+    assert {((rows, src), torch.int64, "cpu"), ((rows, tgt), torch.int64, "cpu")} <= set(key[1:])
+    assert lines == [f"[fast path] {describe_key(key)}: its capture failed ({why}); this shape runs eagerly from now on"]
+    assert describe_key(key).startswith("forward_backward ") and f"{rows}x{src}" in describe_key(key)
+    assert key not in graphs.entries and len(graphs.captures) == len(task.dataset("train").shapes())  # the rest
+
+
+def test_a_warm_up_that_fails_runs_eagerly_from_then_on():
+    failures = []
+
+    @contextlib.contextmanager
+    def side_stream():  # the first warm-up fails (as a side stream's step might), the rest do not
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("no side stream today")
+        yield
+
+    graphs = StepGraphs(op_capture, warmup_context=side_stream, warmup=1)
+    x = torch.ones(3)
+    for i in range(3):
+        assert torch.equal(graphs.run("step", lambda inputs: inputs * 2, x * i), x * 2 * i)
+    assert graphs.failures == {("step", ((3,), torch.float32, "cpu")): "RuntimeError: no side stream today"}
+    assert not graphs.captures and graphs.replays == 0
+
+
+def test_grads_set_to_none_validation_and_checkpoints_with_captured_steps(tiny_bin, tmp_path):
+    """fairseq's zero_grad (``.grad = None``), a validation pass over longer targets than
+    any training batch, a checkpoint saved and loaded: the captured trainer goes on training
+    as the eager one, the decoder's causal-mask cache never rebuilt, the gradients it
+    records into never replaced."""
+    graphs = StepGraphs(op_capture, warmup=1)
+    flags = ("--clip-norm", "0.5", "--log-interval", "100", "--bf16")
+    captured, task = build(tiny_bin, FastPathTrainer, *flags, graphs=graphs)
+    eager, _ = build(tiny_bin, FastPathTrainer, *flags)
+    batches = epoch_batches(task)
+    task.load_dataset("valid")
+    valid = task.dataset("valid")
+    longest = max(b["target"].size(1) for b in batches) + 8  # a target longer than any training batch's
+    valid_batches = [valid.collater([valid[i] for i in range(j, j + 10)], pad_to_length={"source": 1, "target": longest})
+                     for j in (0,)]
+    decoder = captured.model.decoder
+    mask = decoder._future_mask
+    assert mask.size(0) == decoder.max_positions() and mask.dtype == torch.bfloat16
+    for trainer in (captured, eager):
+        for b in batches[:3]:
+            trainer.train_step([b])
+    held = [p.grad for p in captured.model.parameters()]
+    for trainer in (captured, eager):
+        trainer.optimizer.zero_grad()  # FP16Optimizer: the model's .grad = None
+        assert all(p.grad is None for p in trainer.model.parameters())
+        for b in valid_batches:
+            trainer.valid_step(b)
+        trainer.consolidate_optimizer()  # as fairseq's checkpoint_utils.save_checkpoint does first
+        trainer.save_checkpoint(str(tmp_path / f"{id(trainer)}.pt"), {})
+    losses = [(exact_loss(captured.train_step([b])), exact_loss(eager.train_step([b]))) for b in batches[3:5]]
+    assert [c for c, _ in losses] == pytest.approx([e for _, e in losses], rel=1e-6)
+    assert [p.grad for p in captured.model.parameters()] == held and decoder._future_mask is mask
+    for trainer in (captured, eager):  # loading rebuilds the update, and records again before training
+        trainer.load_checkpoint(str(tmp_path / f"{id(trainer)}.pt"))
+    graphs_before = len(graphs.captures)
+    losses = [(exact_loss(captured.train_step([b])), exact_loss(eager.train_step([b]))) for b in batches[5:6]]
+    assert [c for c, _ in losses] == pytest.approx([e for _, e in losses], rel=1e-6)
+    assert len(graphs.captures) == 2 * graphs_before
+    for p, q in zip(eager.model.parameters(), captured.model.parameters()):
+        assert torch.equal(p, q)
 
 
 # ------------------------------------------------------------------ start-up checks and end to end

@@ -39,6 +39,7 @@ researcher who turned the fast path on is told rather than silently given fairse
 """
 import contextlib
 import logging
+import time
 from itertools import chain
 from typing import Optional
 
@@ -112,6 +113,20 @@ def check_fast_path(cfg) -> None:
         raise ValueError(reason)
 
 
+def presize_future_masks(model) -> int:
+    """Build every decoder's causal-mask cache (fairseq's ``_future_mask``) once at the
+    longest target the decoder takes, on its device and in its dtype: fairseq rebuilds it
+    (new memory) whenever a batch is longer than the cache, and validation's longest target
+    may be longer than any training batch, which would leave a recorded step reading freed
+    memory. Returns how many decoders."""
+    decoders = [m for m in model.modules() if hasattr(m, "buffered_future_mask") and hasattr(m, "max_positions")]
+    for decoder in decoders:
+        weight = next(decoder.parameters())
+        decoder.buffered_future_mask(torch.empty(int(decoder.max_positions()), 1, device=weight.device,
+                                                 dtype=weight.dtype))
+    return len(decoders)
+
+
 def use_static_padding(model) -> int:
     """Ask every module of ``model`` with a ``static_padding`` attribute to pass its
     padding mask on whether or not a batch holds padding (deciding that reads the mask on
@@ -133,6 +148,7 @@ class FastPathTrainer(Trainer):
         check_fast_path(cfg)
         super().__init__(cfg, task, model, criterion, quantizer)
         self.static_padding_modules = use_static_padding(self._model)
+        presize_future_masks(self._model)
         self._graphs = graphs
         self._update: Optional[DeviceUpdate] = None
         self._checked_through = 0  # the updates up to here had finite gradient norms
@@ -170,7 +186,38 @@ class FastPathTrainer(Trainer):
                         "bf16 model, float32 master weights" if self._update.master else "float32",
                         "each step captured once per batch shape as a CUDA graph" if self._graphs is not None
                         else "steps run eagerly")
+            if self._graphs is not None:
+                self.prime_graphs()
         return self._update
+
+    def prime_graphs(self) -> None:
+        """Warm up and record every bucket's step and the update before the first counted
+        update, on synthetic batches of each bucket's shape, and put back every weight,
+        moment, gradient and buffer they changed: no recording happens inside a timed
+        window, and a shape that cannot be recorded is known (and run eagerly) from the start."""
+        from resnmt.training.fast.buckets import BucketedPairDataset
+
+        dataset = self.task.datasets.get(self.cfg.dataset.train_subset)
+        if not isinstance(dataset, BucketedPairDataset) or dataset.rows is None:
+            return
+        update, graphs = self._update, self._graphs
+        samples = [self._prepare_sample(dataset.synthetic_batch(k))[0] for k in range(len(dataset.shapes()))]
+        state = {id(t): t for t in chain(self.model.state_dict(keep_vars=True).values(),
+                                          self.criterion.state_dict(keep_vars=True).values(), update.state_tensors())}
+        saved = [(t, t.detach().clone()) for t in state.values()]
+        start, update_num = time.perf_counter(), self.get_num_updates()
+        for _ in range(graphs.warmup + 1):  # the warm-ups, then the recordings (each replayed once)
+            for sample in samples:
+                self._forward_backward(sample, update_num, ignore_grad=False)
+            update.prepare(grad_scale=1.0, lr=0.0)
+            graphs.run("update", lambda _: update(), ())
+        with torch.no_grad():
+            for tensor, value in saved:
+                tensor.copy_(value)
+        graphs.synchronize()
+        self._set_seed()  # the update's random numbers as if nothing had run before it
+        logger.info("[fast path] %d shapes and the update recorded before training in %.1f s (%d graphs, %d shapes "
+                    "eager)", len(samples), time.perf_counter() - start, len(graphs.captures), len(graphs.failures))
 
     def batch_shapes(self) -> list:
         """The training batches' shapes (the shape buckets'; none known otherwise)."""
@@ -199,6 +246,7 @@ class FastPathTrainer(Trainer):
         """Zero the gradients in place (the captured steps accumulate into them)."""
         if self._update is None:
             return super().zero_grad()
+        self._update.hold_grads()
         torch._foreach_zero_(self._update.model_grads)
 
     # ------------------------------------------------------------------ the update
@@ -235,6 +283,7 @@ class FastPathTrainer(Trainer):
         self.criterion.train()
         metrics.log_start_time("train_wall", priority=800, round=0)
         update = self.device_update()
+        update.hold_grads()  # a .grad set to None or replaced since: the recorded steps write the held ones
         update_num = self.get_num_updates()
 
         sums, counts = {}, {"sample_size": 0, "ntokens": 0, "nsentences": 0}
