@@ -25,7 +25,10 @@ update with no read of a device value:
 On CUDA the forward-backward of each batch shape and the update are captured as CUDA
 graphs and replayed (``capture.py``; ``--no-step-capture`` runs them eagerly), which
 needs every step of the model free of host reads too: :func:`use_static_padding` asks
-the model's modules that offer it to always pass the padding masks.
+the model's modules that offer it to always pass the padding masks. Every attention
+sublayer trains through ``scaled_dot_product_attention`` with the call pattern its fast
+kernels take (``attention.py``), and the decoder's causal-mask cache is built once at its
+longest (:func:`presize_future_masks`).
 
 What it supports: float32 and ``--bf16`` (resnmt-train's), ``--update-freq``, data
 parallel training (``--ddp-backend pytorch_ddp``/``legacy_ddp``; eager there), fairseq's
@@ -49,6 +52,7 @@ from fairseq.distributed import utils as fairseq_distributed
 from fairseq.trainer import Trainer
 
 from resnmt.training.compile import CUDA_GRAPH_MODES
+from resnmt.training.fast.attention import use_sdpa_attention
 from resnmt.training.fast.update import DeviceUpdate
 
 logger = logging.getLogger(__name__)
@@ -148,6 +152,8 @@ class FastPathTrainer(Trainer):
         check_fast_path(cfg)
         super().__init__(cfg, task, model, criterion, quantizer)
         self.static_padding_modules = use_static_padding(self._model)
+        self.sdpa_attention_modules = use_sdpa_attention(
+            self._model, right_padded_targets=not getattr(task.cfg, "left_pad_target", False))
         presize_future_masks(self._model)
         self._graphs = graphs
         self._update: Optional[DeviceUpdate] = None
