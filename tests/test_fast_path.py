@@ -697,6 +697,25 @@ def test_on_cuda_the_captured_update_is_the_eager_one():
 
 
 @CUDA
+def test_on_cuda_a_step_that_cannot_be_captured_runs_eagerly():
+    """A step that reads a device value on the host cannot be recorded: it runs eagerly from
+    then on with one line, and the device goes on recording and replaying other steps."""
+    graphs = StepGraphs.for_cuda()
+    x = torch.ones(4, device="cuda")
+
+    def reads_the_host(inputs):
+        return inputs * float(inputs.sum())
+
+    for i in range(1, 4):
+        assert torch.equal(graphs.run("host", reads_the_host, x * i), x * i * float(4 * i))
+    assert list(graphs.failures) == [("host", ((4,), torch.float32, "cuda"))]
+    print("the failure:", graphs.failures)
+    for i in range(1, 4):
+        assert torch.equal(graphs.run("fine", lambda inputs: inputs * 2, x * i).clone(), x * 2 * i)
+    assert len(graphs.captures) == 1 and graphs.replays == 2
+
+
+@CUDA
 def test_on_cuda_the_update_trains_as_fairseqs_step(tiny_bin, probe_fairseq_losses):
     ref, task = build(tiny_bin, Trainer, "--clip-norm", "0.5", cpu=False)
     fast_trainer, _ = build(tiny_bin, FastPathTrainer, "--clip-norm", "0.5", "--no-step-capture", cpu=False)

@@ -100,9 +100,11 @@ def unsupported(cfg) -> Optional[str]:
     if getattr(cfg.criterion, "report_accuracy", False):
         return "--fast-path with --report-accuracy: it reads counts on the host every batch; train without it"
     task = cfg.task
-    if getattr(task, "compile_layers", False) and str(getattr(task, "compile_mode", "default")) in CUDA_GRAPH_MODES:
+    if (getattr(task, "compile_layers", False) and str(getattr(task, "compile_mode", "default")) in CUDA_GRAPH_MODES
+            and not getattr(task, "no_step_capture", False)):
         return (f"--fast-path with --compile-mode {task.compile_mode}: the fast path records whole steps as CUDA "
-                "graphs itself; compile with --compile-mode default or max-autotune-no-cudagraphs")
+                "graphs itself; compile with --compile-mode default or max-autotune-no-cudagraphs, or add "
+                "--no-step-capture to let torch.compile record them")
     optimizer = _name(cfg.optimizer)
     if optimizer not in OPTIMIZERS:
         return f"--fast-path with --optimizer {optimizer}: supported optimizers: {', '.join(OPTIMIZERS)}"
