@@ -40,6 +40,8 @@ _BUCKETS_RE = re.compile(r"\[fast path\] shape buckets: (\d+) shapes .*?padding:
                          r"\(fairseq's own \d+ batches: ([\d.]+) %\)")
 _STEPS_RE = re.compile(r"\[fast path\] the update on the \w+ \([^)]*\), (.*)")
 _CAPTURE_RE = re.compile(r"\[fast path\] captured \S+ .*? in ([\d.]+) s \(graph (\d+)\)")
+_PRIMED_RE = re.compile(r"\[fast path\] \d+ shapes and the update recorded before training in ([\d.]+) s")
+_FAILED_RE = re.compile(r"\[fast path\] (.*: its (?:warm-up|capture) failed .*); this shape runs eagerly from now on")
 
 
 def round_order(runs: List[str], rnd: int) -> List[str]:
@@ -65,6 +67,12 @@ def fast_path_log(text: str, intervals: List[dict]) -> dict:
         grew = [i["num_updates"] for prev, i in zip(intervals, intervals[1:])
                 if i.get("graphs", 0) > prev.get("graphs", 0)]
         rec.update(graphs=len(captures), capture_s=sum(captures), last_update_with_a_new_graph=max(grew, default=None))
+    primed = _PRIMED_RE.search(text)
+    if primed:  # every shape recorded at start-up, before the first update
+        rec["recorded_before_training_s"] = float(primed.group(1))
+    failed = _FAILED_RE.findall(text)
+    if failed:  # shapes that run eagerly: which and why
+        rec["eager_shapes"] = failed
     return rec
 
 

@@ -9,8 +9,11 @@
   with --update-freq 2, every kind of connection), it reads no device value on the host
   but for the model lines that decide on padding, a NaN/Inf gradient norm stops training
   at the log interval naming the updates, and a run saved and resumed continues exactly;
-* the captured steps, with a fake graph: each shape recorded once, replayed afterwards
-  with its inputs copied into the static buffers, the same training as eager;
+* the captured steps, with graphs of recorded operations replayed on the recorded tensors
+  (tests/cpu_graph.py: a CUDA graph's semantics on the CPU): every shape recorded once at
+  start-up, replayed afterwards with its inputs copied into the static buffers, the same
+  training as eager; a shape that cannot be recorded runs eagerly with one line; gradients
+  set to None, validation on longer targets and checkpoints leave the graphs' tensors alone;
 * ``resnmt-train --fast-path`` and ``fairseq-train --user-dir resnmt --fast-path`` end to end,
   and the one-line refusal of what the fast path does not run.
 """

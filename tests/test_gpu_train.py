@@ -515,3 +515,21 @@ def test_plot_of_the_whole_processes(tmp_path):
     results.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert plot_gpu.main(["--results", str(results), "--out-dir", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["gpu-whole-process-gpu-x.png", "gpu-whole-process-gpu-y.png"]
+
+
+def test_a_fast_path_log_says_what_was_recorded_before_training_and_what_runs_eagerly():
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import whole_processes
+
+    text = ("[fast path] the update on the cuda (bf16 model, float32 master weights), each step captured once per "
+            "batch shape as a CUDA graph\n"
+            "[fast path] captured forward_backward 8 8x33 8 8x40 8x40 as a CUDA graph in 0.52 s (graph 1)\n"
+            "[fast path] forward_backward 16 16x20 16 16x21 16x21: its capture failed (RuntimeError: operation not "
+            "permitted when stream is capturing); this shape runs eagerly from now on\n"
+            "[fast path] captured update as a CUDA graph in 0.10 s (graph 2)\n"
+            "[fast path] 2 shapes and the update recorded before training in 3.4 s (2 graphs, 1 shapes eager)\n")
+    rec = whole_processes.fast_path_log(text, [{"num_updates": 10, "graphs": 2.0}, {"num_updates": 20, "graphs": 2.0}])
+    assert rec["graphs"] == 2 and rec["capture_s"] == pytest.approx(0.62) and rec["last_update_with_a_new_graph"] is None
+    assert rec["recorded_before_training_s"] == 3.4
+    assert rec["eager_shapes"] == ["forward_backward 16 16x20 16 16x21 16x21: its capture failed (RuntimeError: "
+                                   "operation not permitted when stream is capturing)"]

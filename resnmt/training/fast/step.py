@@ -23,7 +23,11 @@ update with no read of a device value:
   stops at the update itself; the fast path cannot know which update without waiting).
 
 On CUDA the forward-backward of each batch shape and the update are captured as CUDA
-graphs and replayed (``capture.py``; ``--no-step-capture`` runs them eagerly), which
+graphs and replayed (``capture.py``; ``--no-step-capture`` runs them eagerly), all of them
+warmed up and recorded before the first update on synthetic batches of each bucket's shape
+(:meth:`FastPathTrainer.prime_graphs`; the state they touched put back), a shape that
+cannot be recorded running eagerly with one line; a ``.grad`` set to None by fairseq or
+torch is bound back before each update (``DeviceUpdate.hold_grads``). This
 needs every step of the model free of host reads too: :func:`use_static_padding` asks
 the model's modules that offer it to always pass the padding masks. Every attention
 sublayer trains through ``scaled_dot_product_attention`` with the call pattern its fast
