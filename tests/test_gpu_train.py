@@ -533,3 +533,20 @@ def test_a_fast_path_log_says_what_was_recorded_before_training_and_what_runs_ea
     assert rec["recorded_before_training_s"] == 3.4
     assert rec["eager_shapes"] == ["forward_backward 16 16x20 16 16x21 16x21: its capture failed (RuntimeError: "
                                    "operation not permitted when stream is capturing)"]
+
+
+def test_the_profile_counts_kernels_once_and_keeps_ranges_apart():
+    """record_function ranges report their whole GPU span: kept apart from the kernels' sum."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    from fairseq_trainer import kernels_and_ranges
+
+    def event(key, us, annotation=False):
+        return SimpleNamespace(key=key, self_device_time_total=us, is_user_annotation=annotation)
+
+    events = [event("forward", 19300, True), event("sm90_gemm", 4000), event("aten::mm", 4000),
+              event("elementwise_kernel", 6000), event("Optimizer.step#Adam.step", 800, True), event("cpu op", 0)]
+    kernels, ranges = kernels_and_ranges(events)
+    assert [e.key for e in kernels] == ["elementwise_kernel", "sm90_gemm"]
+    assert [e.key for e in ranges] == ["forward", "Optimizer.step#Adam.step"]
