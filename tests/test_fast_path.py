@@ -315,6 +315,33 @@ def test_every_kind_trains_as_with_fairseqs_step(tiny_bin, probe_fairseq_losses,
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow  # Dynamo traces every kind's model at every bucket's shape: about a minute per kind
+@pytest.mark.parametrize("case", sorted(KIND_CASES))
+def test_every_kind_compiles_whole_once_per_bucket(tiny_bin, case):
+    """The fast path's training forward and loss (static padding, SDPA attention, the causal
+    mask cache built once) traced by torch.compile with fullgraph=True: no graph break, one
+    graph per bucket shape, none again when the shapes come back."""
+    import torch._dynamo
+
+    trainer, task = build(tiny_bin, FastPathTrainer, *KIND_CASES[case])
+    epoch_batches(task)  # builds the buckets
+    dataset = task.dataset("train")
+    batches = [dataset.synthetic_batch(k) for k in range(len(dataset.shapes()))]
+    model = trainer.model
+    model.train()
+
+    def loss_of(net_input, target):
+        out = model(**net_input)[0]
+        return torch.nn.functional.cross_entropy(out.transpose(1, 2), target, ignore_index=1, reduction="sum")
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(loss_of, backend="eager", fullgraph=True, dynamic=False)
+    for b in batches + batches:
+        compiled(b["net_input"], b["target"]).backward()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == len(batches)
+
+
 # stock fairseq (its own attention) against the fast path over 20 updates, end to end: the
 # relative difference of the per-update losses and of the weights that each precision holds to
 STOCK_TOLERANCE = {"fp32": {"loss": 1e-5, "weights": 1e-4}, "bf16": {"loss": 1e-3, "weights": 1e-2}}

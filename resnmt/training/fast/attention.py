@@ -84,7 +84,8 @@ class SDPAForward:
                               incremental_state=incremental_state, need_weights=need_weights, static_kv=static_kv,
                               attn_mask=attn_mask, before_softmax=before_softmax,
                               need_head_weights=need_head_weights)
-        self.calls += 1
+        if not torch.compiler.is_compiling():  # a Python counter read while compiling would be guarded on
+            self.calls += 1
         causal = self.causal and attn_mask is not None  # the decoder passes its causal mask when it attends causally
         if causal and (self.right_padded or key_padding_mask is None):
             return sdpa_attention(self.attention, query, key, value, None, causal=True), None
