@@ -497,11 +497,12 @@ def test_step_graphs_capture_each_shape_once_and_copy_the_inputs():
 def test_captured_training_equals_eager_training(tiny_bin):
     """The trainer through StepGraphs (graphs of recorded operations replayed on the
     recorded tensors: tests/cpu_graph.py) trains exactly as eagerly, recording one graph
-    per batch shape and one for the update, all before the first update, over two epochs."""
+    per batch shape and one for the update, all before the first update, over an epoch and
+    the start of the next."""
     graphs = StepGraphs(op_capture, warmup=1)
     captured, task = build(tiny_bin, FastPathTrainer, "--clip-norm", "0.5", "--log-interval", "100", graphs=graphs)
     eager, _ = build(tiny_bin, FastPathTrainer, "--clip-norm", "0.5", "--log-interval", "100")
-    batches = epoch_batches(task, 1) + epoch_batches(task, 2)
+    batches = epoch_batches(task, 1) + epoch_batches(task, 2)[:2]  # every shape in epoch 1, replayed again
     losses = [(exact_loss(captured.train_step([b])), exact_loss(eager.train_step([b]))) for b in batches]
     assert [c for c, _ in losses] == pytest.approx([e for _, e in losses], rel=1e-6)
     for p, q in zip(eager.model.parameters(), captured.model.parameters()):
