@@ -3,9 +3,9 @@
 fairseq's attention.
 
 Tolerance: in float32 the losses equal fairseq's to rtol 1e-6 and every gradient to
-rtol 1e-5 / atol 1e-5 (gradients of the summed loss, of size 0.1-10; SDPA's kernel sums in another order than fairseq's batched products
-and float32 softmax); attention dropout is off in the comparison (each path draws its own
-dropout mask)."""
+rtol 1e-5 / atol 1e-5 (gradients of the summed loss, of size 0.1-10; SDPA's kernel sums in
+another order than fairseq's batched products and float32 softmax); attention dropout is off
+in the comparison (each path draws its own dropout mask)."""
 import pytest
 import torch
 import torch.nn.functional as F

@@ -240,7 +240,8 @@ def probe_fairseq_losses(monkeypatch):
 
 
 @pytest.mark.parametrize("precision, update_freq, updates", [
-    ("bf16", 2, 3), pytest.param("fp32", 1, 20, marks=pytest.mark.slow), pytest.param("bf16", 2, 20, marks=pytest.mark.slow)])
+    ("bf16", 2, 3), pytest.param("fp32", 1, 20, marks=pytest.mark.slow),
+    pytest.param("bf16", 2, 20, marks=pytest.mark.slow)])
 def test_update_equals_fairseqs_trainer(tiny_bin, probe_fairseq_losses, precision, update_freq, updates):
     """Dropout on, --clip-norm active: the same losses and weights as fairseq's step (on the
     same attention: the update's claim; float32 and 3 updates of every kind in
@@ -544,7 +545,8 @@ def test_a_shape_that_cannot_be_captured_runs_eagerly_with_one_line(tiny_bin, ca
     lines = [r.getMessage() for r in caplog.records if "eagerly from now on" in r.getMessage()]
     rows, src, tgt = task.dataset("train").shapes()[1]
     assert {((rows, src), torch.int64, "cpu"), ((rows, tgt), torch.int64, "cpu")} <= set(key[1:])
-    assert lines == [f"[fast path] {describe_key(key)}: its capture failed ({why}); this shape runs eagerly from now on"]
+    assert lines == [f"[fast path] {describe_key(key)}: its capture failed ({why}); this shape runs eagerly from "
+                     "now on"]
     assert describe_key(key).startswith("forward_backward ") and f"{rows}x{src}" in describe_key(key)
     assert key not in graphs.entries and len(graphs.captures) == len(task.dataset("train").shapes())  # the rest
 
@@ -580,8 +582,7 @@ def test_grads_set_to_none_validation_and_checkpoints_with_captured_steps(tiny_b
     task.load_dataset("valid")
     valid = task.dataset("valid")
     longest = max(b["target"].size(1) for b in batches) + 8  # a target longer than any training batch's
-    valid_batches = [valid.collater([valid[i] for i in range(j, j + 10)], pad_to_length={"source": 1, "target": longest})
-                     for j in (0,)]
+    valid_batches = [valid.collater([valid[i] for i in range(10)], pad_to_length={"source": 1, "target": longest})]
     decoder = captured.model.decoder
     mask = decoder._future_mask
     assert mask.size(0) == decoder.max_positions() and mask.dtype == torch.bfloat16
