@@ -157,6 +157,22 @@ def host_reads(trainer, batches, start: int, n: int = 2) -> list:
             for (site, name, device, line), c in counts.most_common()]
 
 
+def device_time(e) -> float:
+    """A profiler event's own device time (microseconds)."""
+    return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) or 0
+
+
+def kernels_and_ranges(events):
+    """The kernels of profiler ``events`` (longest first) and, apart, the ``record_function``
+    ranges with a device time: a range ("forward", "Optimizer.step") reports its whole span on
+    the GPU timeline, idle gaps and the kernels inside it included, so summed with the
+    kernels it would count them twice."""
+    ranges = [e for e in events if getattr(e, "is_user_annotation", False) and device_time(e) > 0]
+    kernels = [e for e in events if device_time(e) > 0 and not e.key.startswith(("aten::", "autograd::"))
+               and not getattr(e, "is_user_annotation", False)]
+    return sorted(kernels, key=device_time, reverse=True), ranges
+
+
 def profile_update(trainer, batches, cpu: bool) -> dict:
     """torch.profiler over one update (after warm-up): top kernels, launches, syncs; then
     where two more updates read tensor values on the host (:func:`host_reads`)."""
@@ -171,18 +187,15 @@ def profile_update(trainer, batches, cpu: bool) -> dict:
     wall = time.perf_counter() - t0
     events = prof.key_averages()
 
-    def device_time(e):
-        return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) or 0
-
     def count(pattern):
         return sum(e.count for e in events if re.search(pattern, e.key))
 
-    kernels = [e for e in events if device_time(e) > 0 and not e.key.startswith(("aten::", "autograd::"))]
-    kernels.sort(key=device_time, reverse=True)
+    kernels, ranges = kernels_and_ranges(events)
     ops = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
     return {
         "wall_ms": 1e3 * wall,
         "device_time_ms": sum(device_time(e) for e in kernels) / 1e3,
+        "ranges_ms": {e.key[:80]: device_time(e) / 1e3 for e in ranges},  # spans, not added to device_time_ms
         "kernel_launches": count(r"^(cudaLaunchKernel|cuLaunchKernel|cudaLaunchKernelExC)$"),
         "host_syncs": {k: count(rf"^{k}$") for k in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
                                                     "cudaEventSynchronize")},

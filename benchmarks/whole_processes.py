@@ -1,13 +1,18 @@
 """gpu_train.py's whole processes: complete fairseq-train (and resnmt-train) runs, stock against
-resnmt, interleaved in rounds (the order reversed every other round); fairseq's own wps per
+resnmt, interleaved in rounds (the order reversed every other round; a round named A,B,B,A
+repeats both runs in it, so that a drift of the machine over the round weighs on both alike,
+and stock against stock is the noise floor); fairseq's own wps per
 logged interval read from its json log (the median, and apart over the first epoch, where every
 batch shape is new and the fast path records its CUDA graphs, and the later ones), the fast
 path's shape buckets and graphs from its log, and each run's per-update losses against its
 reference's. After each round a summary line per run: its steady-state wps round by round, its
-ratio to stock of its size in the same round (``rows.WHOLE_TARGETS``), the noise floor (a run
-repeated in a round against its first), the verdict (``verdicts.trainer_verdict``: a same-math
-pair resolves only over four rounds above the noise floor) and MFU against the measured peak of
-the precision that ran.
+ratio to stock of its size in the same round (``rows.WHOLE_TARGETS``; a run repeated in a round
+counts with the mean of its repeats), the noise floor (a run repeated in a round against its
+first), the verdict (``verdicts.trainer_verdict``: a speed target passes only where the lowest
+of at least three rounds' ratios, shrunk by the noise floor, clears it; a same-math pair
+resolves only over four rounds above the noise floor) and MFU against the measured peak of the
+precision that ran. The steady window of a fast-path process starts after its last recorded
+CUDA graph (and after ``--whole-skip``).
 """
 import json
 import os
@@ -35,6 +40,8 @@ _BUCKETS_RE = re.compile(r"\[fast path\] shape buckets: (\d+) shapes .*?padding:
                          r"\(fairseq's own \d+ batches: ([\d.]+) %\)")
 _STEPS_RE = re.compile(r"\[fast path\] the update on the \w+ \([^)]*\), (.*)")
 _CAPTURE_RE = re.compile(r"\[fast path\] captured \S+ .*? in ([\d.]+) s \(graph (\d+)\)")
+_PRIMED_RE = re.compile(r"\[fast path\] \d+ shapes and the update recorded before training in ([\d.]+) s")
+_FAILED_RE = re.compile(r"\[fast path\] (.*: its (?:warm-up|capture) failed .*); this shape runs eagerly from now on")
 
 
 def round_order(runs: List[str], rnd: int) -> List[str]:
@@ -60,6 +67,12 @@ def fast_path_log(text: str, intervals: List[dict]) -> dict:
         grew = [i["num_updates"] for prev, i in zip(intervals, intervals[1:])
                 if i.get("graphs", 0) > prev.get("graphs", 0)]
         rec.update(graphs=len(captures), capture_s=sum(captures), last_update_with_a_new_graph=max(grew, default=None))
+    primed = _PRIMED_RE.search(text)
+    if primed:  # every shape recorded at start-up, before the first update
+        rec["recorded_before_training_s"] = float(primed.group(1))
+    failed = _FAILED_RE.findall(text)
+    if failed:  # shapes that run eagerly: which and why
+        rec["eager_shapes"] = failed
     return rec
 
 
@@ -84,9 +97,13 @@ def whole_summaries(done: List[dict], env: dict) -> List[dict]:
     floors = [noise_floor(ratios) for ratios in repeated if ratios]
     noise = max(floors) if floors else None
     lines = []
+
+    def round_wps(by: Dict[tuple, dict], name: str) -> float:  # the mean of the run's repeats in a round
+        return statistics.mean(steady_wps(r) for (n, _), r in by.items() if n == name)
+
     for name in dict.fromkeys(r["run"] for r in done):
         own = [(rnd, by[(name, 1)]) for rnd, by in sorted(rounds.items()) if (name, 1) in by]
-        wps = [steady_wps(r) for _, r in own]
+        wps = [round_wps(rounds[rnd], name) for rnd, _ in own]
         med, lo, hi = median_min_max(wps)
         first = own[0][1]
         line = {"kind": "whole_summary", "run": name, "device": env["device"], "job": env["time"],
@@ -98,7 +115,7 @@ def whole_summaries(done: List[dict], env: dict) -> List[dict]:
             line.update(mfu_6nd=6 * first["params"] * med / (peak * 1e12), peak_dtype=first["precision"],
                         peak_tflops=peak)
         target = WHOLE_TARGETS.get(name)
-        ratios = [steady_wps(r) / steady_wps(rounds[rnd][(target.reference, 1)]) for rnd, r in own
+        ratios = [round_wps(rounds[rnd], name) / round_wps(rounds[rnd], target.reference) for rnd, _ in own
                   if target and (target.reference, 1) in rounds[rnd]]
         if ratios:
             r_med, r_lo, r_hi = median_min_max(ratios)
@@ -148,6 +165,9 @@ def whole_argv(a, name: str, scratch: str) -> List[str]:
     module, flags = WHOLE_PROCESSES[name]
     if "--compile-layers" in flags:
         flags += ("--compile-backend", a.compile_backend)
+        if a.compile_backend != "inductor" and "--compile-mode" in flags:  # the rehearsal's backend takes no mode
+            i = flags.index("--compile-mode")
+            flags = flags[:i] + flags[i + 2:]
     argv = [sys.executable, "-m", module, *flags, str(a.data), "--share-all-embeddings", "--dropout", "0.1",
             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--optimizer", "adam",
             "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt",
@@ -185,7 +205,9 @@ def whole_process(a, name: str, scratch: str, env: dict, losses: dict, rnd: int,
     every = [{"num_updates": int(r["num_updates"]),
               **{k: float(r[k]) for k in ("epoch", "loss", "wps", "ups", "wpb", "train_wall", "wall", "graphs")
                  if k in r}} for r in inner]
-    intervals = [i for i in every if i["num_updates"] > a.whole_skip]
+    graphs = fast_path_log(text, every)
+    skip = max(a.whole_skip, graphs.get("last_update_with_a_new_graph") or 0)  # steady: after the last capture
+    intervals = [i for i in every if i["num_updates"] > skip]
     wps = [i["wps"] for i in intervals]
     by_epoch = {"first_epoch": [i["wps"] for i in intervals if i.get("epoch") == 1],
                 "later_epochs": [i["wps"] for i in intervals if i.get("epoch", 1) > 1]}
@@ -198,7 +220,7 @@ def whole_process(a, name: str, scratch: str, env: dict, losses: dict, rnd: int,
            "wps_intervals": len(wps), "intervals": intervals,
            **{f"wps_median_{part}": statistics.median(v) if v else None for part, v in by_epoch.items()},
            **{f"wps_intervals_{part}": len(v) for part, v in by_epoch.items()},
-           **fast_path_log(text, every)}
+           "steady_after_update": skip, **graphs}
     # the per-update losses against the reference's (a repeated run: against its first)
     reference = losses.get((WHOLE_TARGETS[name].reference, 1) if name in WHOLE_TARGETS else (name, 1))
     if reference is not None and reference is not mine:

@@ -221,6 +221,21 @@ class BucketedPairDataset(BaseWrapperDataset):
             samples, pad_to_length={"source": int(self.src_lengths[k]), "target": int(self.tgt_lengths[k])})
         return self.fill(batch, int(self.rows[k]) - len(samples))
 
+    def synthetic_batch(self, k: int) -> dict:
+        """A batch of bucket ``k``'s shape made of words, no padding (built by the wrapped
+        dataset's collater as the real ones are, so it has their keys in their order): the
+        fast path warms up and records each bucket's step on one before training."""
+        rows, src_len, tgt_len = self.shapes()[k]
+        words = len(self.dataset.src_dict) - self.dataset.src_dict.nspecial
+
+        def sentence(i: int, length: int) -> torch.Tensor:
+            tokens = self.dataset.src_dict.nspecial + (torch.arange(length) + i) % words
+            tokens[-1] = self.eos
+            return tokens
+
+        samples = [{"id": i, "source": sentence(i, src_len), "target": sentence(i, tgt_len)} for i in range(rows)]
+        return self.dataset.collater(samples, pad_to_length={"source": src_len, "target": tgt_len})
+
     def fill(self, batch: dict, dummies: int) -> dict:
         """``batch`` with ``dummies`` rows appended that the loss ignores (module docstring)."""
         if dummies <= 0:

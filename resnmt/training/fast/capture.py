@@ -25,7 +25,16 @@ the step's name and the shapes and dtypes of its input tensors:
 * the next call copies the inputs into new static buffers, records ``fn`` over them
   into a graph (``capture``) and replays it: the recording itself computes nothing;
 * every later call copies the inputs into that key's buffers (``copy_(...,
-  non_blocking=True)``) and replays the graph.
+  non_blocking=True)``) and replays the graph;
+* a key whose warm-up or recording raises (an operation that may not run while
+  recording, a kernel that cannot be captured, memory) runs eagerly from then on: one
+  warning line names the step, its shapes and the error (:attr:`StepGraphs.failures`),
+  and the call that failed is run again eagerly. A failure costs that shape its speed,
+  never the run.
+
+All the warm-ups and recordings run on one side stream (:meth:`StepGraphs.for_cuda`):
+torch's caching allocator reuses a freed block only on the stream it was allocated on,
+so a new stream per warm-up would leave each shape's first-step memory cached apart.
 
 The outputs a replay returns are the graph's own tensors: valid until any graph of the
 same :class:`StepGraphs` is replayed again (all share one memory pool, which is safe as
@@ -56,28 +65,47 @@ logger = logging.getLogger(__name__)
 Capture = Callable[[Callable[[], Any]], Tuple[Any, Any]]
 
 
-def cuda_capture(pool=None) -> Capture:
+def cuda_capture(pool=None, stream=None) -> Capture:
     """torch's ``torch.cuda.graph`` into the memory pool ``pool`` (one shared by all the
-    graphs of a StepGraphs), in thread-local error mode: fairseq's data loader pins memory
-    in a thread of its own while a step is recorded."""
+    graphs of a StepGraphs) on ``stream`` (the warm-ups' side stream), in thread-local
+    error mode: fairseq's data loader pins memory in a thread of its own while a step is
+    recorded."""
     def capture(record):
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
             outputs = record()
         return graph, outputs
     return capture
 
 
-@contextlib.contextmanager
-def cuda_side_stream():
-    """Run the enclosed eager steps on a side stream that waits for, and is waited for
-    by, the current one (torch's recipe for the steps before a capture)."""
-    current = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
-    side.wait_stream(current)
-    with torch.cuda.stream(side):
-        yield
-    current.wait_stream(side)
+def side_stream_context(side) -> Callable[[], Any]:
+    """A context running the enclosed eager steps on the stream ``side``, which waits for,
+    and is waited for by, the current one (torch's recipe for the steps before a capture);
+    the same stream for every warm-up."""
+    @contextlib.contextmanager
+    def on_side_stream():
+        current = torch.cuda.current_stream()
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            yield
+        current.wait_stream(side)
+    return on_side_stream
+
+
+def root_error(error: BaseException) -> BaseException:
+    """The first exception of a chain (a failed recording raises again when torch ends the
+    capture; the first error says why)."""
+    seen = {id(error)}
+    while error.__context__ is not None and id(error.__context__) not in seen:
+        error = error.__context__
+        seen.add(id(error))
+    return error
+
+
+def describe_key(key: tuple) -> str:
+    """``forward_backward 16x24 16x30 ...``: the step and its input shapes."""
+    shapes = " ".join("x".join(map(str, shape)) for shape, _, _ in key[1:])
+    return f"{key[0]} {shapes}".strip()
 
 
 class _Entry:
@@ -110,18 +138,34 @@ class StepGraphs:
         self.replays = 0
         self.calls = 0  # calls of run so far
         self.first_seen: Dict[tuple, int] = {}  # each key's first call
+        self.failures: Dict[tuple, str] = {}  # keys run eagerly for good: why
 
     @classmethod
     def for_cuda(cls, warmup: int = 1) -> "StepGraphs":
-        """Graphs of torch.cuda, all in one memory pool."""
-        return cls(cuda_capture(torch.cuda.graph_pool_handle()), warmup_context=cuda_side_stream, warmup=warmup,
-                   synchronize=torch.cuda.synchronize)
+        """Graphs of torch.cuda, all in one memory pool, warmed up and recorded on one side stream."""
+        side = torch.cuda.Stream()
+        return cls(cuda_capture(torch.cuda.graph_pool_handle(), stream=side), warmup_context=side_stream_context(side),
+                   warmup=warmup, synchronize=torch.cuda.synchronize)
 
     def clear(self) -> None:
         """Forget every graph (the tensors they were recorded over are replaced)."""
         self.entries.clear()
         self.eager_runs.clear()
         self.first_seen.clear()
+        self.failures.clear()
+
+    def _fail(self, key: tuple, stage: str, error: BaseException) -> None:
+        """``key`` runs eagerly from now on; one line says which shape and why."""
+        error = root_error(error)
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        self.failures[key] = f"{type(error).__name__}: {first_line}"
+        self.entries.pop(key, None)
+        try:
+            self.synchronize()
+        except Exception:  # the failure may be the device's own; the eager step will say
+            pass
+        logger.warning("[fast path] %s: its %s failed (%s); this shape runs eagerly from now on", describe_key(key),
+                       stage, self.failures[key])
 
     @property
     def capture_seconds(self) -> float:
@@ -133,14 +177,24 @@ class StepGraphs:
         key = shape_key(name, leaves)
         self.calls += 1
         self.first_seen.setdefault(key, self.calls)
+        if key in self.failures:
+            return fn(inputs)
         entry = self.entries.get(key)
         if entry is None:
             runs = self.eager_runs.get(key, 0)
             if runs < self.warmup or len(self.eager_runs) < self.keys_before_capture:
                 self.eager_runs[key] = runs + 1
-                with self.warmup_context():
+                try:
+                    with self.warmup_context():
+                        return fn(inputs)
+                except Exception as error:
+                    self._fail(key, "warm-up", error)
                     return fn(inputs)
-            entry = self._record(key, fn, leaves, spec)
+            try:
+                entry = self._record(key, fn, leaves, spec)
+            except Exception as error:
+                self._fail(key, "capture", error)
+                return fn(inputs)
         else:
             for buffer, value in zip(entry.static, leaves):
                 if torch.is_tensor(buffer):
@@ -159,9 +213,10 @@ class StepGraphs:
         seconds = self.clock() - start
         entry = self.entries[key] = _Entry(graph, static, spec, outputs)
         self.captures.append({"key": key, "seconds": seconds, "call": self.calls})
-        logger.info("[fast path] captured %s %s as a CUDA graph in %.2f s (graph %d)", key[0],
-                    " ".join("x".join(map(str, shape)) for shape, _, _ in key[1:]) or "", seconds, len(self.captures))
+        logger.info("[fast path] captured %s as a CUDA graph in %.2f s (graph %d)", describe_key(key), seconds,
+                    len(self.captures))
         return entry
 
     def summary(self) -> Optional[dict]:
-        return {"graphs": len(self.captures), "capture_seconds": self.capture_seconds, "replays": self.replays}
+        return {"graphs": len(self.captures), "capture_seconds": self.capture_seconds, "replays": self.replays,
+                "eager_shapes": len(self.failures)}

@@ -23,9 +23,16 @@ update with no read of a device value:
   stops at the update itself; the fast path cannot know which update without waiting).
 
 On CUDA the forward-backward of each batch shape and the update are captured as CUDA
-graphs and replayed (``capture.py``; ``--no-step-capture`` runs them eagerly), which
+graphs and replayed (``capture.py``; ``--no-step-capture`` runs them eagerly), all of them
+warmed up and recorded before the first update on synthetic batches of each bucket's shape
+(:meth:`FastPathTrainer.prime_graphs`; the state they touched put back), a shape that
+cannot be recorded running eagerly with one line; a ``.grad`` set to None by fairseq or
+torch is bound back before each update (``DeviceUpdate.hold_grads``). This
 needs every step of the model free of host reads too: :func:`use_static_padding` asks
-the model's modules that offer it to always pass the padding masks.
+the model's modules that offer it to always pass the padding masks. Every attention
+sublayer trains through ``scaled_dot_product_attention`` with the call pattern its fast
+kernels take (``attention.py``), and the decoder's causal-mask cache is built once at its
+longest (:func:`presize_future_masks`).
 
 What it supports: float32 and ``--bf16`` (resnmt-train's), ``--update-freq``, data
 parallel training (``--ddp-backend pytorch_ddp``/``legacy_ddp``; eager there), fairseq's
@@ -39,6 +46,7 @@ researcher who turned the fast path on is told rather than silently given fairse
 """
 import contextlib
 import logging
+import time
 from itertools import chain
 from typing import Optional
 
@@ -48,6 +56,7 @@ from fairseq.distributed import utils as fairseq_distributed
 from fairseq.trainer import Trainer
 
 from resnmt.training.compile import CUDA_GRAPH_MODES
+from resnmt.training.fast.attention import use_sdpa_attention
 from resnmt.training.fast.update import DeviceUpdate
 
 logger = logging.getLogger(__name__)
@@ -95,9 +104,11 @@ def unsupported(cfg) -> Optional[str]:
     if getattr(cfg.criterion, "report_accuracy", False):
         return "--fast-path with --report-accuracy: it reads counts on the host every batch; train without it"
     task = cfg.task
-    if getattr(task, "compile_layers", False) and str(getattr(task, "compile_mode", "default")) in CUDA_GRAPH_MODES:
+    if (getattr(task, "compile_layers", False) and str(getattr(task, "compile_mode", "default")) in CUDA_GRAPH_MODES
+            and not getattr(task, "no_step_capture", False)):
         return (f"--fast-path with --compile-mode {task.compile_mode}: the fast path records whole steps as CUDA "
-                "graphs itself; compile with --compile-mode default or max-autotune-no-cudagraphs")
+                "graphs itself; compile with --compile-mode default or max-autotune-no-cudagraphs, or add "
+                "--no-step-capture to let torch.compile record them")
     optimizer = _name(cfg.optimizer)
     if optimizer not in OPTIMIZERS:
         return f"--fast-path with --optimizer {optimizer}: supported optimizers: {', '.join(OPTIMIZERS)}"
@@ -110,6 +121,20 @@ def check_fast_path(cfg) -> None:
     reason = unsupported(cfg)
     if reason:
         raise ValueError(reason)
+
+
+def presize_future_masks(model) -> int:
+    """Build every decoder's causal-mask cache (fairseq's ``_future_mask``) once at the
+    longest target the decoder takes, on its device and in its dtype: fairseq rebuilds it
+    (new memory) whenever a batch is longer than the cache, and validation's longest target
+    may be longer than any training batch, which would leave a recorded step reading freed
+    memory. Returns how many decoders."""
+    decoders = [m for m in model.modules() if hasattr(m, "buffered_future_mask") and hasattr(m, "max_positions")]
+    for decoder in decoders:
+        weight = next(decoder.parameters())
+        decoder.buffered_future_mask(torch.empty(int(decoder.max_positions()), 1, device=weight.device,
+                                                 dtype=weight.dtype))
+    return len(decoders)
 
 
 def use_static_padding(model) -> int:
@@ -133,6 +158,9 @@ class FastPathTrainer(Trainer):
         check_fast_path(cfg)
         super().__init__(cfg, task, model, criterion, quantizer)
         self.static_padding_modules = use_static_padding(self._model)
+        self.sdpa_attention_modules = use_sdpa_attention(
+            self._model, right_padded_targets=not getattr(task.cfg, "left_pad_target", False))
+        presize_future_masks(self._model)
         self._graphs = graphs
         self._update: Optional[DeviceUpdate] = None
         self._checked_through = 0  # the updates up to here had finite gradient norms
@@ -170,7 +198,38 @@ class FastPathTrainer(Trainer):
                         "bf16 model, float32 master weights" if self._update.master else "float32",
                         "each step captured once per batch shape as a CUDA graph" if self._graphs is not None
                         else "steps run eagerly")
+            if self._graphs is not None:
+                self.prime_graphs()
         return self._update
+
+    def prime_graphs(self) -> None:
+        """Warm up and record every bucket's step and the update before the first counted
+        update, on synthetic batches of each bucket's shape, and put back every weight,
+        moment, gradient and buffer they changed: no recording happens inside a timed
+        window, and a shape that cannot be recorded is known (and run eagerly) from the start."""
+        from resnmt.training.fast.buckets import BucketedPairDataset
+
+        dataset = self.task.datasets.get(self.cfg.dataset.train_subset)
+        if not isinstance(dataset, BucketedPairDataset) or dataset.rows is None:
+            return
+        update, graphs = self._update, self._graphs
+        samples = [self._prepare_sample(dataset.synthetic_batch(k))[0] for k in range(len(dataset.shapes()))]
+        state = {id(t): t for t in chain(self.model.state_dict(keep_vars=True).values(),
+                                          self.criterion.state_dict(keep_vars=True).values(), update.state_tensors())}
+        saved = [(t, t.detach().clone()) for t in state.values()]
+        start, update_num = time.perf_counter(), self.get_num_updates()
+        for _ in range(graphs.warmup + 1):  # the warm-ups, then the recordings (each replayed once)
+            for sample in samples:
+                self._forward_backward(sample, update_num, ignore_grad=False)
+            update.prepare(grad_scale=1.0, lr=0.0)
+            graphs.run("update", lambda _: update(), ())
+        with torch.no_grad():
+            for tensor, value in saved:
+                tensor.copy_(value)
+        graphs.synchronize()
+        self._set_seed()  # the update's random numbers as if nothing had run before it
+        logger.info("[fast path] %d shapes and the update recorded before training in %.1f s (%d graphs, %d shapes "
+                    "eager)", len(samples), time.perf_counter() - start, len(graphs.captures), len(graphs.failures))
 
     def batch_shapes(self) -> list:
         """The training batches' shapes (the shape buckets'; none known otherwise)."""
@@ -199,6 +258,7 @@ class FastPathTrainer(Trainer):
         """Zero the gradients in place (the captured steps accumulate into them)."""
         if self._update is None:
             return super().zero_grad()
+        self._update.hold_grads()
         torch._foreach_zero_(self._update.model_grads)
 
     # ------------------------------------------------------------------ the update
@@ -235,6 +295,7 @@ class FastPathTrainer(Trainer):
         self.criterion.train()
         metrics.log_start_time("train_wall", priority=800, round=0)
         update = self.device_update()
+        update.hold_grads()  # a .grad set to None or replaced since: the recorded steps write the held ones
         update_num = self.get_num_updates()
 
         sums, counts = {}, {"sample_size": 0, "ntokens": 0, "nsentences": 0}

@@ -34,8 +34,9 @@ The arithmetic is fairseq's:
   ``step``), so checkpoints are fairseq's and a run resumes with or without
   ``--fast-path``.
 
-The model's gradients are allocated once and never set to ``None`` (a captured graph
-accumulates into the same memory every time); the update zeroes them at its end.
+The model's gradients are allocated once (a captured graph accumulates into the same
+memory every time); the update zeroes them at its end, and :meth:`DeviceUpdate.hold_grads`
+(before every update) binds back any that fairseq or torch set to ``None``.
 """
 import math
 from typing import List
@@ -129,6 +130,28 @@ class DeviceUpdate:
         if len(steps) > 1:
             raise ValueError(f"--fast-path: the parameters are at different Adam steps {sorted(steps)}")
         return steps.pop() if steps else 0
+
+    def hold_grads(self) -> int:
+        """Bind every parameter's ``.grad`` again to the tensor the update (and any recorded
+        step) reads and writes: one set to None (fairseq's ``FP16Optimizer.zero_grad``,
+        torch's ``zero_grad(set_to_none=True)``) gets it back zeroed, one replaced by
+        another tensor gets that tensor's values. Returns how many were bound again."""
+        rebound = 0
+        for params, grads in ((self.model_params, self.model_grads), (self.params, self.grads)):
+            for p, g in zip(params, grads):
+                if p.grad is not g:
+                    if p.grad is None:
+                        g.zero_()
+                    else:
+                        g.copy_(p.grad)
+                    p.grad = g
+                    rebound += 1
+        return rebound
+
+    def state_tensors(self) -> List[torch.Tensor]:
+        """Every tensor an update changes: weights, master weights, moments, gradients, the flag."""
+        return [*self.model_params, *self.params, *self.exp_avgs, *self.exp_avg_sqs, *self.model_grads, *self.grads,
+                self.nonfinite]
 
     def prepare(self, grad_scale: float, lr: float) -> None:
         """Set the next update's numbers (host floats; no wait): the gradients' scale, and
