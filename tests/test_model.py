@@ -152,7 +152,8 @@ def test_fairseq_normalize_before_flags_select_pre_ln(tiny_bin):
         ("transformer_sas_base", ["--sas-gate-dim", "0"], "argument --sas-gate-dim: invalid value '0': must be an integer > 0"),
         ("transformer_sas_base", ["--cross-self-attention"], "--cross-self-attention is not supported by resnmt_transformer models"),
         ("transformer_admin_base", ["--admin-output-change-scale", "O(n^2)"],
-         "argument --admin-output-change-scale: invalid choice: 'O(n^2)' (choose from 'O(logn)', 'O(n)', 'O(1)')"),
+         "argument --admin-output-change-scale: invalid choice: 'O(n^2)' (closest: O(n) O(logn) O(1); choose from 'O(logn)', "
+         "'O(n)', 'O(1)')"),
         ("transformer_rskip_base", ["--skip-lambda-learned"],
          "--skip-lambda-learned is invalid for --residual rskip_ln: it applies only to xskip, xskip_ln"),
         ("transformer_deepnorm_base", ["--skip-lambda-learned"],
