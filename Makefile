@@ -15,7 +15,8 @@ TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 # tests run in parallel, one worker per core (pytest-xdist; worksteal hands each worker a
 # contiguous half of the suite, so a file's module fixtures are mostly built once, and an
-# idle worker takes tests from the other's end); PYTEST_WORKERS=0 runs them in this process
+# idle worker takes tests from the other's end); PYTEST_WORKERS=0 runs them in this process.
+# `make test` ends with the 20 slowest tests and their times, so a test that grows is seen there.
 PYTEST_WORKERS ?= auto
 
 BIN := $(VENV)/bin
@@ -40,7 +41,7 @@ $(STAMP): requirements.txt requirements-fairseq.txt requirements-dev.txt setup.p
 	touch $@
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS) tests $(EXAMPLE)/tests
+	$(BIN)/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist worksteal --durations=20 $(PYTEST_ARGS) tests $(EXAMPLE)/tests
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS) tests

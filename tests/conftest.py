@@ -1,6 +1,8 @@
 """Shared test fixtures: paths, a tiny real-data corpus binarized by fairseq, CLI runner."""
+import fcntl
 import gzip
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,14 +76,36 @@ def write_multi30k_subset(dest: Path, n_train=300, n_valid=60, n_test=60) -> Pat
     return dest
 
 
-@pytest.fixture(scope="session")
-def tiny_bin(tmp_path_factory) -> Path:
-    """A few hundred real Multi30k EN-DE pairs, binarized with a joined dictionary."""
-    root = tmp_path_factory.mktemp("multi30k_tiny")
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """The directory ``name``, made by ``build(path)`` once per test run and shared by every
+    pytest-xdist worker (the first to ask builds it, under a lock; the others wait and read
+    it): a corpus or a trained checkpoint costs one build however the tests are spread.
+    Tests only read it. A build that failed is tried again by the next to ask."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's base temporary directory, above each worker's own
+    path, done = root / name, root / f"{name}.built"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True)
+            build(path)
+            done.touch()
+    return path
+
+
+def build_tiny_bin(root: Path) -> None:
     text = write_multi30k_subset(root / "text")
     run_cli([
         "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de",
         "--trainpref", text / "train", "--validpref", text / "valid", "--testpref", text / "test",
         "--destdir", root / "bin", "--joined-dictionary", "--workers", "1",
     ])
-    return root / "bin"
+
+
+@pytest.fixture(scope="session")
+def tiny_bin(tmp_path_factory) -> Path:
+    """A few hundred real Multi30k EN-DE pairs, binarized with a joined dictionary (text/
+    beside bin/ holds them as text); built once per test run."""
+    return built_once(tmp_path_factory, "multi30k_tiny", build_tiny_bin) / "bin"

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from fairseq import checkpoint_utils
 
-from conftest import BIN_DIR, REPO_ROOT, cli_env, run_cli
+from conftest import BIN_DIR, REPO_ROOT, built_once, cli_env, run_cli
 from model_utils import TINY, block_output_gradients, build, move_connections_off_init, randomize_norms, sample_batch
 from resnmt.analysis.gradients import block_gradient_norms
 from resnmt.analysis.hooks import Accumulator, StatsCollector
@@ -249,7 +249,7 @@ def trained(tiny_bin, tmp_path_factory):
     """Five short fairseq-train runs, side by side: an SAS+NReLU model logging per-layer
     statistics, an Admin-encoder/ReZero-decoder model logging per side, a post-LN model
     without the flag, and a DLCL (pre-norm encoder, post-norm decoder with a window)
-    model, and a pre-LN model with DyT. {name: (save_dir, log text)}."""
+    model, and a pre-LN model with DyT; trained once per test run. {name: (save_dir, log text)}."""
     jobs = {
         "sas": ("transformer_sas_base", "--normalized-activation", "nrelu", "--log-connection-stats", "layer",
                 "--task", "resnmt_translation"),
@@ -259,18 +259,20 @@ def trained(tiny_bin, tmp_path_factory):
         "dlcl": ("transformer_dlcl_base", "--decoder-residual", "dlcl_post", "--dlcl-window", "2"),
         "dyt": ("transformer_preln_base", "--normalization", "dyt"),
     }
-    procs = {}
-    for name, (arch, *extra) in jobs.items():
-        save_dir = tmp_path_factory.mktemp(f"analysis_{name}")
-        cmd = [str(a) for a in train_cmd(tiny_bin, save_dir, arch, *extra)]
-        procs[name] = (save_dir, subprocess.Popen(cmd, cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE,
-                                                  stderr=subprocess.STDOUT, text=True))
-    runs = {}
-    for name, (save_dir, proc) in procs.items():
-        log, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, log[-4000:]
-        runs[name] = (save_dir, log)
-    return runs
+
+    def train_all(root):
+        procs = {}
+        for name, (arch, *extra) in jobs.items():
+            cmd = [str(a) for a in train_cmd(tiny_bin, root / name, arch, *extra)]
+            procs[name] = subprocess.Popen(cmd, cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, text=True)
+        for name, proc in procs.items():
+            log, _ = proc.communicate(timeout=600)
+            assert proc.returncode == 0, log[-4000:]
+            (root / f"{name}.log").write_text(log, encoding="utf-8")
+
+    root = built_once(tmp_path_factory, "analysis_trained", train_all)
+    return {name: (root / name, (root / f"{name}.log").read_text(encoding="utf-8")) for name in jobs}
 
 
 def json_records(log, tag):

@@ -2,7 +2,6 @@
 import argparse
 import os
 import runpy
-import shutil
 import sys
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 import torch
 
 import resnmt  # noqa: F401  (allow-lists fairseq's checkpoint types for weights_only loading)
-from conftest import REPO_ROOT, run_cli
+from conftest import REPO_ROOT, built_once, run_cli
 from resnmt.cli.average_checkpoints import main, select_checkpoints
 
 TINY_TRANSFORMER = [
@@ -24,21 +23,15 @@ TINY_TRANSFORMER = [
 
 
 def train_tiny_transformer(tmp_path_factory, data_bin: Path) -> Path:
-    """fairseq's own transformer, 1+1 layers, 8 updates on tiny_bin; trained once per session.
+    """fairseq's own transformer, 1+1 layers, 8 updates on tiny_bin; trained once per test run.
 
     With ~3 updates per epoch this leaves checkpoint1.pt, checkpoint2.pt (epochs) and
     checkpoint_1_2.pt, checkpoint_2_4.pt, checkpoint_3_8.pt (every 2 updates, except
     where an epoch ends) plus checkpoint_last/best.
     """
-    save_dir = tmp_path_factory.getbasetemp() / "tiny_transformer_ckpts"
-    done = save_dir / "TRAINED"
-    if not done.exists():
-        shutil.rmtree(save_dir, ignore_errors=True)  # never resume a half-finished run
-        run_cli(["fairseq-train", data_bin, *TINY_TRANSFORMER, "--max-update", "8",
-                 "--save-interval-updates", "2", "--keep-interval-updates", "10",
-                 "--save-dir", save_dir])
-        done.write_text("ok\n")
-    return save_dir
+    return built_once(tmp_path_factory, "tiny_transformer_ckpts", lambda save_dir: run_cli([
+        "fairseq-train", data_bin, *TINY_TRANSFORMER, "--max-update", "8", "--save-interval-updates", "2",
+        "--keep-interval-updates", "10", "--save-dir", save_dir]))
 
 
 @pytest.fixture(scope="module")
@@ -323,17 +316,19 @@ class Crafted:
         return os.system, (f"touch {self.marker}",)
 
 
-def test_it_prints_every_update_and_what_it_could_not_average(tmp_path, tiny_ckpts, tiny_bin):
+def test_it_prints_every_update_and_what_it_could_not_average(tmp_path, tiny_ckpts, tiny_bin, capsys):
     """A run stopped at update 8, mid-epoch 3: asked for the last 10 epoch checkpoints, it
     averages the 2 there are (as resnmt-experiment does) and its last lines say so, and
     that checkpoint_last.pt (update 8) is newer and was left out; each checkpoint's update
-    is printed. --include-last takes it, and the notes go."""
+    is printed. --include-last takes it, and the notes go. Its main() in this process (the
+    console script's own output is checked above, without a second interpreter's imports)."""
     from resnmt.experiment.schedule import epoch_updates
 
     per_epoch = epoch_updates(tiny_bin, "en", "de", max_tokens=2000, per_update=1)
     out = tmp_path / "avg.pt"
-    proc = run_cli(["resnmt-average", "--inputs", tiny_ckpts, "--num-epoch-checkpoints", "10", "--output", out])
-    lines = proc.stderr.splitlines()
+    capsys.readouterr()
+    assert main(["--inputs", str(tiny_ckpts), "--num-epoch-checkpoints", "10", "--output", str(out)]) == 0
+    lines = capsys.readouterr().err.splitlines()
     assert lines[0] == (f"resnmt-average: averaging 2 checkpoint(s): checkpoint1.pt (update {per_epoch}), "
                         f"checkpoint2.pt (update {2 * per_epoch})")
     assert lines[1].startswith(f"resnmt-average: [1/2] loaded {tiny_ckpts / 'checkpoint1.pt'}: update {per_epoch}, ")
@@ -349,9 +344,9 @@ def test_it_prints_every_update_and_what_it_could_not_average(tmp_path, tiny_ckp
     w = "encoder.layers.0.fc1.weight"
     assert torch.allclose(avg["model"][w], ((e1["model"][w].double() + e2["model"][w].double()) / 2).float())
 
-    proc = run_cli(["resnmt-average", "--inputs", tiny_ckpts, "--num-epoch-checkpoints", "3", "--include-last",
-                    "--output", out])
-    assert "note:" not in proc.stderr and proc.stderr.splitlines()[-1].startswith(f"resnmt-average: wrote {out}: ")
+    assert main(["--inputs", str(tiny_ckpts), "--num-epoch-checkpoints", "3", "--include-last", "--output", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "note:" not in err and err.splitlines()[-1].startswith(f"resnmt-average: wrote {out}: ")
     assert load(out)["resnmt_averaged_updates"] == [per_epoch, 2 * per_epoch, 8]
 
 

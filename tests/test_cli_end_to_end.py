@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO_ROOT, run_cli
+from conftest import REPO_ROOT, built_once, run_cli
 from model_utils import TINY
 from resnmt.models.model_spec import resolve_model
 
@@ -19,6 +19,9 @@ FAMILIES = ["postln", "preln", "xskip", "rskip", "sas", "highway", "deepnorm", "
 # (test_model, test_old_checkpoints)
 DEFAULT_SUITE_FAMILIES = ("postln", "rskip", "sas", "dlcl", "hyper")
 USER_DIR = str(REPO_ROOT / "resnmt")
+# a model of 3 updates repeats a word to the default length limit (200 tokens): decoding
+# stops at 1.2 x source + 10 tokens, a tenth of the work, the same search
+SHORT = ["--max-len-a", "1.2", "--max-len-b", "10"]
 
 
 def train_args(data, arch, save_dir, *extra):
@@ -34,15 +37,11 @@ def train_args(data, arch, save_dir, *extra):
 @pytest.fixture(scope="module")
 def trained(tiny_bin, tmp_path_factory):
     """``trained(family)``: the save dir of a short training run of that arch family,
-    trained on first use (so that the default suite trains only the families it decodes)."""
-    runs = {}
-
+    trained on first use (so that the default suite trains only the families it decodes), once
+    per test run."""
     def save_dir_of(family):
-        if family not in runs:
-            save_dir = tmp_path_factory.mktemp(f"ckpt_{family}")
-            run_cli(train_args(tiny_bin, f"transformer_{family}_base", save_dir, "--max-update", "3"))
-            runs[family] = save_dir
-        return runs[family]
+        return built_once(tmp_path_factory, f"ckpt_{family}", lambda save_dir: run_cli(
+            train_args(tiny_bin, f"transformer_{family}_base", save_dir, "--max-update", "3")))
 
     return save_dir_of
 
@@ -54,7 +53,7 @@ def test_generate_from_checkpoint(tiny_bin, trained, family):
         "fairseq-generate", tiny_bin, "--user-dir", USER_DIR, "--path", trained(family) / "checkpoint_last.pt",
         "--gen-subset", "valid", "--beam", "4", "--batch-size", "32",
         # fairseq main drops a last batch smaller than this multiple (default 8): keep every sentence
-        "--required-batch-size-multiple", "1",
+        "--required-batch-size-multiple", "1", *SHORT,
     ])
     hyps = [line for line in out.stdout.splitlines() if line.startswith("H-")]
     assert len(hyps) == 60
@@ -65,7 +64,8 @@ def test_generate_from_checkpoint(tiny_bin, trained, family):
 def test_interactive_from_checkpoint(tiny_bin, trained, family):
     proc = subprocess.run(
         ["fairseq-interactive", str(tiny_bin), "--user-dir", USER_DIR, "--path",
-         str(trained(family) / "checkpoint_last.pt"), "--beam", "4", "--source-lang", "en", "--target-lang", "de"],
+         str(trained(family) / "checkpoint_last.pt"), "--beam", "4", "--source-lang", "en", "--target-lang", "de",
+         *SHORT],
         input="a man is walking .\ntwo dogs play in the grass .\n", capture_output=True, text=True,
         env=__import__("conftest").cli_env(), timeout=300,
     )
@@ -96,7 +96,7 @@ hub = ResidualTransformerModel.from_pretrained(
     {str(trained('sas'))!r}, checkpoint_file="checkpoint_last.pt", data_name_or_path={str(tiny_bin)!r},
     user_dir={USER_DIR!r})
 print("ARCH", hub.models[0].encoder.layers[0].self_attn_connection.__class__.__name__)
-print("OUT", hub.translate("a man is walking .", beam=4))
+print("OUT", hub.translate("a man is walking .", beam=4, max_len_a=1.2, max_len_b=10))
 """
     out = run_cli([sys.executable, "-c", code], cwd=tmp_path)
     assert "ARCH SASConnection" in out.stdout
@@ -125,25 +125,44 @@ def test_training_resumes_from_checkpoint_last(tiny_bin, tmp_path, family):
     assert second["optimizer_history"][-1]["num_updates"] == 2 * updates_after_epoch_1
 
 
-@pytest.mark.parametrize(
-    "arch, extra, message",
-    [
-        ("rskip", ["--skip-lambda", "2.5"], "--skip-lambda 2.5 is invalid for --residual rskip_ln: it must be an integer >= 1"),
-        ("rskip", ["--skip-lambda", "0"], "argument --skip-lambda: invalid value '0': must be a real number > 0"),
-        ("admin", ["--admin-output-change-scale", "O(n2)"],
-         "argument --admin-output-change-scale: invalid choice: 'O(n2)' (choose from 'O(logn)', 'O(n)', 'O(1)')"),
-        ("rezero", ["--skip-lambda-learned"],
-         "--skip-lambda-learned is invalid for --residual rezero: it applies only to xskip, xskip_ln"),
-    ],
-)
-def test_bad_flag_stops_fairseq_train_before_anything_is_written(tiny_bin, tmp_path, arch, extra, message):
+BAD_FLAGS = [
+    ("rskip", ["--skip-lambda", "2.5"], "--skip-lambda 2.5 is invalid for --residual rskip_ln: it must be an integer >= 1"),
+    ("rskip", ["--skip-lambda", "0"], "argument --skip-lambda: invalid value '0': must be a real number > 0"),
+    ("admin", ["--admin-output-change-scale", "O(n2)"],
+     "argument --admin-output-change-scale: invalid choice: 'O(n2)' (choose from 'O(logn)', 'O(n)', 'O(1)')"),
+    ("rezero", ["--skip-lambda-learned"],
+     "--skip-lambda-learned is invalid for --residual rezero: it applies only to xskip, xskip_ln"),
+]
+
+
+def assert_stopped_before_anything_is_written(returncode, stderr, save_dir, message):
+    assert returncode == 2
+    last_line = stderr.strip().splitlines()[-1]
+    assert message in last_line
+    assert "Traceback" not in stderr
+    assert not save_dir.exists()
+
+
+def test_bad_flag_stops_fairseq_train_before_anything_is_written(tiny_bin, tmp_path):
+    """The command itself, once; every bad flag through its entry point in this process below."""
+    arch, extra, message = BAD_FLAGS[0]
     save_dir = tmp_path / "ckpt"
     proc = run_cli(train_args(tiny_bin, f"transformer_{arch}_base", save_dir, "--max-update", "2", *extra), check=False)
-    assert proc.returncode == 2
-    last_line = proc.stderr.strip().splitlines()[-1]
-    assert message in last_line
-    assert "Traceback" not in proc.stderr
-    assert not save_dir.exists()
+    assert_stopped_before_anything_is_written(proc.returncode, proc.stderr, save_dir, message)
+
+
+@pytest.mark.parametrize("arch, extra, message", BAD_FLAGS)
+def test_bad_flag_stops_fairseq_trains_entry_point_before_anything_is_written(tiny_bin, tmp_path, monkeypatch, capsys,
+                                                                             arch, extra, message):
+    """fairseq-train's cli_main, as the command runs it, without a new interpreter's imports."""
+    from fairseq_cli.train import cli_main
+
+    save_dir = tmp_path / "ckpt"
+    argv = train_args(tiny_bin, f"transformer_{arch}_base", save_dir, "--max-update", "2", *extra)
+    monkeypatch.setattr(sys, "argv", [str(a) for a in argv])
+    with pytest.raises(SystemExit) as stopped:
+        cli_main()
+    assert_stopped_before_anything_is_written(stopped.value.code, capsys.readouterr().err, save_dir, message)
 
 
 def test_deepnorm_with_nswish_trains_and_decodes(tiny_bin, tmp_path):
@@ -158,6 +177,7 @@ def test_deepnorm_with_nswish_trains_and_decodes(tiny_bin, tmp_path):
     out = run_cli([
         "fairseq-generate", tiny_bin, "--user-dir", USER_DIR, "--task", "resnmt_translation",
         "--path", save_dir / "checkpoint_last.pt", "--gen-subset", "valid", "--beam", "4", "--batch-size", "32",
+        *SHORT,
     ])
     assert len([line for line in out.stdout.splitlines() if line.startswith("H-")]) == 60
 

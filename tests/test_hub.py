@@ -2,10 +2,11 @@
 translation out as fairseq-generate with the same search (GNMT penalty included); a wrong
 --post-process is caught by resnmt-evaluate; fairseq's commands run without hydra's notices."""
 import sys
+from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO_ROOT, run_cli
+from conftest import REPO_ROOT, built_once, run_cli
 from subword_data import prepare
 
 import resnmt
@@ -18,27 +19,40 @@ SIZE = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim",
 SEARCH = ["--beam", "4", "--lenpen", "0.6", "--max-len-b", "12"]
 
 
+def kept_output(proc, directory):
+    """A finished command's stdout and stderr, kept in ``directory`` for the other workers."""
+    (directory / "stdout").write_text(proc.stdout, encoding="utf-8")
+    (directory / "stderr").write_text(proc.stderr, encoding="utf-8")
+
+
+def read_output(directory) -> SimpleNamespace:
+    return SimpleNamespace(**{name: (directory / name).read_text(encoding="utf-8") for name in ("stdout", "stderr")})
+
+
 @pytest.fixture(scope="module")
 def spm_run(tmp_path_factory):
     """(prepared sentencepiece directory, save dir of a model trained on it by resnmt-train with
-    fairseq's own translation task, resnmt-train's finished process). 120 updates: enough for outputs of real pieces
-    that differ between sentences (fewer give the same piece everywhere)."""
-    data = prepare(tmp_path_factory.mktemp("hub_data"), "sentencepiece")
-    save_dir = tmp_path_factory.mktemp("hub_model")
-    proc = run_cli([
-        "resnmt-train", data / "bin", "--task", "translation",
-        "--arch", "transformer_sas_base", *SIZE, "--share-all-embeddings", "--optimizer", "adam", "--lr", "5e-3",
-        "--max-tokens", "2000", "--max-update", "120", "--save-dir", save_dir, "--no-epoch-checkpoints",
-        "--disable-validation", "--no-progress-bar", "--seed", "1", "--num-workers", "0"])
-    return data, save_dir, proc
+    fairseq's own translation task, resnmt-train's output); built once per test run. 120 updates:
+    enough for outputs of real pieces that differ between sentences (fewer give the same piece everywhere)."""
+    def prepare_and_train(root):
+        data, save_dir = prepare(root / "data", "sentencepiece"), root / "model"
+        kept_output(run_cli([
+            "resnmt-train", data / "bin", "--task", "translation",
+            "--arch", "transformer_sas_base", *SIZE, "--share-all-embeddings", "--optimizer", "adam", "--lr", "5e-3",
+            "--max-tokens", "2000", "--max-update", "120", "--save-dir", save_dir, "--no-epoch-checkpoints",
+            "--disable-validation", "--no-progress-bar", "--seed", "1", "--num-workers", "0"]), root)
+
+    root = built_once(tmp_path_factory, "hub_spm_run", prepare_and_train)
+    return root / "data", root / "model", read_output(root)
 
 
 @pytest.fixture(scope="module")
-def generated(spm_run):
+def generated(spm_run, tmp_path_factory):
     """fairseq-generate's output for the test set, beam 4 with the GNMT penalty, sentencepiece removed."""
     data, save_dir, _ = spm_run
-    return generate(data, save_dir, "--task", "resnmt_translation", "--lenpen-form", "gnmt", *SEARCH,
-                    "--post-process", "sentencepiece")
+    return read_output(built_once(tmp_path_factory, "hub_generated", lambda root: kept_output(generate(
+        data, save_dir, "--task", "resnmt_translation", "--lenpen-form", "gnmt", *SEARCH,
+        "--post-process", "sentencepiece"), root)))
 
 
 def generate(data, save_dir, *flags):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, run_cli
+from conftest import REPO_ROOT, built_once, run_cli
 from data_prep_mirror import custom_args, write_corpus
 from model_utils import TINY
 
@@ -37,10 +37,8 @@ def copy_working_tree(dest: Path) -> Path:
     return dest
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    """The bin directory of a fresh virtualenv with resnmt installed non-editably."""
-    root = tmp_path_factory.mktemp("install")
+def install(root: Path) -> None:
+    """A fresh virtualenv in ROOT/venv with resnmt installed non-editably from a copy of the tree."""
     source = copy_working_tree(root / "src")
     env = root / "venv"
     subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", env], check=True)
@@ -52,7 +50,12 @@ def installed(tmp_path_factory) -> Path:
     run_cli([env / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
              source], cwd=root, timeout=600)
     shutil.rmtree(source)  # nothing may depend on the copy it was built from
-    return env / "bin"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The bin directory of a fresh virtualenv with resnmt installed non-editably (once per test run)."""
+    return built_once(tmp_path_factory, "install", install) / "venv" / "bin"
 
 
 def test_non_editable_install(installed, tmp_path):
