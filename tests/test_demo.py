@@ -31,7 +31,7 @@ def test_demo_with_a_tiny_budget_then_rerun(tmp_path):
     lines = table.splitlines()
     assert [c.strip() for c in lines[0].split("|")[1:-1]] == [
         "arch", "parameters", "BLEU", "training time", "updates", "averaged"]
-    assert [line.split("|")[1].strip() for line in lines[2:4]] == archs
+    assert [line.split("|")[1].strip() for line in lines[2:4]] == [f"{a} (2+2 layers, d=128, not base)" for a in archs]
     assert "sacreBLEU on Multi30k test2016" in table and "nrefs:1|case:mixed" in table
     assert table.strip() in proc.stdout
     assert ("analysis of transformer_rskip_base" in err or "resnmt-analyze is not available" in err
@@ -47,3 +47,17 @@ def test_demo_with_a_tiny_budget_then_rerun(tmp_path):
     assert "decoded" not in again.stderr
     assert len((out / "results.jsonl").read_text().splitlines()) == 2
     assert table.strip() in again.stdout
+
+
+def test_demo_table_names_the_size_each_arch_trained():
+    """A named arch the preset shrinks is named with the size it trained, in every row."""
+    from resnmt.cli.demo import demo_table
+
+    record = {"arch": "transformer_rskip_base", "size": "2+2 layers, d=128, not base", "params": 1234567, "bleu": 30.5,
+              "train_seconds": 75, "num_updates": 40, "averaged": 5, "averaged_kind": "update checkpoints",
+              "signature": "nrefs:1|case:mixed"}
+    rows = demo_table([record, {**record, "arch": "transformer", "size": "base"}]).splitlines()
+    cells = [[c.strip() for c in row.split("|")[1:-1]] for row in rows[2:4]]
+    assert cells[0] == ["transformer_rskip_base (2+2 layers, d=128, not base)", "1,234,567", "30.50", "1m15s", "40",
+                        "5 update checkpoints"]
+    assert cells[1][0] == "transformer (base)"

@@ -132,7 +132,7 @@ def demo(args, log) -> int:
     else:
         records = []
         for i, experiment in enumerate(experiments, 1):
-            log(f"model {i}/{len(archs)}: {experiment.req.train.arch}")
+            log(f"model {i}/{len(archs)}: {experiment.req.train.arch} ({experiment.size})")
             records.append(experiment.run())
     table = demo_table(records)
     atomic_write_text(out / "table.md", table + "\n")
@@ -144,9 +144,9 @@ def demo(args, log) -> int:
 
 
 def demo_table(records: Sequence[dict]) -> str:
-    """The demo's Markdown table of the experiments' records."""
+    """The demo's Markdown table of the experiments' records, each arch with the size it trained."""
     head = ("arch", "parameters", "BLEU", "training time", "updates", "averaged")
-    rows = [(r["arch"], f"{r['params']:,}" if r.get("params") else "?", f"{r['bleu']:.2f}",
+    rows = [(f"{r['arch']} ({r['size']})" if r.get("size") else r["arch"], f"{r['params']:,}" if r.get("params") else "?", f"{r['bleu']:.2f}",
              f"{int((r.get('train_seconds') or 0) // 60)}m{int((r.get('train_seconds') or 0) % 60):02d}s",
              str(r.get("num_updates")), f"{r['averaged']} {r['averaged_kind']}") for r in records]
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
