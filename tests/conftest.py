@@ -14,6 +14,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("RESNMT_TEST_DATA") or REPO_ROOT.parent / "shared" / "data")
 BIN_DIR = Path(sys.executable).parent  # the venv's bin: fairseq-train & co. live here
 
+# Triton's interpreter is chosen when triton is first imported (its library's own jit
+# functions are made then, and torch may import it before tests/test_triton_kernels.py
+# does): on a machine without an NVIDIA device every test process runs Triton interpreted.
+if not Path("/dev/nvidia0").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def pytest_configure(config):
     """Parallel workers (make test: pytest-xdist, one per core) share the cores: one torch

@@ -129,7 +129,8 @@ BAD_FLAGS = [
     ("rskip", ["--skip-lambda", "2.5"], "--skip-lambda 2.5 is invalid for --residual rskip_ln: it must be an integer >= 1"),
     ("rskip", ["--skip-lambda", "0"], "argument --skip-lambda: invalid value '0': must be a real number > 0"),
     ("admin", ["--admin-output-change-scale", "O(n2)"],
-     "argument --admin-output-change-scale: invalid choice: 'O(n2)' (choose from 'O(logn)', 'O(n)', 'O(1)')"),
+     "argument --admin-output-change-scale: invalid choice: 'O(n2)' (closest: O(n) O(logn) O(1); choose from "
+     "'O(logn)', 'O(n)', 'O(1)')"),
     ("rezero", ["--skip-lambda-learned"],
      "--skip-lambda-learned is invalid for --residual rezero: it applies only to xskip, xskip_ln"),
 ]
