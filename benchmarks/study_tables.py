@@ -367,20 +367,28 @@ def pair_differences(runs, claim: PairClaim, setting: str) -> list:
             if budget in recs and budget in rows.get(claim.reference, {}).get(seed, {})]
 
 
+def pair_verdict(diffs: list) -> str:
+    """One pair's word on a claim: ``level`` where the mean difference is within
+    :data:`verdicts.LEVEL` of zero (no seed count resolves less), else the seeds' verdict
+    (:func:`verdicts.claim_verdict`: yes, no, mixed); ``(1 seed)`` where one is all there is."""
+    word = "level" if abs(statistics.mean(diffs)) < LEVEL else claim_verdict(diffs).split(" ")[0]
+    return word + (" (1 seed)" if len(diffs) == 1 else "")
+
+
 def across_pairs(main: list, other: list) -> str:
     """The verdict of one claim over two pairs from each pair's differences: holds on both,
-    holds on one (the other mixed or level), reverses (every seed of one pair the other way),
-    fails on both; "not yet" while a pair has no seed."""
+    holds on one (level or mixed on the other), reverses (it fails on the other), fails on
+    both, level (neither holds nor fails); "not yet" while a pair has no seed."""
     if not main or not other:
         return "not yet"
-    words = [claim_verdict(d).split(" ")[0] for d in (main, other)]
+    words = [pair_verdict(d).split(" ")[0] for d in (main, other)]
     if words == ["yes", "yes"]:
         return "holds on both"
     if words == ["no", "no"]:
         return "fails on both"
     if "yes" in words and "no" in words:
         return "reverses"
-    return "holds on one" if "yes" in words else "mixed"
+    return "holds on one" if "yes" in words else "fails on one" if "no" in words else "level"
 
 
 def second_seeds(runs, claims=PAIR_CLAIMS, other: str = "en-fr") -> list:
@@ -398,7 +406,7 @@ def second_seeds(runs, claims=PAIR_CLAIMS, other: str = "en-fr") -> list:
 def pairs_table(runs, claims=PAIR_CLAIMS, other: str = "en-fr") -> str:
     """Each claim of ``claims`` on the study's pair and on ``other`` (CPU, the study's
     schedule): the difference (mean ± std over seeds, n), each pair's verdict
-    (:func:`verdicts.claim_verdict`) and the verdict across the pairs (:func:`across_pairs`).
+    (:func:`pair_verdict`) and the verdict across the pairs (:func:`across_pairs`).
     Claims that neither pair has measured are left out."""
     settings = ("cpu", f"cpu, {pair_title(other)}")
     lines = [f"| claim | setting | {pair_title(MAIN_PAIR)}: difference (n) | holds? | {pair_title(other)}: "
@@ -407,7 +415,7 @@ def pairs_table(runs, claims=PAIR_CLAIMS, other: str = "en-fr") -> str:
         diffs = [pair_differences(runs, c, s) for s in settings]
         if not any(diffs):
             continue
-        cells = [f"{_mean_std(d)} | {claim_verdict(d)}" if d else "— | —" for d in diffs]
+        cells = [f"{_mean_std(d)} | {pair_verdict(d)}" if d else "— | —" for d in diffs]
         setting = f"{SIZE_SHORT[c.size]}, {VERDICT_BUDGETS[c.size]} updates"
         lines.append(f"| {c.claim} | {setting} | {cells[0]} | {cells[1]} | {across_pairs(*diffs)} |")
     return "\n".join(lines)

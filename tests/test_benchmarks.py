@@ -758,14 +758,17 @@ def test_pairs_table_and_second_seeds_from_handwritten_curves(monkeypatch):
             "| reverses |") in table
     assert ("| Hyper-Connections > post-LN | 2+2, d=128, 2400 updates | +1.00 (1) | yes (1 seed) | +1.00 (1) "
             "| yes (1 seed) | holds on both |") in table
-    assert ("| mHC > pre-LN | 6+6, d=128, 1200 updates | +1.00 (1) | yes (1 seed) | +0.30 (1) | yes (1 seed) "
-            "| holds on both |") in table
+    assert ("| mHC > pre-LN | 6+6, d=128, 1200 updates | +1.00 (1) | yes (1 seed) | +0.30 (1) | level (1 seed) "
+            "| holds on one |") in table
     assert not any(x.startswith("| B2T") for x in table)  # measured on neither pair
     # HybridNorm flips sign, mHC is within 0.5 of zero: seed 2 of each row and its reference
     assert study_tables.second_seeds(runs) == [("small", "hybrid_norm", 2), ("small", "post_ln", 2),
                                                ("deep", "mhc", 2), ("deep", "pre_ln", 2)]
     assert study_tables.across_pairs([0.3], []) == "not yet"
-    assert study_tables.across_pairs([0.3, 0.2], [0.4, -0.1]) == "holds on one"
+    assert study_tables.across_pairs([0.9, 0.8], [0.4, -0.1]) == "holds on one"  # level on the second
+    assert study_tables.across_pairs([0.9, 0.8], [0.9, -0.2]) == "holds on one"  # mixed on the second
+    assert study_tables.across_pairs([-0.9], [0.2]) == "fails on one"
+    assert study_tables.across_pairs([0.3], [-0.2]) == "level"
 
 
 def test_curves_pair_picks_the_plan_the_corpus_and_the_settings_key(tmp_path, monkeypatch, capsys):

@@ -287,14 +287,10 @@ def test_experiment_checks_the_flags_after_the_double_dash_before_it_starts(tmp_
     proc = run_cli(["resnmt-experiment", "multi30k", "transformer_sas_base", "--max-update", "1", "--",
                     "--residual", "rskip_lnn"], cwd=tmp_path, check=False)
     assert proc.returncode == 1 and proc.stdout == ""
-    from resnmt.connections.spec import CONNECTION_CLASSES  # the built-in kinds, then any installed (the example's)
-
-    assert proc.stderr.splitlines() == [
+    (line,) = proc.stderr.splitlines()  # the built-in kinds, then any installed (the example's layerscale)
+    assert line.startswith(
         "[resnmt-experiment] error: the training options were refused: fairseq-train: argument --residual: invalid "
-        "choice: 'rskip_lnn' (closest: rskip_ln xskip_ln; choose from "
-        + ", ".join(f"'{kind}'" for kind in CONNECTION_CLASSES) + ")"]
-    assert ", ".join(f"'{kind}'" for kind in CONNECTION_CLASSES).startswith(
-        "'post_ln', 'pre_ln', 'xskip', 'xskip_ln', 'rskip_ln', 'sas', 'highway', 'deepnorm', 'rezero', 'admin', "
-        "'peri_ln', 'b2t', 'resi_dual', 'dlcl', 'dlcl_post', 'denseformer', 'mix_ln', 'ln_scaling', 'hybrid_norm', "
-        "'hyper', 'mhc'")
+        "choice: 'rskip_lnn' (closest: rskip_ln xskip_ln; choose from 'post_ln', 'pre_ln', 'xskip', 'xskip_ln', "
+        "'rskip_ln', 'sas', 'highway', 'deepnorm', 'rezero', 'admin', 'peri_ln', 'b2t', 'resi_dual', 'dlcl', "
+        "'dlcl_post', 'denseformer', 'mix_ln', 'ln_scaling', 'hybrid_norm', 'hyper', 'mhc'") and line.endswith("')")
     assert os.listdir(tmp_path) == []
