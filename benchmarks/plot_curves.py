@@ -144,7 +144,7 @@ def plot_bleu(runs, out: Path) -> None:
         for row, seeds in sorted(runs[(device, size)].items()):
             _mean_and_seed_lines(ax, bleu_of(seeds), styles[row], row)
         label_panel(ax, device, size, "sacreBLEU, test2016 (avg of 5 ckpts, beam 4)")
-    save(fig, "Multi30k EN-DE: BLEU against training budget (thick: mean over seeds; thin: each seed)", out)
+    save(fig, "BLEU against training budget, each panel's pair in its title (thick: mean over seeds; thin: each seed)", out)
 
 
 def plot_bleu_difference(runs, out: Path, baseline: str = "post_ln") -> None:
