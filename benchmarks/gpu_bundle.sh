@@ -11,7 +11,7 @@
 # It fails, naming the cause, when a step fails, when what travels (the working tree's tracked
 # and untracked-unignored files plus .gpu/) is over the device tool's 64 MiB, or when a part's
 # rehearsal exits non-zero or records an error line. Then, with a GPU lent:
-#   run(command="bash benchmarks/gpu_job.sh 5", carry=[".gpu"], timeout_s=540)   (docs/benchmarks.md)
+#   timeout 540 bash benchmarks/gpu_job.sh 5   (in the checkout, the .gpu/ bundle beside it; docs/benchmarks.md)
 #
 #   PYTHON=.venv/bin/python bash benchmarks/gpu_bundle.sh            # build and rehearse
 #   GPU_BUNDLE_PARTS="1 2" bash benchmarks/gpu_bundle.sh             # rehearse only these parts
@@ -77,4 +77,4 @@ for part in $PARTS; do
     rm -rf "$out"
 done
 rm -rf "$study_work"
-say "ready: run(command=\"bash benchmarks/gpu_job.sh 5\", carry=[\".gpu\"], timeout_s=540) first (gpu_job.sh's header: the lease plan)"
+say "ready: on the GPU machine, with .gpu/ beside the checkout: timeout 540 bash benchmarks/gpu_job.sh 5 first (gpu_job.sh's header: the lease plan)"
