@@ -15,6 +15,7 @@ An input whose bytes changed since the fetch step recorded them redoes every ste
 """
 import contextlib
 import fcntl
+import os
 import shutil
 import signal
 import sys
@@ -222,15 +223,20 @@ class Preparation:
 
 
 _sigterm_received = False
+_main_pid = None
 
 
 def _interrupted(signum, frame):
     global _sigterm_received
+    if os.getpid() != _main_pid:  # a worker forked a moment ago, before it set its own handler
+        os._exit(143)
     _sigterm_received = True
     raise Interrupted()
 
 
 def run(ds, args, tag: str) -> int:
+    global _main_pid
+    _main_pid = os.getpid()
     signal.signal(signal.SIGTERM, _interrupted)
     prep = Preparation(ds, args, tag)
     try:

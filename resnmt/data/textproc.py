@@ -7,6 +7,7 @@ only (a stray carriage return inside a line does not desynchronize a parallel co
 """
 import codecs
 import collections
+import concurrent.futures
 import contextlib
 import gzip
 import itertools
@@ -209,17 +210,34 @@ def moses_tokenize(inputs, output, lang: str, workers: int, max_lines: int = 0) 
 
 
 def _init_worker(initializer, initargs):
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a worker just dies; the parent reports
+    # a worker just dies of SIGTERM or Ctrl-C; the parent reports where the run stopped
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     initializer(*initargs)
 
 
+@contextlib.contextmanager
 def _worker_pool(workers, initializer, initargs):
     """A pool of `workers` processes set up by initializer(*initargs); for one worker,
-    no pool (None) and the initializer runs here."""
+    no pool (None) and the initializer runs here.
+
+    concurrent.futures, not multiprocessing.Pool: a Pool whose worker is killed while it
+    holds the task queue's lock (an idle worker always does) hangs for ever in terminate(),
+    which is what leaving the `with` after SIGTERM to the process group calls. The executor
+    watches each worker's exit instead and gives up the ones that died."""
     if workers <= 1:
         initializer(*initargs)
-        return contextlib.nullcontext()
-    return multiprocessing.get_context("fork").Pool(workers, _init_worker, (initializer, initargs))
+        yield None
+        return
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                                  initializer=_init_worker, initargs=(initializer, initargs))
+    try:
+        pool.submit(int).result()  # forks every worker now, before the caller opens its output
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)  # the chunks being tokenized finish, no more start
+        raise
+    pool.shutdown(wait=True)
 
 
 def _ordered_map(pool, fn, chunks, workers):
@@ -228,12 +246,15 @@ def _ordered_map(pool, fn, chunks, workers):
         yield from map(fn, chunks)
         return
     pending = collections.deque()
-    for chunk in chunks:
-        pending.append(pool.apply_async(fn, (chunk,)))
-        if len(pending) >= 4 * workers:
-            yield pending.popleft().get()
-    while pending:
-        yield pending.popleft().get()
+    try:
+        for chunk in chunks:
+            pending.append(pool.submit(fn, chunk))
+            if len(pending) >= 4 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    except concurrent.futures.process.BrokenProcessPool:
+        raise DataPrepError("a worker process died (killed, or out of memory): re-run to resume") from None
 
 
 # --------------------------------------------------------------------- subwords
