@@ -508,7 +508,9 @@ def test_wmt14_interrupted_run_leaves_no_partial_file(wmt_de_mirror, tmp_path):
     assert proc.returncode == 143
     assert "interrupted in step 4/8 (normalize punctuation and tokenize" in stderr
     assert not list(out.rglob("*.tmp")) and not list(out.glob(".tmp.*"))
-    assert not (out / "work" / "train.tok.en").exists() and not (out / "bin").exists()
+    # train.tok.en may exist whole (its rename can come just before the signal, while train.de is
+    # tokenized): every output is written atomically, and without step 4's stamp a re-run redoes it
+    assert not (out / "bin").exists()
     assert sorted(p.name for p in (out / ".stamps").glob("*.done")) == ["01-fetch.done", "02-extract.done",
                                                                       "03-raw.done"]
 
