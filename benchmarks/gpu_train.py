@@ -76,7 +76,7 @@ from trainer_rounds import configs_at, measure_setting, record  # noqa: E402
 from whole_processes import time_whole_processes  # noqa: E402
 
 from resnmt.study import flags  # noqa: E402
-from resnmt.study.records import REPO_ROOT, portable_path  # noqa: E402
+from resnmt.study.records import portable_path  # noqa: E402
 
 
 def parser() -> argparse.ArgumentParser:

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from conftest import BIN_DIR, run_cli
 from resnmt.cli import study_verdict
 from resnmt.experiment.results import read_jsonl
 from resnmt.study.records import RESULTS
@@ -96,3 +97,32 @@ def test_bad_input_is_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
         study_verdict.main(argv + ["--report"])
     assert stop.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_the_example_kinds_verdict_end_to_end_in_its_smallest_mode(tiny_bin, tmp_path):
+    """The example package's kind (examples/layerscale, installed) through the command, as a
+    user runs it: the tiny model to 2 updates (one milestone, a progress line), its row
+    beside the shipped rows at the quick look's budget, the verdicts paired by seed, every
+    verdict line saying it is a smoke test; run again, it resumes: nothing is trained."""
+    argv = [BIN_DIR / "resnmt-study", "verdict", "layerscale", "--tiny", "--data", tiny_bin.parent,
+            "--ref", tiny_bin.parent / "text" / "test.de", "--remove-bpe", "none", "--threads", "1",
+            "--workdir", tmp_path / "w"]
+    first = run_cli(argv, timeout=300)
+    assert "[verdict] small layerscale seed 1: milestone 1/1, training to 2 updates" in first.stderr
+    (ours,) = read_jsonl(tmp_path / "w" / "curves.jsonl")
+    assert (ours["row"], ours["updates"], ours["flags"], ours["size"]["name"]) == (
+        "layerscale", 2, ["--residual", "layerscale"], "small")
+    shipped = {(r["row"], r["seed"]): r["bleu"] for r in REFERENCE if r["settings_key"] == STUDY_KEY
+               and r.get("device", "cpu") == "cpu" and r["size"]["name"] == "small" and r["updates"] == 600}
+    smoke = "SMOKE TEST (the tiny model to 2 updates beside the shipped rows at 600: not the study's protocol): "
+    lines = first.stdout.splitlines()
+    assert lines[0] == smoke + "2+2, d=128, sacreBLEU at 600 updates:"
+    assert lines[1].split() == ["layerscale", f"{ours['bleu']:.2f}", "(1", "seed)", "(yours,", "at", "2)"]
+    post = [b for (row, _), b in shipped.items() if row == "post_ln"]
+    assert lines[2].split() == ["post_ln", f"{sum(post) / len(post):.2f}", f"({min(post):.2f}-{max(post):.2f},",
+                                str(len(post)), "seeds)"]
+    diff = ours["bleu"] - shipped[("post_ln", 1)]
+    assert smoke + f"above post-LN at 2+2? {'no' if diff < 0 else 'yes'} (1 seed) ({diff:+.2f})" in lines
+    assert all(line.startswith(smoke) for line in lines if "?" in line) and len([x for x in lines if "?" in x]) == 2
+    again = run_cli(argv, timeout=300)
+    assert "training to" not in again.stderr and again.stdout == first.stdout

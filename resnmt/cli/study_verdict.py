@@ -20,11 +20,10 @@ says on every verdict line that it is a first look, not the protocol.
 --device cuda trains the GPU study's base size (6+6, d=512, to 4,000 updates, a checkpoint
 every 100, under the schedule its sweep chose) and compares it with the study's base-size
 rows; where the study has none yet, it says so in one line. --tiny is a smoke test: the
-tiny model to 4 updates on any prepared corpus, set beside the shipped rows.
+tiny model to 2 updates on any prepared corpus, set beside the shipped rows.
 """
 import argparse
 import os
-import sys
 from pathlib import Path
 
 from resnmt.cli import study_curves
@@ -60,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
                    help="the study's lines the kind is compared with (default: benchmarks/results/curves.jsonl)")
     flags.add_threads(p, 2)
     p.add_argument("--report", action="store_true", help="print the comparison from --out only, training nothing")
-    p.add_argument("--tiny", action="store_true", help="a smoke test: the tiny model to 4 updates, set beside the "
+    p.add_argument("--tiny", action="store_true", help="a smoke test: the tiny model to 2 updates, set beside the "
                    "shipped rows at the quick look's budget (every verdict line says so)")
     return p
 
