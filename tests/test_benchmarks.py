@@ -807,7 +807,7 @@ def test_curves_pair_picks_the_plan_the_corpus_and_the_settings_key(tmp_path, mo
         curves.main(["--pair", "en-fr", "--data", str(data), "--out", str(out)])
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.endswith(f"--data {data}: its binarized data is en-de, not en-fr; prepare en-fr with "
-                        "resnmt-prepare multi30k-en-fr DIR")
+                        "resnmt-prepare multi30k-en-fr DIR (see --help)")
 
 
 def test_multi30k_en_fr_pins_the_published_files():

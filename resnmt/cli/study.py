@@ -10,13 +10,14 @@ import argparse
 import sys
 
 from resnmt.cli import study_curves, study_verdict
+from resnmt.cli.common import OneLineErrorParser
 
 COMMANDS = {"curves": study_curves, "verdict": study_verdict}
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog="resnmt-study", description=__doc__,
+    p = OneLineErrorParser(prog="resnmt-study", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=list(COMMANDS),
                    help="curves: train and score the study's runs; verdict: a kind beside the shipped rows")

@@ -46,6 +46,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from resnmt.cli.common import OneLineErrorParser
 from resnmt.experiment.runtime import tool_env
 from resnmt.study import flags
 from resnmt.study.milestones import done_milestones, resume_point, run_dir_of, run_plan, study_settings
@@ -57,7 +58,7 @@ from resnmt.study.rows import CURVES_ROWS, DEFAULT_MILESTONES, slug
 
 def parser() -> argparse.ArgumentParser:
     """``resnmt-study curves``' command line; its defaults are the study's settings."""
-    p = argparse.ArgumentParser(prog="resnmt-study curves", description=__doc__,
+    p = OneLineErrorParser(prog="resnmt-study curves", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(command="curves", rows=CURVES_ROWS)  # what a progress line is named, the rows it trains
     p.add_argument("--pair", default="en-de", choices=list(PAIRS),

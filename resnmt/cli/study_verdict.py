@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 
 from resnmt.cli import study_curves
+from resnmt.cli.common import OneLineErrorParser
 from resnmt.experiment.results import read_jsonl
 from resnmt.experiment.runtime import tool_env
 from resnmt.study import flags
@@ -38,7 +39,7 @@ from resnmt.study.verdict import PROTOCOLS, TINY_FLAGS, TINY_MILESTONES, report
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="resnmt-study verdict", description=__doc__,
+    p = OneLineErrorParser(prog="resnmt-study verdict", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(command="verdict")
     p.add_argument("kind", help="the --residual name of your kind")
