@@ -153,9 +153,9 @@ def test_fp16_headroom_takes_fairseq_trains_first_step(tiny_bin, tmp_path):
     logged, base 2 per token), so its largest gradient is the one fp16 would have to hold."""
     sys.path.insert(0, str(BENCH))
     import headroom
-    from runs import benchmark_train_argv
 
     from resnmt.experiment.presets import SIZES
+    from resnmt.study.runs import benchmark_train_argv
 
     argv = benchmark_train_argv(tiny_bin, "transformer_rezero_base", [], SIZES["tiny"], seed=3,
                                 max_tokens=300, lr=1e-3, warmup=300, dropout=0.1, save_every=1, keep=1,
