@@ -32,7 +32,7 @@
 # run's cost per update), if one alone makes ~13 updates/s. The 17 runs (12 base, 5 at 12+12)
 # then take about 11 leases after the sweep's (6 for base, 5 for 12+12); the sweep's lease
 # gives post-LN under three schedules to 2000 updates. Part 6 measures the shared rate
-# (throughput.txt) and part 7 takes study.workers_for's count from it on the same machine;
+# (throughput.txt) and part 7 takes resnmt.study.plan.workers_for's count from it on the same machine;
 # later leases pass GPU_STUDY_WORKERS. The fast path (GPU_STUDY_FAST_PATH=1, once its own part
 # has passed on a GPU) is what can shorten this.
 #

@@ -26,13 +26,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from records import REPO_ROOT, portable_argv
 from rows import WHOLE_PROCESSES, WHOLE_TARGETS
 from stats import median_min_max, middle_half, noise_floor
 from trainer_rounds import SMOKE_SIZE, record
 from verdicts import trainer_verdict
 
 from resnmt.experiment.steps import FairseqLog
+from resnmt.study.records import REPO_ROOT, portable_argv
 
 # what the fast path logs (resnmt/training/fast/): its buckets' padding once, how its steps run
 # once, and a line per CUDA graph recorded

@@ -1,7 +1,7 @@
 """resnmt.experiment's pieces that the end-to-end runs rely on: the names of decoding
 settings, the one reader of fairseq's log, the checkpoint selection, the presets' batch
 arithmetic in-process, the options' checks, and the subprocesses' environment; and the
-benchmarks' training to a budget (benchmarks/runs.py)."""
+study's training to a budget (resnmt.study.runs)."""
 import json
 import os
 import platform
@@ -10,14 +10,11 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT
 from resnmt.experiment import presets, results, runtime
 from resnmt.experiment.errors import ExperimentError, UsageError
 from resnmt.experiment.pipeline import ExperimentRequest
 from resnmt.experiment.steps import FairseqLog
-
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-import runs  # noqa: E402  (benchmarks/runs.py)
+from resnmt.study import runs
 
 # what fairseq-train --log-format simple printed over two runs of one save dir
 LOG = """\
@@ -177,7 +174,7 @@ def test_unknown_dataset_names_the_allowed_ones(tmp_path):
 
 
 def test_a_benchmark_rows_flags_override_the_shared_settings(tmp_path):
-    """benchmarks/curves.py's control rows change one shared setting through their flags."""
+    """The study's control rows change one shared setting through their flags."""
     from fairseq import options
 
     argv = runs.benchmark_train_argv(tmp_path, "transformer_postln_base", ["--warmup-updates", "1000", "--dropout", "0.1"],
