@@ -637,6 +637,60 @@ def test_an_edited_input_is_rebuilt_and_a_touched_one_is_not(tmp_path):
            "nothing to redo" in err and err[-1].startswith("[prepare-custom] nothing to do"), err
 
 
+def test_experiment_prepares_a_builtin_dataset_again_when_a_mirror_file_changed(tmp_path, capfd, monkeypatch):
+    """resnmt-experiment's prepare step on a built-in dataset prepared before (IWSLT'15
+    EN-VI from a mirror, 200 training pairs): skipped without reading a file while the
+    mirror is as recorded; a file only touched is recorded anew in one line; an edited one
+    is named in one line and the data is prepared again from its new text."""
+    from resnmt.data import fetch
+    from resnmt.experiment.pipeline import Experiment, ExperimentRequest
+    from resnmt.experiment.presets import TrainRequest
+
+    real, mirror, out = shared_data_dir("iwslt15-en-vi"), tmp_path / "mirror", tmp_path / "data"
+    mirror.mkdir()
+    for lang in ("en", "vi"):
+        (mirror / f"train.{lang}").write_text("".join(x + "\n" for x in lines(real / f"tst2012.{lang}")[:200]),
+                                              encoding="utf-8")
+        for name in ("tst2012", "tst2013"):
+            os.symlink(real / f"{name}.{lang}", mirror / f"{name}.{lang}")
+    req = ExperimentRequest(train=TrainRequest("iwslt15-en-vi", "transformer", preset="cpu", save_dir=tmp_path / "run"),
+                            data_root=out, mirror=mirror, prep_args="--bpe sentencepiece --bpe-size 300 --workers 1")
+    hashed = []
+    monkeypatch.setattr(fetch, "sha256_of", lambda path, digest=fetch.sha256_of: hashed.append(path) or digest(path))
+
+    def prepare():
+        """The experiment's lines and resnmt-prepare's, in order; the files it hashed."""
+        logged, hashed[:] = [], []
+        capfd.readouterr()
+        Experiment(req, logged.append, logged.append).prepare()
+        return logged + capfd.readouterr().err.splitlines(), [p.name for p in hashed]
+
+    printed, _ = prepare()
+    assert printed[0] == f"step 1/5: prepare {out}" and printed[-1].startswith("[prepare-iwslt15-en-vi] finished")
+    assert prepare() == ([f"step 1/5: prepare: {out}/bin exists, skipped"], [])  # nothing read
+    train_vi = mirror / "train.vi"
+    os.utime(train_vi, ns=(time.time_ns(), time.time_ns()))
+    assert prepare() == ([f"input {train_vi} (train.vi): modified time changed, same bytes (sha256): nothing to redo",
+                          f"step 1/5: prepare: {out}/bin exists, skipped"], ["train.vi"])
+    assert prepare()[1] == []  # recorded anew: not read again
+
+    train_en = mirror / "train.en"
+    size, text = train_en.stat().st_size, train_en.read_text(encoding="utf-8").split("\n")
+    train_en.write_text("\n".join([text[0], "Edited : " + text[1]] + text[2:]), encoding="utf-8")
+    printed, _ = prepare()
+    assert printed[0] == f"step 1/5: prepare {out} again: an input changed since it was prepared", printed
+    assert [line for line in printed if str(train_en) in line] == [  # one line names it
+        f"[prepare-iwslt15-en-vi] input {train_en} (train.en) changed since it was prepared "
+        f"(size {size} -> {train_en.stat().st_size}, other sha256): redoing steps 1-6"], printed
+    assert not [line for line in printed if "skipping" in line] and printed[-1].startswith("[prepare-iwslt15-en-vi] "
+                                                                                          "finished")
+    decoded = spm_decode(out / "spm" / "spm.model", out / "text" / "train.en")
+    assert "Edited : " + text[1] in decoded and text[1] not in decoded
+    assert f"{sha256(train_en)}  train.en" in (out / "orig" / "SHA256SUMS").read_text().splitlines()
+    check_binarized(out, "en", "vi", {"train": len(lines(out / "text" / "train.en")), "valid": 1553, "test": 1268})
+    assert prepare() == ([f"step 1/5: prepare: {out}/bin exists, skipped"], [])
+
+
 @pytest.fixture(scope="module")
 def custom_corpus(tmp_path_factory):
     """2000 real Multi30k pairs prepared as a corpus of one's own by the installed

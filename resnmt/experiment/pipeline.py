@@ -132,14 +132,22 @@ class Experiment:
         return self.score(gen, key, checkpoint, updates, kind)
 
     def prepare(self) -> None:
-        if steps.is_prepared(self.data_root, self.dataset.tgt):
+        """The prepared data, prepared (again, when an input of a built-in dataset changed since)."""
+        prepared = steps.is_prepared(self.data_root, self.dataset.tgt)
+        changed = steps.changed_inputs(self.data_root, self.req.mirror if self.builtin else None, self.log) \
+            if prepared else []
+        if prepared and not changed:
             self.step(1, f"prepare: {self.data_root}/bin exists, skipped")
             return
         if not self.builtin:
-            raise ExperimentError(f"{self.data_root} holds no prepared data (bin/dict.{self.dataset.tgt}.txt, "
+            raise ExperimentError(f"{changed[0]}: prepare {self.data_root} again with the resnmt-prepare custom "
+                                  "command that prepared it" if changed else
+                                  f"{self.data_root} holds no prepared data (bin/dict.{self.dataset.tgt}.txt, "
                                   f"raw/test.{self.dataset.tgt}): prepare it with resnmt-prepare custom ... "
                                   f"{self.data_root}")
-        self.step(1, f"prepare {self.data_root}")
+        # resnmt-prepare names the input that changed, in one line, and redoes what depends on it
+        self.step(1, f"prepare {self.data_root}" + (" again: an input changed since it was prepared" if changed
+                                                    else ""))
         require_commands("resnmt-prepare")
         steps.prepare(self.dataset.name, self.data_root, self.req.mirror, shlex.split(self.req.prep_args))
 

@@ -32,6 +32,18 @@ def is_prepared(data_root: Path, tgt: str) -> bool:
         (Path(data_root) / "raw" / f"test.{tgt}").exists()
 
 
+def changed_inputs(data_root: Path, mirror: Optional[Path], log: Log) -> List[str]:
+    """One line per input of the prepared ``data_root`` changed since it was prepared, read
+    from ``mirror`` where given (``resnmt.data.pipeline.changed_inputs``)."""
+    from resnmt.data.pipeline import changed_inputs
+    from resnmt.data.textproc import DataPrepError
+
+    try:
+        return changed_inputs(data_root, mirror, log)
+    except DataPrepError as e:
+        raise ExperimentError(f"cannot tell whether {data_root} is up to date: {e}") from None
+
+
 def prepare(name: str, data_root: Path, mirror: Optional[Path] = None, options: Sequence[str] = ()) -> None:
     """``resnmt-prepare NAME [--mirror DIR] OPTIONS DATA_ROOT`` (its messages on stderr)."""
     cmd = ["resnmt-prepare", name, *(["--mirror", mirror] if mirror else []), *options, data_root]
