@@ -616,7 +616,8 @@ def test_a_failed_step_resumes_with_the_option_its_error_names(tmp_path):
 def test_an_edited_input_is_rebuilt_and_a_touched_one_is_not(tmp_path):
     """An input file edited after its corpus was prepared: the next run names it in one line
     and redoes every step (they all read it), the data and orig/SHA256SUMS then hold its new
-    text; an input only touched (same bytes) redoes nothing."""
+    text (resnmt-experiment, before, refuses the old data in one line naming it); an input
+    only touched (same bytes) redoes nothing."""
     prefixes = write_corpus(tmp_path / "corpus", n_train=300, n_valid=20, n_test=20)
     out, train_de = tmp_path / "out", Path(f"{prefixes['train']}.de")
     args = [BIN_DIR / "resnmt-prepare", "custom", *custom_args(prefixes, "--bpe-size", "300", "--workers", "1"), out]
@@ -624,6 +625,18 @@ def test_an_edited_input_is_rebuilt_and_a_touched_one_is_not(tmp_path):
     size = train_de.stat().st_size
     text = train_de.read_text(encoding="utf-8").split("\n")
     train_de.write_text("\n".join(["Ein ganz neuer Satz ."] + text[1:]), encoding="utf-8")
+    # resnmt-experiment cannot prepare a corpus of one's own again: it refuses, naming the file
+    from resnmt.experiment.errors import ExperimentError
+    from resnmt.experiment.pipeline import Experiment, ExperimentRequest
+    from resnmt.experiment.presets import TrainRequest
+
+    experiment = Experiment(ExperimentRequest(TrainRequest(str(out), "transformer", preset="cpu",
+                                                           save_dir=tmp_path / "run")), print, print)
+    with pytest.raises(ExperimentError) as refused:
+        experiment.prepare()
+    assert str(refused.value) == (f"input {train_de} (train.de) changed since it was prepared (size {size} -> "
+                                  f"{train_de.stat().st_size}, other sha256): prepare {out} again with the "
+                                  "resnmt-prepare custom command that prepared it")
     err = run_cli(args).stderr.splitlines()
     changed = [line for line in err if "changed since" in line]
     assert changed == [f"[prepare-custom] input {train_de} (train.de) changed since it was prepared "

@@ -139,10 +139,12 @@ class Experiment:
         if prepared and not changed:
             self.step(1, f"prepare: {self.data_root}/bin exists, skipped")
             return
+        if not self.builtin and changed:  # its data was made from the old text, which only its own command reads
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            raise ExperimentError(f"{changed[0]}{more}: prepare {self.data_root} again with the resnmt-prepare "
+                                  "custom command that prepared it")
         if not self.builtin:
-            raise ExperimentError(f"{changed[0]}: prepare {self.data_root} again with the resnmt-prepare custom "
-                                  "command that prepared it" if changed else
-                                  f"{self.data_root} holds no prepared data (bin/dict.{self.dataset.tgt}.txt, "
+            raise ExperimentError(f"{self.data_root} holds no prepared data (bin/dict.{self.dataset.tgt}.txt, "
                                   f"raw/test.{self.dataset.tgt}): prepare it with resnmt-prepare custom ... "
                                   f"{self.data_root}")
         # resnmt-prepare names the input that changed, in one line, and redoes what depends on it
