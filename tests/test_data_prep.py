@@ -795,8 +795,18 @@ def test_custom_corpus_end_to_end(custom_corpus, tmp_path):
         f"[resnmt-experiment] error: {save_dir} was trained with other flags (--encoder-ffn-embed-dim 32 then, "
         f"--encoder-ffn-embed-dim 64 now): use another --save-dir (or --tag), or delete {save_dir} to train again; "
         f"or delete {save_dir / 'train.done'} to resume it with these"), other.stderr
+    # a data file written again with the same bytes: recorded anew, in one line; with other bytes: refused
     dictionary = out / "bin" / "dict.de.txt"
     os.utime(dictionary, ns=(dictionary.stat().st_atime_ns, dictionary.stat().st_mtime_ns + 10**9))
+    touched = run_cli(proc.args, cwd=tmp_path).stderr
+    assert (f"[resnmt-experiment] {out / 'bin'}: dict.de.txt written again with the same bytes since {save_dir} was "
+            f"trained: its training stands") in touched and f"step 2/5: train: {save_dir}/train.done exists" in touched
+    assert "decoded" not in touched and json.loads((save_dir / "train.done").read_text())["data"]["dict.de.txt"][1] \
+        == dictionary.stat().st_mtime_ns
+    text = dictionary.read_text(encoding="utf-8").split("\n")
+    count = text[0].split()[1]
+    dictionary.write_text("\n".join([f"{text[0].split()[0]} {int(count) + 1:0{len(count)}d}"] + text[1:]),
+                          encoding="utf-8")  # one count one higher, the same size
     reprepared = run_cli(proc.args, cwd=tmp_path, check=False)
     assert reprepared.returncode == 1 and reprepared.stderr.splitlines()[-1] == (
         f"[resnmt-experiment] error: {save_dir} was trained on {out / 'bin'} before dict.de.txt changed (the corpus "

@@ -165,19 +165,32 @@ class Experiment:
         for warning in self.schedule_warnings(plan):
             self.train_log(f"warning: {warning}")
         steps.train(plan, self.train_log, self.req.threads, self.label, verbose=self.req.verbose)
+        bin_dir = self.data_root / "bin"
         atomic_write_text(done, json.dumps({"wall_seconds": int(time.time() - t0), "cmd": [str(c) for c in plan.cmd],
-                                            "data": steps.data_stamp(self.data_root / "bin")}) + "\n")
+                                            "data_dir": str(bin_dir), "data": steps.data_stamp(bin_dir)}) + "\n")
 
     def check_trained(self, done: Path) -> None:
         """A finished training whose data or command changed since (train.done records both) is
-        refused in one line naming what changed: its checkpoints are not the model asked for."""
+        refused in one line naming what changed: its checkpoints are not the model asked for.
+        Data files written again with the same bytes (sha256) are recorded anew, in one line."""
         record = json.loads(done.read_text())
         redo = f"use another --save-dir (or --tag), or delete {self.save_dir} to train again"
+        bin_dir = self.data_root / "bin"
         if "data" in record:
-            changed = steps.data_changes(record["data"], steps.data_stamp(self.data_root / "bin"))
+            changed, now = steps.data_changes(record["data"], bin_dir)
+            names = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+            trained_on = record.get("data_dir", str(bin_dir))
+            if changed and trained_on != str(bin_dir):
+                raise ExperimentError(f"{self.save_dir} was trained on {trained_on}, not on {bin_dir} ({names} "
+                                      f"differ): {redo}")
             if changed:
-                raise ExperimentError(f"{self.save_dir} was trained on {self.data_root / 'bin'} before "
-                                      f"{changed} changed (the corpus was prepared again): {redo}")
+                raise ExperimentError(f"{self.save_dir} was trained on {bin_dir} before {names} changed (the corpus "
+                                      f"was prepared again): {redo}")
+            touched = [name for name in now if now[name] != record["data"].get(name)]
+            if touched:
+                self.log(f"{bin_dir}: {', '.join(touched[:3])}{' ...' if len(touched) > 3 else ''} written again "
+                         f"with the same bytes since {self.save_dir} was trained: its training stands")
+                atomic_write_text(done, json.dumps({**record, "data_dir": str(bin_dir), "data": now}) + "\n")
         if "cmd" in record:
             cmd = [str(c) for c in plan_training(self.train_request, dry_run=True).cmd]
             before, now = steps.flag_changes(record["cmd"], cmd)

@@ -64,28 +64,55 @@ def up_to_date(output: Path, inputs: Sequence[Path], log: Log) -> bool:
 
 
 def data_stamp(bin_dir: Path) -> Dict[str, list]:
-    """The binarized data's files with their size and mtime (what a training used)."""
-    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(Path(bin_dir).iterdir()) if p.is_file()}
+    """The binarized data's files with their size, mtime and sha256 (what a training used)."""
+    from resnmt.data.fetch import sha256_of
+
+    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns, sha256_of(p)]
+            for p in sorted(Path(bin_dir).iterdir()) if p.is_file()}
 
 
-def data_changes(before: Dict[str, list], now: Dict[str, list]) -> str:
-    """The files of two data stamps that differ, for a message ('' when none)."""
-    names = sorted(n for n in set(before) | set(now) if before.get(n) != now.get(n))
-    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+def data_changes(before: Dict[str, list], bin_dir: Path) -> tuple:
+    """(the files of ``bin_dir`` whose bytes differ from those of the data stamp ``before``,
+    its stamp now): a file's sha256 is computed only where its size or mtime differ, so
+    nothing is read when nothing changed; a file with a new mtime and the same bytes keeps
+    its place in the stamp now with its new mtime. A stamp without sha256 (written before
+    they were recorded) counts any other mtime as a change."""
+    from resnmt.data.fetch import sha256_of
+
+    now = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(Path(bin_dir).iterdir()) if p.is_file()}
+    changed = []
+    for name in sorted(set(before) | set(now)):
+        was, stat = before.get(name), now.get(name)
+        if was is None or stat is None:
+            changed.append(name)
+        elif was[:2] == stat:
+            stat.extend(was[2:])
+        elif len(was) > 2 and was[0] == stat[0] and sha256_of(Path(bin_dir) / name) == was[2]:
+            stat.append(was[2])  # touched: the same bytes
+        else:
+            changed.append(name)
+    return changed, now
 
 
 def flag_changes(before: Sequence[str], now: Sequence[str]) -> tuple:
-    """The flags (with their values) of one command line that the other lacks, as two strings."""
+    """The flags (with their values) of one command line that the other lacks, as two
+    strings; those that do not change what is trained (RUN_ONLY_FLAGS) left out."""
     def flags(cmd):
         out, cmd = set(), list(cmd)
         for i, word in enumerate(cmd):
-            if word.startswith("--"):
+            if word.startswith("--") and word not in RUN_ONLY_FLAGS:
                 value = cmd[i + 1] if i + 1 < len(cmd) and not cmd[i + 1].startswith("--") else ""
                 out.add(f"{word} {value}".strip())
         return out
 
     old, new = flags(before), flags(now)
     return " ".join(sorted(old - new)), " ".join(sorted(new - old))
+
+
+# flags of a training command that say where resnmt is installed, where the run is kept
+# (the directory holding train.done) and how it logs, not what it trains
+RUN_ONLY_FLAGS = ("--user-dir", "--save-dir", "--num-workers", "--no-progress-bar", "--log-format", "--log-interval",
+                  "--log-file", "--tensorboard-logdir", "--wandb-project")
 
 # -------------------------------------------------------------------------------- train
 
