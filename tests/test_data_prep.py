@@ -654,8 +654,10 @@ def test_experiment_prepares_a_builtin_dataset_again_when_a_mirror_file_changed(
     """resnmt-experiment's prepare step on a built-in dataset prepared before (IWSLT'15
     EN-VI from a mirror, 200 training pairs): skipped without reading a file while the
     mirror is as recorded; a file only touched is recorded anew in one line; an edited one
-    is named in one line and the data is prepared again from its new text."""
+    is named in one line and the data is prepared again from its new text; a file whose
+    sha256 is pinned, edited, is refused, resnmt-prepare's error the experiment's."""
     from resnmt.data import fetch
+    from resnmt.experiment.errors import ExperimentError
     from resnmt.experiment.pipeline import Experiment, ExperimentRequest
     from resnmt.experiment.presets import TrainRequest
 
@@ -702,6 +704,16 @@ def test_experiment_prepares_a_builtin_dataset_again_when_a_mirror_file_changed(
     assert f"{sha256(train_en)}  train.en" in (out / "orig" / "SHA256SUMS").read_text().splitlines()
     check_binarized(out, "en", "vi", {"train": len(lines(out / "text" / "train.en")), "valid": 1553, "test": 1268})
     assert prepare() == ([f"step 1/5: prepare: {out}/bin exists, skipped"], [])
+
+    # a published file whose hash is pinned, edited: resnmt-prepare refuses it, and so does every later run
+    test_vi = mirror / "tst2013.vi"
+    test_vi.unlink()
+    test_vi.write_text("".join(x + "\n" for x in ["Edited ."] + lines(real / "tst2013.vi")[1:]), encoding="utf-8")
+    for _ in range(2):
+        with pytest.raises(ExperimentError) as refused:
+            prepare()
+        assert str(refused.value).startswith(f"resnmt-prepare iwslt15-en-vi failed: checksum mismatch for tst2013.vi "
+                                             f"({test_vi}): sha256 is {sha256(test_vi)}, expected "), refused.value
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,9 @@ Each step writes its output atomically. External programs run as subprocesses
 (``resnmt.experiment.runtime``); averaging and scoring run in-process
 (``resnmt.checkpoints.averaging``, ``resnmt.decoding.scoring``).
 """
+import codecs
 import json
+import os
 import re
 import shlex
 import shutil
@@ -45,9 +47,22 @@ def changed_inputs(data_root: Path, mirror: Optional[Path], log: Log) -> List[st
 
 
 def prepare(name: str, data_root: Path, mirror: Optional[Path] = None, options: Sequence[str] = ()) -> None:
-    """``resnmt-prepare NAME [--mirror DIR] OPTIONS DATA_ROOT`` (its messages on stderr)."""
-    cmd = ["resnmt-prepare", name, *(["--mirror", mirror] if mirror else []), *options, data_root]
-    run_logged(cmd, None, tool_env())
+    """``resnmt-prepare NAME [--mirror DIR] OPTIONS DATA_ROOT``, its messages passed on to
+    stderr as they come (progress bars too); when it fails, the ExperimentError repeats its
+    error line, so that the last line printed names the cause."""
+    cmd = [str(c) for c in ["resnmt-prepare", name, *(["--mirror", mirror] if mirror else []), *options, data_root]]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=tool_env())
+    decoder, tail = codecs.getincrementaldecoder("utf-8")(errors="replace"), ""
+    for chunk in iter(lambda: os.read(proc.stderr.fileno(), 1 << 16), b""):
+        text = decoder.decode(chunk)
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        tail = (tail + text)[-8192:]
+    proc.stderr.close()
+    if proc.wait() != 0:
+        errors = re.findall(r"^\[prepare-[\w-]+\] error: (.*)$", tail, re.MULTILINE)
+        raise ExperimentError(f"resnmt-prepare {name} failed: {errors[-1]}" if errors
+                              else f"resnmt-prepare {name} failed (exit {proc.returncode})")
 
 # ------------------------------------------------------------- outputs newer than inputs
 
