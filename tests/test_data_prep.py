@@ -648,6 +648,12 @@ def test_an_edited_input_is_rebuilt_and_a_touched_one_is_not(tmp_path):
     err = run_cli(args).stderr.splitlines()
     assert f"[prepare-custom] input {train_de} (train.de): modified time changed, same bytes (sha256): " \
            "nothing to redo" in err and err[-1].startswith("[prepare-custom] nothing to do"), err
+    experiment.prepare()  # up to date
+    # a run that stopped before its end (as one that failed after recording new inputs): not prepared, whatever bin/ holds
+    next(out.glob(".stamps/*-binarize.done")).unlink()
+    with pytest.raises(ExperimentError, match=f"^{out} holds no prepared data .* from a resnmt-prepare run that "
+                                              "finished"):
+        experiment.prepare()
 
 
 def test_experiment_prepares_a_builtin_dataset_again_when_a_mirror_file_changed(tmp_path, capfd, monkeypatch):

@@ -32,6 +32,10 @@ from resnmt.data.textproc import DataPrepError
 from resnmt.progress import format_seconds
 
 
+# every dataset's last step: its stamp says that OUTDIR's last run finished
+LAST_STEP = "binarize"
+
+
 class Interrupted(BaseException):
     """SIGTERM: unwinds like KeyboardInterrupt, so temporary outputs are removed."""
 
@@ -158,7 +162,7 @@ class Preparation:
                               pairs("text", ("train",)), reads_work=True))
         binarized = [f"bin/dict.{l}.txt" for l in langs] + [
             f"bin/{s}.{ds.src}-{ds.tgt}.{l}.{ext}" for s in SPLITS for l in langs for ext in ("bin", "idx")]
-        steps.append(Step("binarize", "fairseq-preprocess --joined-dictionary", process.binarize, tuple(binarized)))
+        steps.append(Step(LAST_STEP, "fairseq-preprocess --joined-dictionary", process.binarize, tuple(binarized)))
         return steps
 
     def stamp(self, i: int):
@@ -223,13 +227,23 @@ class Preparation:
         self.log(f"finished in {format_seconds(time.time() - start)}: binarized data in {self.out / 'bin'}")
 
 
+def finished(outdir: Path) -> bool:
+    """Whether OUTDIR's last resnmt-prepare run finished (its last step's stamp is there); True
+    for an OUTDIR without stamps (data prepared otherwise). A run that stopped, even one that
+    failed after the fetch step recorded new inputs, leaves OUTDIR unfinished, whatever bin/
+    still holds."""
+    stamps = Path(outdir) / ".stamps"
+    return not stamps.is_dir() or any(stamps.glob(f"*-{LAST_STEP}.done"))
+
+
 def changed_inputs(outdir: Path, mirror: Optional[Path] = None, log: Callable[[str], None] = print) -> List[str]:
     """For a user of a prepared OUTDIR (resnmt-experiment): one line per input whose bytes
     changed since OUTDIR's fetch step recorded it, the inputs that would make resnmt-prepare
     redo every step (``Fetch.changed``); each read from ``mirror`` where given (a built-in
     dataset's published files, as ``--mirror`` reads them), else from where the fetch step
     read it. A few stat calls when nothing changed (``input_changes``); [] for an OUTDIR that
-    records no input. Waits for a prepare run holding OUTDIR's lock, with a line saying so."""
+    records no input. Waits for a resnmt-prepare run holding OUTDIR's lock, with a line
+    saying so."""
     out = Path(outdir).absolute()
     recorded = read_record(out)
     if not recorded:
@@ -240,12 +254,12 @@ def changed_inputs(outdir: Path, mirror: Optional[Path] = None, log: Callable[[s
         lock = open(out / ".lock", "a")
     except OSError:  # an OUTDIR this user cannot write, so cannot be preparing either: read, record nothing
         return input_changes(out, sources, log, record_anew=False)
-    with lock:
+    with lock:  # shared: checks of one OUTDIR run side by side (a touched input is recorded the same by each)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            log(f"waiting for the prepare run using {out} (lock {out / '.lock'}) to finish")
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            log(f"waiting for the resnmt-prepare run using {out} (lock {out / '.lock'}) to finish")
+            fcntl.flock(lock, fcntl.LOCK_SH)
         return input_changes(out, sources, log)
 
 

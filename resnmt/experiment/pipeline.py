@@ -146,8 +146,8 @@ class Experiment:
                                   "custom command that prepared it")
         if not self.builtin:
             raise ExperimentError(f"{self.data_root} holds no prepared data (bin/dict.{self.dataset.tgt}.txt, "
-                                  f"raw/test.{self.dataset.tgt}): prepare it with resnmt-prepare custom ... "
-                                  f"{self.data_root}")
+                                  f"raw/test.{self.dataset.tgt}, from a resnmt-prepare run that finished): prepare it "
+                                  f"with resnmt-prepare custom ... {self.data_root}")
         # resnmt-prepare names the input that changed, in one line, and redoes what depends on it
         self.step(1, f"prepare {self.data_root}" + (" again: an input changed since it was prepared" if changed
                                                     else ""))

@@ -30,8 +30,12 @@ from resnmt.progress import format_seconds
 
 
 def is_prepared(data_root: Path, tgt: str) -> bool:
+    """The binarized data and the raw references are there, and the last resnmt-prepare run on
+    ``data_root`` finished (``resnmt.data.pipeline.finished``)."""
+    from resnmt.data.pipeline import finished
+
     return (Path(data_root) / "bin" / f"dict.{tgt}.txt").exists() and \
-        (Path(data_root) / "raw" / f"test.{tgt}").exists()
+        (Path(data_root) / "raw" / f"test.{tgt}").exists() and finished(data_root)
 
 
 def changed_inputs(data_root: Path, mirror: Optional[Path], log: Log) -> List[str]:
