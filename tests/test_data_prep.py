@@ -660,8 +660,9 @@ def test_experiment_prepares_a_builtin_dataset_again_when_a_mirror_file_changed(
     """resnmt-experiment's prepare step on a built-in dataset prepared before (IWSLT'15
     EN-VI from a mirror, 200 training pairs): skipped without reading a file while the
     mirror is as recorded; a file only touched is recorded anew in one line; an edited one
-    is named in one line and the data is prepared again from its new text; a file whose
-    sha256 is pinned, edited, is refused, resnmt-prepare's error the experiment's."""
+    is named in one line and the data is prepared again from its new text; --prep-args are
+    checked by resnmt-prepare; a file whose sha256 is pinned, edited, is refused,
+    resnmt-prepare's error the experiment's."""
     from resnmt.data import fetch
     from resnmt.experiment.errors import ExperimentError
     from resnmt.experiment.pipeline import Experiment, ExperimentRequest
@@ -674,19 +675,23 @@ def test_experiment_prepares_a_builtin_dataset_again_when_a_mirror_file_changed(
                                               encoding="utf-8")
         for name in ("tst2012", "tst2013"):
             os.symlink(real / f"{name}.{lang}", mirror / f"{name}.{lang}")
-    req = ExperimentRequest(train=TrainRequest("iwslt15-en-vi", "transformer", preset="cpu", save_dir=tmp_path / "run"),
-                            data_root=out, mirror=mirror, prep_args="--bpe sentencepiece --bpe-size 300 --workers 1")
+    def request(prep_args=""):
+        return ExperimentRequest(train=TrainRequest("iwslt15-en-vi", "transformer", preset="cpu",
+                                                    save_dir=tmp_path / "run"),
+                                 data_root=out, mirror=mirror, prep_args=prep_args)
+
+    options = "--bpe sentencepiece --bpe-size 300 --workers 1"
     hashed = []
     monkeypatch.setattr(fetch, "sha256_of", lambda path, digest=fetch.sha256_of: hashed.append(path) or digest(path))
 
-    def prepare():
+    def prepare(prep_args=""):
         """The experiment's lines and resnmt-prepare's, in order; the files it hashed."""
         logged, hashed[:] = [], []
         capfd.readouterr()
-        Experiment(req, logged.append, logged.append).prepare()
+        Experiment(request(prep_args), logged.append, logged.append).prepare()
         return logged + capfd.readouterr().err.splitlines(), [p.name for p in hashed]
 
-    printed, _ = prepare()
+    printed, _ = prepare(options)
     assert printed[0] == f"step 1/5: prepare {out}" and printed[-1].startswith("[prepare-iwslt15-en-vi] finished")
     assert prepare() == ([f"step 1/5: prepare: {out}/bin exists, skipped"], [])  # nothing read
     train_vi = mirror / "train.vi"
@@ -698,7 +703,7 @@ def test_experiment_prepares_a_builtin_dataset_again_when_a_mirror_file_changed(
     train_en = mirror / "train.en"
     size, text = train_en.stat().st_size, train_en.read_text(encoding="utf-8").split("\n")
     train_en.write_text("\n".join([text[0], "Edited : " + text[1]] + text[2:]), encoding="utf-8")
-    printed, _ = prepare()
+    printed, _ = prepare(options)
     assert printed[0] == f"step 1/5: prepare {out} again: an input changed since it was prepared", printed
     assert [line for line in printed if str(train_en) in line] == [  # one line names it
         f"[prepare-iwslt15-en-vi] input {train_en} (train.en) changed since it was prepared "
@@ -710,6 +715,13 @@ def test_experiment_prepares_a_builtin_dataset_again_when_a_mirror_file_changed(
     assert f"{sha256(train_en)}  train.en" in (out / "orig" / "SHA256SUMS").read_text().splitlines()
     check_binarized(out, "en", "vi", {"train": len(lines(out / "text" / "train.en")), "valid": 1553, "test": 1268})
     assert prepare() == ([f"step 1/5: prepare: {out}/bin exists, skipped"], [])
+    # --prep-args: resnmt-prepare compares them with those the data was prepared with
+    printed, _ = prepare(options)
+    assert printed[0] == f"step 1/5: prepare: {out}/bin exists; resnmt-prepare checks it against --prep-args"
+    assert printed[-1] == f"[prepare-iwslt15-en-vi] nothing to do: {out} is complete (binarized data in {out}/bin)"
+    with pytest.raises(ExperimentError, match=f"^resnmt-prepare iwslt15-en-vi failed: {out} was prepared with other "
+                                              "options \\(above\\): use a new OUTDIR"):
+        prepare(options.replace("300", "400"))
 
     # a published file whose hash is pinned, edited: resnmt-prepare refuses it, and so does every later run
     test_vi = mirror / "tst2013.vi"
@@ -717,7 +729,7 @@ def test_experiment_prepares_a_builtin_dataset_again_when_a_mirror_file_changed(
     test_vi.write_text("".join(x + "\n" for x in ["Edited ."] + lines(real / "tst2013.vi")[1:]), encoding="utf-8")
     for _ in range(2):
         with pytest.raises(ExperimentError) as refused:
-            prepare()
+            prepare(options)
         assert str(refused.value).startswith(f"resnmt-prepare iwslt15-en-vi failed: checksum mismatch for tst2013.vi "
                                              f"({test_vi}): sha256 is {sha256(test_vi)}, expected "), refused.value
 

@@ -137,7 +137,9 @@ class Experiment:
         prepared = steps.is_prepared(self.data_root, self.dataset.tgt)
         changed = steps.changed_inputs(self.data_root, self.req.mirror if self.builtin else None, self.log) \
             if prepared else []
-        if prepared and not changed:
+        # --prep-args on prepared data: resnmt-prepare compares them with those it recorded
+        checked = prepared and not changed and self.builtin and bool(self.req.prep_args.strip())
+        if prepared and not changed and not checked:
             self.step(1, f"prepare: {self.data_root}/bin exists, skipped")
             return
         if not self.builtin and changed:  # its data was made from the old text, which only its own command reads
@@ -149,8 +151,9 @@ class Experiment:
                                   f"raw/test.{self.dataset.tgt}, from a resnmt-prepare run that finished): prepare it "
                                   f"with resnmt-prepare custom ... {self.data_root}")
         # resnmt-prepare names the input that changed, in one line, and redoes what depends on it
-        self.step(1, f"prepare {self.data_root}" + (" again: an input changed since it was prepared" if changed
-                                                    else ""))
+        self.step(1, f"prepare: {self.data_root}/bin exists; resnmt-prepare checks it against --prep-args" if checked
+                  else f"prepare {self.data_root}" + (" again: an input changed since it was prepared" if changed
+                                                      else ""))
         require_commands("resnmt-prepare")
         steps.prepare(self.dataset.name, self.data_root, self.req.mirror, shlex.split(self.req.prep_args))
 
