@@ -649,7 +649,7 @@ def test_an_edited_input_is_rebuilt_and_a_touched_one_is_not(tmp_path):
     assert f"[prepare-custom] input {train_de} (train.de): modified time changed, same bytes (sha256): " \
            "nothing to redo" in err and err[-1].startswith("[prepare-custom] nothing to do"), err
     experiment.prepare()  # up to date
-    # a run that stopped before its end (as one that failed after recording new inputs): not prepared, whatever bin/ holds
+    # a run that stopped before its end (as one failing after it recorded new inputs): not prepared, whatever bin/ holds
     next(out.glob(".stamps/*-binarize.done")).unlink()
     with pytest.raises(ExperimentError, match=f"^{out} holds no prepared data .* from a resnmt-prepare run that "
                                               "finished"):

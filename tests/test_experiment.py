@@ -345,7 +345,8 @@ def test_a_finished_trainings_data_stamp_hashes_only_files_whose_size_or_time_ch
     assert stamp["dict.de.txt"] == [4, (tmp_path / "dict.de.txt").stat().st_mtime_ns,
                                     hashlib.sha256(b"a 3\n").hexdigest()]
     hashed = []
-    monkeypatch.setattr(fetch, "sha256_of", lambda path, digest=fetch.sha256_of: hashed.append(path.name) or digest(path))
+    monkeypatch.setattr(fetch, "sha256_of",
+                        lambda path, digest=fetch.sha256_of: hashed.append(path.name) or digest(path))
     assert data_changes(stamp, tmp_path) == ([], stamp) and hashed == []
     os.utime(tmp_path / "dict.de.txt", ns=(0, 10**18))
     changed, now = data_changes(stamp, tmp_path)

@@ -2,7 +2,8 @@
 skipped when its output exists and is newer than its inputs (re-running resumes an
 interrupted experiment or does nothing; prepared data whose inputs changed since is
 prepared again, or refused for a corpus of one's own; a finished training whose data or
-flags changed since is refused). ``resnmt-experiment`` (``resnmt.cli.experiment``) and the demo (``resnmt.cli.demo``) run it."""
+flags changed since is refused). ``resnmt-experiment`` (``resnmt.cli.experiment``) and the
+demo (``resnmt.cli.demo``) run it."""
 import json
 import os
 import shlex
