@@ -325,3 +325,43 @@ def test_without_verbose_the_training_step_prints_its_numbers_not_fairseqs_info_
         b"[train] update 100: train loss 9.1\n", b"[train] valid loss 8.987 (nll_loss 8.986) after 5 updates\n",
         b"[train] epoch 1: train loss 9.068, 5 updates\n", None,
         b"2026-11-28 00:36:21 | WARNING | fairseq.trainer | NaN detected\n", b"Traceback (most recent call last):\n"]
+
+
+def test_a_finished_trainings_data_stamp_hashes_only_files_whose_size_or_time_changed(tmp_path, monkeypatch):
+    """train.done's data stamp: unchanged files are not read; a file with a new mtime and the
+    same bytes is no change (its new mtime in the stamp now); other bytes of the same size,
+    a file gone or added are changes; a stamp without sha256 counts any new mtime."""
+    import hashlib
+
+    from resnmt.data import fetch
+    from resnmt.experiment.steps import data_changes, data_stamp
+
+    for name, text in (("dict.de.txt", "a 3\n"), ("train.en-de.de.bin", "xyz")):
+        (tmp_path / name).write_text(text)
+    stamp = data_stamp(tmp_path)
+    assert stamp["dict.de.txt"] == [4, (tmp_path / "dict.de.txt").stat().st_mtime_ns,
+                                    hashlib.sha256(b"a 3\n").hexdigest()]
+    hashed = []
+    monkeypatch.setattr(fetch, "sha256_of",
+                        lambda path, digest=fetch.sha256_of: hashed.append(path.name) or digest(path))
+    assert data_changes(stamp, tmp_path) == ([], stamp) and hashed == []
+    os.utime(tmp_path / "dict.de.txt", ns=(0, 10**18))
+    changed, now = data_changes(stamp, tmp_path)
+    assert (changed, hashed) == ([], ["dict.de.txt"]) and now["dict.de.txt"] == [4, 10**18, stamp["dict.de.txt"][2]]
+    (tmp_path / "dict.de.txt").write_text("a 4\n")  # the same size, other bytes
+    assert data_changes(stamp, tmp_path)[0] == ["dict.de.txt"]
+    (tmp_path / "train.en-de.de.bin").unlink()
+    (tmp_path / "valid.en-de.de.bin").write_text("")
+    assert data_changes(stamp, tmp_path)[0] == ["dict.de.txt", "train.en-de.de.bin", "valid.en-de.de.bin"]
+    hashed.clear()
+    assert data_changes({"dict.de.txt": stamp["dict.de.txt"][:2]}, tmp_path)[0][0] == "dict.de.txt" and hashed == []
+
+
+def test_flags_that_do_not_change_what_is_trained_are_not_compared():
+    from resnmt.experiment.steps import flag_changes
+
+    before = ["fairseq-train", "/data/a/bin", "--user-dir", "/venv1/resnmt", "--save-dir", "runs/x", "--lr", "0.0005",
+              "--num-workers", "0", "--no-progress-bar", "--share-all-embeddings"]
+    now = ["fairseq-train", "/data/a/bin", "--user-dir", "/venv2/resnmt", "--save-dir", "archive/x", "--lr", "0.0007",
+           "--log-interval", "10"]
+    assert flag_changes(before, now) == ("--lr 0.0005 --share-all-embeddings", "--lr 0.0007")

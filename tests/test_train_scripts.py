@@ -262,6 +262,24 @@ def test_experiment_end_to_end_then_nothing_to_redo(tiny_bin, tmp_path):
     assert "(epoch 4 @ " in train.stdout + train.stderr  # fairseq loaded it: epoch 3 was complete
     assert (save_dir / "checkpoint_last.pt.broken").stat().st_size == len(data) // 2
 
+    # trained further (train.done deleted to resume with a larger --max-epoch): the average, the
+    # decoding and the score made from the older checkpoints are each made again, one line naming why
+    (save_dir / "train.done").unlink()
+    longer = [*cmd[:cmd.index("--max-epoch")], "--max-epoch", "4", *cmd[cmd.index("--max-epoch") + 2:]]
+    further = run_cli([*longer[:longer.index("--average")], "--average", "2", "--beam", "2",
+                       *longer[longer.index("--average") + 2:]])
+    key2 = "avg2.beam2.lenpen0.6.gen-max-len-b20"
+    for made_again in (f"{save_dir}/checkpoint4.pt is newer than {save_dir}/checkpoint.avg2.pt: making it again",
+                       f"{save_dir}/checkpoint.avg2.pt is newer than {save_dir}/gen.test.{key2}.out: making it again",
+                       f"{save_dir}/gen.test.{key2}.out is newer than {save_dir}/result.{key2}.json: making it again",
+                       "decoded 60 sentences"):
+        assert made_again in further.stderr, made_again
+    assert f"resuming from {save_dir}/checkpoint_last.pt" in further.stderr and "[train] epoch 4: " in further.stdout
+    record = json.loads(results.read_text().splitlines()[-1])
+    assert (record["epochs"], record["averaged"]) == (4, 2) and record["num_updates"] > rec["num_updates"]
+    assert record == json.loads((save_dir / f"result.{key2}.json").read_text())
+    assert "--max-epoch 4" in " ".join(json.loads((save_dir / "train.done").read_text())["cmd"])
+
 
 def test_experiment_bad_options_stop_before_any_work(tmp_path, monkeypatch, capsys):
     """run_experiment.sh's Python side, in-process (test_help runs the wrapper)."""
