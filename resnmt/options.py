@@ -225,6 +225,13 @@ class Option:
             raise ValueError(f"{self.flag} {e}") from None
 
 
+def add_to_command(parser, options: Sequence[Option], checked: bool = True) -> None:
+    """Each of ``options`` on a command's ``parser`` (or argument group), in order, with the
+    command's default (:meth:`Option.command_default`); ``checked``: see :meth:`Option.add_to`."""
+    for option in options:
+        option.add_to(parser, default=option.command_default(), checked=checked)
+
+
 def field_options(cls) -> Tuple[Option, ...]:
     """The options of the dataclass ``cls`` (fields made with :meth:`Option.field`), each with
     its field's name as ``dest``, in declaration order."""

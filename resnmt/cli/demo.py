@@ -22,7 +22,7 @@ from resnmt.experiment.command_options import converted, options_help
 from resnmt.experiment.errors import ExperimentError, UsageError
 from resnmt.experiment.pipeline import Experiment, ExperimentRequest
 from resnmt.experiment.runtime import tool_env, which
-from resnmt.options import Option
+from resnmt.options import Option, add_to_command
 from resnmt.progress import format_seconds
 
 TINY_UPDATES = 40  # per model, with --budget tiny
@@ -80,8 +80,7 @@ docs/figures/curves-bleu.png; longer and deeper runs: benchmarks/curves.py."""
 
 def demo_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/demo.sh") -> int:
     p = PipelineParser(prog, f"{prog} [options]     (make demo runs it with the venv on PATH)", DEMO_HELP)
-    for o in DEMO_OPTIONS:
-        o.add_to(p, default=o.command_default(), checked=False)
+    add_to_command(p, DEMO_OPTIONS, checked=False)
     args = parse(p, sys.argv[1:] if argv is None else argv)
     if args.extra:
         p.error("unknown argument '--'")

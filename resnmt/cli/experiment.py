@@ -25,7 +25,7 @@ from resnmt.experiment import presets, steps
 from resnmt.experiment.command_options import add_options, declared, given, options_help
 from resnmt.experiment.errors import ExperimentError, UsageError
 from resnmt.experiment.pipeline import EXPERIMENT_OPTIONS, Experiment, ExperimentRequest
-from resnmt.options import Option
+from resnmt.options import Option, add_to_command
 from resnmt.progress import format_seconds
 
 TRAIN_OPTIONS = ("data", "save_dir", *presets.SHARED_TRAIN_OPTIONS, *presets.TRAIN_ONLY_OPTIONS[2:])
@@ -151,8 +151,7 @@ def train_request(args, names: Sequence[str]) -> presets.TrainRequest:
 def train_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/train.sh") -> int:
     p = PipelineParser(prog, f"{prog} [options] DATASET ARCH [-- FAIRSEQ-TRAIN FLAGS...]", TRAIN_HELP)
     add_options(p, presets.TrainRequest, TRAIN_OPTIONS)
-    for o in (*TRAIN_SWITCHES, OPERANDS):
-        o.add_to(p, default=o.default)
+    add_to_command(p, (*TRAIN_SWITCHES, OPERANDS))
     args = parse(p, sys.argv[1:] if argv is None else argv)
     log = logger("train")
 
@@ -175,8 +174,7 @@ def experiment_parser(prog: str) -> PipelineParser:
     p = PipelineParser(prog, f"{prog} [options] DATASET ARCH [-- FAIRSEQ-TRAIN FLAGS...]", EXPERIMENT_HELP)
     add_options(p, ExperimentRequest, EXPERIMENT_OPTIONS)
     add_options(p, presets.TrainRequest, RUN_OPTIONS)
-    for o in (*EXPERIMENT_SWITCHES, OPERANDS):
-        o.add_to(p, default=o.default)
+    add_to_command(p, (*EXPERIMENT_SWITCHES, OPERANDS))
     return p
 
 
