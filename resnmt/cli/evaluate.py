@@ -41,9 +41,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from resnmt.cli.common import OneLineErrorParser
-from resnmt.decoding.scoring import (PROG, EvaluateError, is_generate_output,  # noqa: F401
-                                     parse_generate_output, read_lines, score_files, split_compounds, strict_failure,
-                                     summary, unescape_moses)
+from resnmt.decoding.scoring import PROG, EvaluateError, score_files, strict_failure, summary
 from resnmt.experiment.results import append_jsonl
 from resnmt.options import Option, add_to_command
 
