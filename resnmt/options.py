@@ -20,11 +20,11 @@ path, a string), the default, the metavar and the help; from it come
 * a command's dataclass field (:meth:`Option.field`), whose value the request converts
   with :meth:`Option.convert`.
 
-The single-step commands (resnmt-analyze, resnmt-average, resnmt-evaluate, ...) declare
-their options as a tuple of Options beside their parser; the pipeline commands as the
-fields of their requests (:mod:`resnmt.experiment.command_options`); fairseq's task and
-optimizer options stay fairseq's own dataclass fields (``FairseqDataclass``), which
-fairseq turns into its parser and its config.
+The other commands (resnmt-analyze, resnmt-average, resnmt-evaluate, resnmt-prepare, the
+demo, the pipeline commands' own switches) declare theirs as Options beside their parser,
+added by :func:`add_to_command`. Not declared here: the options of resnmt's fairseq task and
+optimizer, which stay fairseq's own dataclass fields (``FairseqDataclass``, the form fairseq
+turns into both its parser and its config).
 
 A command line's error names the closest valid names (:func:`with_closest_names`).
 
