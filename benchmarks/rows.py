@@ -33,7 +33,7 @@ CONFIGS = {
                                           "--decoder-unnormalized-top-layers", "{L}"]),
     "nswish": ("transformer_postln_base", ["--normalized-activation", "nswish"]),
     "nrelu": ("transformer_postln_base", ["--normalized-activation", "nrelu"]),
-    # --fused-connections: SAS's combination and NReLU/NSwish compiled (resnmt/fused.py)
+    # --fused-connections: SAS's combination and NReLU/NSwish compiled (resnmt/training/compile.py)
     "sas_fused": ("transformer_sas_base", ["--fused-connections"]),
     "sas_gate64_fused": ("transformer_sas_base", ["--sas-gate-dim", "64", "--fused-connections"]),
     "nswish_fused": ("transformer_postln_base", ["--normalized-activation", "nswish", "--fused-connections"]),
