@@ -2,7 +2,7 @@
 made from the first lines of the real Multi30k EN-DE corpus in ../shared/data."""
 from pathlib import Path
 
-from conftest import built_once, run_cli, write_multi30k_subset
+from conftest import built_once, fairseq_preprocess, write_multi30k_subset
 
 
 def segment_with_sentencepiece(root: Path, vocab_size: int = 400):
@@ -63,9 +63,9 @@ def prepare(root: Path, kind: str = "sentencepiece", n_train: int = 300, n_valid
             (pieces / f"{split}.{lang}").write_text("".join(segment(x) + "\n" for x in lines), encoding="utf-8")
             if split != "train":
                 (raw / f"{split}.{lang}").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
-    run_cli(["fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", pieces / "train",
-             "--validpref", pieces / "valid", "--testpref", pieces / "test", "--destdir", root / "bin",
-             "--joined-dictionary", "--workers", "1"])
+    fairseq_preprocess("--source-lang", "en", "--target-lang", "de", "--trainpref", pieces / "train",
+                       "--validpref", pieces / "valid", "--testpref", pieces / "test", "--destdir", root / "bin",
+                       "--joined-dictionary", "--workers", "1")
     return root
 
 
