@@ -201,7 +201,7 @@ def test_malloc_tiny_same_loss_in_both_environments(tiny_bin, tmp_path):
     assert bad.returncode == 2 and "--rounds 0: must be a positive integer" in bad.stderr
 
 
-def test_quality_tiny_and_resume(tiny_bin, tmp_path):
+def test_quality_tiny_and_resume(tiny_bin, tmp_path, monkeypatch, capsys):
     out = tmp_path / "quality.jsonl"
     argv = [
         sys.executable, BENCH / "quality.py", "--data", tiny_bin.parent, "--ref", tiny_bin.parent / "text" / "test.de",
@@ -216,9 +216,14 @@ def test_quality_tiny_and_resume(tiny_bin, tmp_path):
     # no machine's folders in the record: the corpus outside the repository, led by its name
     corpus = tiny_bin.parent.name
     assert (rec["data"], rec["ref"]) == (f"{corpus}/bin", f"{corpus}/text/test.de")
-    listing = run_cli([*argv, "--list"]).stdout
-    assert "done     post_ln  seed 1" in listing
-    run_cli(argv)  # resumable: a finished (row, seed, settings) is not run again
+    # the command ran above; its --list and its re-run in this process (each a file read)
+    monkeypatch.syspath_prepend(str(BENCH))
+    import quality
+
+    capsys.readouterr()
+    assert quality.main([str(a) for a in [*argv[2:], "--list"]]) == 0
+    assert "done     post_ln  seed 1" in capsys.readouterr().out
+    assert quality.main([str(a) for a in argv[2:]]) == 0  # resumable: a finished (row, seed, settings) is not run again
     assert len(out.read_text(encoding="utf-8").splitlines()) == 1
 
 
@@ -250,7 +255,7 @@ def test_make_tables_from_handwritten_jsonl(tmp_path):
     assert text.startswith("intro\n") and text.endswith("end\n") and "_no speed results yet_" in text
 
 
-def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
+def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path, monkeypatch, capsys):
     """One run scored at two budgets; re-running scores nothing again; the plots read it."""
     out = tmp_path / "curves.jsonl"
     argv = [
@@ -272,11 +277,18 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
         assert len(r["averaged"]) == 2
         assert (r["data"], r["ref"]) == (f"{tiny_bin.parent.name}/bin", f"{tiny_bin.parent.name}/text/test.de")
     assert records[1]["train_seconds"] >= records[0]["train_seconds"] > 0
-    assert "partial" not in run_cli([*argv, "--list"]).stdout
     run_cli(argv)
     assert len(out.read_text(encoding="utf-8").splitlines()) == 2
-    bad = run_cli([*argv[:-2], "--milestones", "1", "--out", out], check=False)
-    assert bad.returncode == 2 and "--milestones 1" in bad.stderr
+    # --list and a refused option in this process (the command ran above)
+    monkeypatch.syspath_prepend(str(BENCH))
+    import curves
+
+    capsys.readouterr()
+    assert curves.main([str(a) for a in [*argv[2:], "--list"]]) == 0
+    assert "partial" not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as bad:
+        curves.main([str(a) for a in [*argv[2:-2], "--milestones", "1", "--out", out]])
+    assert bad.value.code == 2 and "--milestones 1" in capsys.readouterr().err
     figures = tmp_path / "figures"
     run_cli([sys.executable, BENCH / "plot_curves.py", "--results", out, "--figures", figures])
     table = run_cli([sys.executable, BENCH / "make_tables.py", "--results", tmp_path]).stdout
