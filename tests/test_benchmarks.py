@@ -280,8 +280,7 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path, monkeypatch
     run_cli(argv)
     assert len(out.read_text(encoding="utf-8").splitlines()) == 2
     # --list and a refused option in this process (the command ran above)
-    monkeypatch.syspath_prepend(str(BENCH))
-    import curves
+    from resnmt.cli import study_curves as curves
 
     capsys.readouterr()
     assert curves.main([str(a) for a in [*argv[2:], "--list"]]) == 0
