@@ -22,7 +22,7 @@ PY=${PYTHON:-python3}
 BUNDLE=.gpu
 LIMIT_MIB=64
 MIRROR=${MULTI30K_MIRROR:-../shared/data/multi30k}
-PARTS=${GPU_BUNDLE_PARTS-1 2 3 4 5 6 7}
+PARTS=${GPU_BUNDLE_PARTS-1 2 3 4 5 6 7 8 9}
 say() { echo "[gpu-bundle] $*"; }
 die() { echo "gpu-bundle: $*" >&2; exit 1; }
 

@@ -66,8 +66,11 @@
 # Part 5 (default 500 s), the fast path (--fast-path, resnmt/training/fast/), the most
 #   decisive numbers first: the CUDA checks of tests/test_fast_path.py (the captured update equals
 #   the eager one; a step that cannot be captured runs eagerly; the fast path's losses equal
-#   fairseq's step; no host sync in an update; then, in a process of its own, captured training
-#   against eager) -> fast_path_tests*.txt; whole processes at base size, 4096 tokens, 200 updates
+#   fairseq's step; no host sync in an update; the update's Triton Adam kernel against fairseq's Adam;
+#   then, in a process of its own, captured training against eager) -> fast_path_tests*.txt; the fast
+#   path's own profile (benchmarks/fast_profile.py: 10 updates after 10, wall, host and kernel time per
+#   update, launches, graph launches, syncs; at most 60 s) -> fast_path_profile.json; whole processes at
+#   base size, 4096 tokens, 200 updates
 #   (Multi30k's first epoch is about 135), 3 rounds ordered stock, fast, fast, stock (A B B A: the
 #   stock pair is the noise floor; the verdict needs the lowest round's ratio over the floor to
 #   clear 3x). Plan B in the same part: where the captured training check failed, the rounds
@@ -78,7 +81,8 @@
 # Part 9 (default 500 s): base at 32768 tokens, stock against the fast path (A B B A rounds).
 # Each step stops starting new work at its deadline; whatever finished is under $OUT:
 # job.log, gpu_tests*.txt and fast_path_tests*.txt (the CUDA checks of parts 1-3 and 5),
-# gpu_train.jsonl (a line per finished whole process, as it ends), profile.json.
+# gpu_train.jsonl (a line per finished whole process, as it ends), profile.json (part 1),
+# fast_path_profile.json (part 5).
 # GPU_JOB_SMOKE=1 rehearses the steps on the CPU (tiny model, few updates) where fairseq
 # is already installed; PYTHON names the interpreter (default python3).
 set -uo pipefail
@@ -113,7 +117,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 # a part stopped from outside (the device tool's limit) can leave its python processes running on a
 # warm machine: stop them, and show what else holds the GPU, so that no timing shares it unseen
 # (not in a rehearsal: on the CPU machine those names may be someone else's)
-[ "${GPU_JOB_SMOKE:-0}" = 1 ] || { pkill -f "benchmarks/gpu_train.py|fairseq_cli.train|resnmt.cli.train|tests/test_" && sleep 2; }
+[ "${GPU_JOB_SMOKE:-0}" = 1 ] || { pkill -f "benchmarks/gpu_train.py|benchmarks/fast_profile.py|fairseq_cli.train|resnmt.cli.train|tests/test_" && sleep 2; }
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv 2>/dev/null || true
 echo "[gpu_job] part $PART set up in $((SECONDS - T0)) s"
 # every step ends by the part's budget, killed if need be (rows are written as rounds finish)
@@ -146,13 +150,20 @@ elif [ "$PART" = 4 ]; then
         --deadline $(( $(left) - 40 )) "${SMOKE[@]}"
 elif [ "$PART" = 5 ]; then
     timeout 100 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_fast_path.py \
-        -k "on_cuda and not captured_training" 2>&1 | tail -n 40 > "$OUT/fast_path_tests.txt"
+        tests/test_fused_adam_kernel.py -k "on_cuda and not captured_training or kernel" 2>&1 | tail -n 40 \
+        > "$OUT/fast_path_tests.txt"
     tail -n 3 "$OUT/fast_path_tests.txt"
     timeout 60 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
         tests/test_fast_path.py::test_on_cuda_captured_training_equals_eager_training 2>&1 | tail -n 60 \
         > "$OUT/fast_path_tests2.txt"
     tail -n 2 "$OUT/fast_path_tests2.txt"
     echo "[gpu_job] checks done at $((SECONDS - T0)) s"
+    PROFILE=(--warmup 10 --updates 10)
+    [ "${GPU_JOB_SMOKE:-0}" = 1 ] && PROFILE=(--smoke --cpu --warmup 2 --updates 2)
+    timeout -k 5 60 "$PY" benchmarks/fast_profile.py --data .gpu/multi30k/bin --out "$OUT/fast_path_profile.json" \
+        "${PROFILE[@]}" > "$OUT/fast_path_profile.log" 2>&1
+    tail -n 1 "$OUT/fast_path_profile.log"
+    echo "[gpu_job] the fast path's profile done at $((SECONDS - T0)) s"
     FAST=resnmt_train_fast_bf16
     if ! grep -q "1 passed" "$OUT/fast_path_tests2.txt"; then  # plan B: no captured step
         echo "[gpu_job] the captured step failed its check: plan B (--no-step-capture, torch.compile reduce-overhead)"
