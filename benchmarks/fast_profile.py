@@ -63,7 +63,7 @@ def build(a):
     cfg, task, model, criterion = fairseq_training(argv)
     trainer = FastPathTrainer(cfg, task, model, criterion)
     task.load_dataset("train", combine=False, epoch=1)
-    batches = training_batches(task, cfg.dataset.max_tokens, a.warmup + a.updates)
+    batches = training_batches(task, cfg.dataset.max_tokens, a.warmup + a.updates, at_most=True)  # cycled
     return trainer, batches
 
 
