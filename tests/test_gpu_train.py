@@ -526,6 +526,9 @@ def test_a_fast_path_log_says_what_was_recorded_before_training_and_what_runs_ea
 
     text = ("[fast path] the update on the cuda (bf16 model, float32 master weights), each step captured once per "
             "batch shape as a CUDA graph\n"
+            "[fast path] Adam: one Triton kernel launch over every parameter\n"
+            "[fast path] the fused Adam kernel failed (RuntimeError: PTX JIT compilation failed); Adam runs as "
+            "multi-tensor operations\n"
             "[fast path] captured forward_backward 8 8x33 8 8x40 8x40 as a CUDA graph in 0.52 s (graph 1)\n"
             "[fast path] forward_backward 16 16x20 16 16x21 16x21: its capture failed (RuntimeError: operation not "
             "permitted when stream is capturing); this shape runs eagerly from now on\n"
@@ -534,6 +537,8 @@ def test_a_fast_path_log_says_what_was_recorded_before_training_and_what_runs_ea
     rec = whole_processes.fast_path_log(text, [{"num_updates": 10, "graphs": 2.0}, {"num_updates": 20, "graphs": 2.0}])
     assert rec["graphs"] == 2 and rec["capture_s"] == pytest.approx(0.62) and rec["last_update_with_a_new_graph"] is None
     assert rec["recorded_before_training_s"] == 3.4
+    assert rec["adam"] == ("one Triton kernel launch over every parameter; the Triton kernel failed (RuntimeError: PTX "
+                           "JIT compilation failed)")
     assert rec["eager_shapes"] == ["forward_backward 16 16x20 16 16x21 16x21: its capture failed (RuntimeError: "
                                    "operation not permitted when stream is capturing)"]
 

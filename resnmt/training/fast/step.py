@@ -194,11 +194,12 @@ class FastPathTrainer(Trainer):
                 self._graphs = StepGraphs.for_cuda()
             if self._graphs is not None:  # every batch shape and the update run eagerly before a capture
                 self._graphs.keys_before_capture = len(self.batch_shapes()) + 1
-            logger.info("[fast path] the update on the %s (%s, Adam: %s), %s", self.device.type,
+            logger.info("[fast path] the update on the %s (%s), %s", self.device.type,
                         "bf16 model, float32 master weights" if self._update.master else "float32",
-                        "one Triton kernel" if self._update.adam_kernel == "triton" else "multi-tensor operations",
                         "each step captured once per batch shape as a CUDA graph" if self._graphs is not None
                         else "steps run eagerly")
+            logger.info("[fast path] Adam: %s", "one Triton kernel launch over every parameter"
+                        if self._update.adam_kernel == "triton" else "multi-tensor operations")
             if self._graphs is not None:
                 self.prime_graphs()
         return self._update
