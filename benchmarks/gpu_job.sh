@@ -169,7 +169,9 @@ elif [ "$PART" = 5 ]; then
     CAPTURED="1 passed"  # (the rehearsal has no CUDA: its skipped check rehearses plan A; GPU_JOB_PLAN_B=1, plan B)
     [ "${GPU_JOB_SMOKE:-0}" = 1 ] && CAPTURED="1 (passed|skipped)"
     if [ "${GPU_JOB_PLAN_B:-0}" = 1 ] || ! grep -qE "$CAPTURED" "$OUT/fast_path_tests2.txt"; then  # plan B
-        echo "[gpu_job] the captured step failed its check: plan B (--no-step-capture, torch.compile reduce-overhead)"
+        why="the captured step failed its check"
+        [ "${GPU_JOB_PLAN_B:-0}" = 1 ] && why="GPU_JOB_PLAN_B=1"
+        echo "[gpu_job] $why: plan B (--no-step-capture, torch.compile reduce-overhead)"
         FAST=resnmt_train_fast_eager_bf16,resnmt_train_fast_compiled_graphs_bf16
     fi
     abba stock_fairseq_train_fp16 "$FAST" --whole-updates 200 --whole-interval 10 --whole-skip 20 \
