@@ -126,11 +126,12 @@ def profile_fast_path(trainer, batches, warmup: int, updates: int, cpu: bool) ->
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     flags.add_data(p, binarized=True, required=True)
     p.add_argument("--out", required=True, help="the profile, a JSON file")
-    p.add_argument("--run", default=FAST_RUNS[0], choices=FAST_RUNS, help=f"whose command line (default: {FAST_RUNS[0]})")
+    p.add_argument("--run", default=FAST_RUNS[0], choices=FAST_RUNS,
+                   help=f"whose command line (default: {FAST_RUNS[0]})")
     p.add_argument("--tokens", type=int, default=4096, help="--max-tokens per batch (default: 4096)")
     p.add_argument("--warmup", type=int, default=10, help="updates before the profile (default: 10)")
     p.add_argument("--updates", type=int, default=10, help="profiled updates (default: 10)")

@@ -166,8 +166,11 @@ def test_the_fast_paths_whole_processes():
     part = {n: job[job.index(f'elif [ "$PART" = {n} ]'):] for n in (5, 8, 9)}
     assert "abba stock_fairseq_train_fp16 \"$FAST\"" in part[5] and "FAST=resnmt_train_fast_bf16" in part[5]
     assert "FAST=resnmt_train_fast_eager_bf16,resnmt_train_fast_compiled_graphs_bf16" in part[5]  # plan B
-    # the fast path's own profile, bounded, before the rounds; plan B can be asked for
-    assert 'timeout -k 5 60 "$PY" benchmarks/fast_profile.py --data .gpu/multi30k/bin' in part[5]
+    # the fast path's own profile, bounded, after the rounds where time is left, and alone in part 10;
+    # plan B can be asked for
+    assert 'timeout -k 5 "$1" "$PY" benchmarks/fast_profile.py --data .gpu/multi30k/bin' in job
+    assert 'then fast_profile 60; fi' in part[5] and part[5].index("abba ") < part[5].index("fast_profile 60")
+    assert "fast_profile $(( $(left) - 10 ))" in job[job.index('elif [ "$PART" = 10 ]'):]
     assert '[ "${GPU_JOB_PLAN_B:-0}" = 1 ] ||' in part[5]
     assert "abba stock_fairseq_train_big_fp16 resnmt_train_fast_big_bf16 --whole-tokens $BIG_TOKENS" in part[8]
     assert "BIG_TOKENS=16384" in part[8] and "TOKENS=32768" in part[9]
