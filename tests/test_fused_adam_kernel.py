@@ -9,6 +9,8 @@ interpreter on the CPU (TRITON_INTERPRET=1) and compiled where a GPU is.
 * with ``--bf16``'s float32 master weights (fairseq's ``FP16Optimizer``): the kernel reads
   the bf16 model's gradients, steps the masters as the multi-tensor update does and writes
   the model's weights rounded to bf16;
+* the fast path's trainer with the kernel (``--bf16``, clipping, ``--update-freq 2``) trains
+  as fairseq's ``Trainer.train_step``;
 * a kernel that fails at its first call leaves the update to the multi-tensor operations,
   with one line.
 """
@@ -24,9 +26,10 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="Triton is a test dependency (requirements-dev.txt)")
 from fairseq.optim.adam import Adam  # noqa: E402
 
-from resnmt.training.fast import fused_adam  # noqa: E402
+from resnmt.training.fast import fused_adam, update as fast_update  # noqa: E402
 from resnmt.training.fast.fused_adam import BLOCK, FusedAdam  # noqa: E402
 from resnmt.training.fast.update import DeviceUpdate, adam_kernel_for  # noqa: E402
+from test_fast_path import probe_fairseq_losses, run_both  # noqa: E402,F401  (the fixture)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 SHAPES = [(7, 5), (BLOCK + 300,), (3, 4, 2), (4,)]  # the second over two blocks; the last: tiny gradients
@@ -111,6 +114,20 @@ def test_the_kernel_steps_bf16_master_weights_as_the_multi_tensor_update():
             assert a.dtype == torch.bfloat16 and torch.equal(a, m.to(torch.bfloat16)), i  # the masters, rounded
             assert not a.grad.any()
     assert kernel.adam_kernel == "triton"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU trainer's kernel runs under the interpreter; on "
+                    "CUDA the fast path's own checks (test_fast_path.py's on_cuda tests) train with it")
+def test_the_fast_paths_trainer_with_the_kernel_trains_as_fairseqs_step(tiny_bin, probe_fairseq_losses,
+                                                                        monkeypatch):
+    """As test_fast_path's test_update_equals_fairseqs_trainer (bf16, 3 updates of 2 batches,
+    --clip-norm 0.5), the update stepping with the Triton kernel (CUDA's default) here too."""
+    monkeypatch.setattr(fast_update, "adam_kernel_for", lambda device, kernel="auto": "triton")
+    ref, fast_trainer, ref_losses, fast_losses = run_both(tiny_bin, 3, 2, "--clip-norm", "0.5", "--bf16")
+    assert fast_trainer.device_update().adam_kernel == "triton" and fast_trainer.device_update().master
+    assert fast_losses == pytest.approx(ref_losses, rel=1e-6)
+    for (name, p), q in zip(ref.model.named_parameters(), fast_trainer.model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-7, msg=name)
 
 
 def test_a_kernel_that_fails_leaves_adam_to_the_multi_tensor_update(monkeypatch, caplog):
