@@ -150,6 +150,18 @@ def test_a_kernel_that_fails_leaves_adam_to_the_multi_tensor_update(monkeypatch,
         assert torch.equal(a, b)
 
 
+def test_tensors_the_kernel_cannot_step_leave_adam_to_the_multi_tensor_update(caplog):
+    params = make_params()
+    params[0].grad = torch.zeros(5, 7, device=DEVICE).t()  # a transposed gradient: not contiguous
+    with caplog.at_level(logging.WARNING):
+        update = DeviceUpdate(SimpleNamespace(optimizer=Adam(params, lr=1e-3, **HYPER)), params, CLIP, DEVICE,
+                              adam="triton")
+    assert update.adam_kernel == "foreach"
+    assert [r.getMessage() for r in caplog.records] == [
+        "[fast path] fused Adam: parameter 0 (7, 5): its gradient, moments and output must be contiguous tensors of "
+        "its shape; Adam runs as multi-tensor operations"]
+
+
 def test_the_kernel_is_cudas_default_and_refuses_what_it_cannot_step():
     assert adam_kernel_for("cpu") == "foreach" and adam_kernel_for("cpu", "triton") == "triton"
     assert adam_kernel_for("cuda") == "triton"  # Triton is installed here

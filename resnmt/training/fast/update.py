@@ -136,8 +136,11 @@ class DeviceUpdate:
         if adam_kernel_for(device, adam) == "triton":
             from resnmt.training.fast.fused_adam import FusedAdam
 
-            self.fused = FusedAdam(self.params, self.model_grads, self.exp_avgs, self.exp_avg_sqs,
-                                   self.model_params if self.master else None, (self.beta1, self.beta2), self.eps)
+            try:
+                self.fused = FusedAdam(self.params, self.model_grads, self.exp_avgs, self.exp_avg_sqs,
+                                       self.model_params if self.master else None, (self.beta1, self.beta2), self.eps)
+            except ValueError as error:  # tensors it cannot step (dtypes, layouts): the multi-tensor update
+                logger.warning("[fast path] %s; Adam runs as multi-tensor operations", error)
         self.fused_checked = False  # the kernel has built and run once
 
     @property
