@@ -35,7 +35,7 @@ The arithmetic is fairseq's:
   (``fused_adam.py``: the same arithmetic to float32 rounding; the gradient norm of the
   unscaled gradients times the scale, the gradients multiplied once by the scale times the
   clipping factor); elsewhere, or if that kernel fails to build, the multi-tensor
-  operations above (one line says so);
+  operations above (one line says so; also where it cannot step the tensors);
 * the moments live in the wrapped optimizer's own state (``exp_avg``, ``exp_avg_sq``,
   ``step``), so checkpoints are fairseq's and a run resumes with or without
   ``--fast-path``.
