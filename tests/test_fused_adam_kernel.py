@@ -12,10 +12,14 @@ interpreter on the CPU (TRITON_INTERPRET=1) and compiled where a GPU is.
 * the fast path's trainer with the kernel (``--bf16``, clipping, ``--update-freq 2``) trains
   as fairseq's ``Trainer.train_step``;
 * a kernel that fails at its first call leaves the update to the multi-tensor operations,
-  with one line.
+  with one line;
+* the kernel compiles (Triton's own compiler, no GPU needed) to a CUDA binary for the H100's
+  and H200's architecture (sm_90), with bf16 gradients and model weights and in float32.
 """
 import logging
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -173,3 +177,30 @@ def test_the_kernel_is_cudas_default_and_refuses_what_it_cannot_step():
     with pytest.raises(ValueError, match=r"^fused Adam: weights and moments in \['torch.bfloat16', 'torch.float32'\]"):
         FusedAdam([torch.zeros(3, dtype=torch.bfloat16)], [torch.zeros(3)], [torch.zeros(3)], [torch.zeros(3)],
                   None, (0.9, 0.98), 1e-8)
+
+
+# compiles the kernel for sm_90 in a process of its own (this one runs Triton interpreted)
+COMPILE_FOR_SM90 = """
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from resnmt.training.fast.fused_adam import _adam_blocks
+sig = {**{n: "*i64" for n in ("P", "G", "M", "V", "OUT")}, **{n: "*i32" for n in ("NUMEL", "BLOCK_TENSOR",
+       "BLOCK_START")}, **{n: "*fp32" for n in ("FACTOR", "NEG_STEP", "DECAY")}, **{n: "fp32" for n in (
+       "beta1", "one_minus_beta1", "beta2", "one_minus_beta2", "eps")}, **{n: "constexpr" for n in (
+       "G_TYPE", "OUT_TYPE", "HAS_OUT", "SIZE")}}
+for grads, out, has_out in ((tl.bfloat16, tl.bfloat16, True), (tl.float32, tl.float32, False)):
+    source = ASTSource(fn=_adam_blocks, signature=sig, constexprs={"G_TYPE": grads, "OUT_TYPE": out,
+                                                                   "HAS_OUT": has_out, "SIZE": 1024})
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    print(grads, "cubin", len(kernel.asm["cubin"]) > 0, "ld.global" in kernel.asm["ptx"])
+"""
+
+
+def test_the_kernel_compiles_for_the_h100s_architecture(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")  # compiled here, not cached
+    proc = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:2] == ["bf16 cubin True True", "fp32 cubin True True"]
