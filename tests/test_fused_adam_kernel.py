@@ -174,6 +174,9 @@ def test_the_kernel_is_cudas_default_and_refuses_what_it_cannot_step():
     p = [torch.zeros(3)]
     with pytest.raises(ValueError, match=r"^fused Adam: parameter 0 \(3,\): its gradient, moments and output must"):
         FusedAdam(p, [torch.zeros(4)], [torch.zeros(3)], [torch.zeros(3)], None, (0.9, 0.98), 1e-8)
+    with pytest.raises(ValueError, match=r"^fused Adam: gradients or model weights in torch.float16; it takes "):
+        FusedAdam(p, [torch.zeros(3, dtype=torch.float16)], [torch.zeros(3)], [torch.zeros(3)], None, (0.9, 0.98),
+                  1e-8)
     with pytest.raises(ValueError, match=r"^fused Adam: weights and moments in \['torch.bfloat16', 'torch.float32'\]"):
         FusedAdam([torch.zeros(3, dtype=torch.bfloat16)], [torch.zeros(3)], [torch.zeros(3)], [torch.zeros(3)],
                   None, (0.9, 0.98), 1e-8)

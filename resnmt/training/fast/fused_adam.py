@@ -107,6 +107,8 @@ class FusedAdam:
 
     def __init__(self, params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: List[torch.Tensor],
                  exp_avg_sqs: List[torch.Tensor], outputs: Optional[List[torch.Tensor]], betas, eps: float):
+        if triton is None:
+            raise ValueError("fused Adam: Triton is not installed")
         groups = [params, grads, exp_avgs, exp_avg_sqs] + ([outputs] if outputs is not None else [])
         if len({len(g) for g in groups}) != 1:
             raise ValueError("fused Adam: give as many gradients, moments and outputs as parameters")
@@ -117,8 +119,9 @@ class FusedAdam:
         floats = {t.dtype for t in params + exp_avgs + exp_avg_sqs}
         if floats != {torch.float32}:
             raise ValueError(f"fused Adam: weights and moments in {sorted(map(str, floats))}; it steps float32 ones")
-        self.g_dtype = self._one_dtype(grads, "gradients")
-        self.out_dtype = self._one_dtype(outputs, "model weights") if outputs is not None else torch.float32
+        self.g_type = _triton_type(self._one_dtype(grads, "gradients"))
+        self.out_type = _triton_type(self._one_dtype(outputs, "model weights") if outputs is not None
+                                     else torch.float32)
         self.keep = groups  # the tables hold their addresses
         device = params[0].device
         self.beta1, self.beta2 = (float(b) for b in betas)
@@ -151,5 +154,4 @@ class FusedAdam:
         _kernel()[(self.block_tensor.numel(),)](
             p, g, m, v, out, self.numel, self.block_tensor, self.block_start, factor, neg_step_size, decay,
             self.beta1, 1 - self.beta1, self.beta2, 1 - self.beta2, self.eps,
-            G_TYPE=_triton_type(self.g_dtype), OUT_TYPE=_triton_type(self.out_dtype), HAS_OUT=self.has_out,
-            SIZE=BLOCK)
+            G_TYPE=self.g_type, OUT_TYPE=self.out_type, HAS_OUT=self.has_out, SIZE=BLOCK)
