@@ -37,12 +37,11 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from records import REPO_ROOT  # (the standard library only: before resnmt)
-
+REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # resnmt, where it is not installed (the GPU machine)
     sys.path.insert(0, str(REPO_ROOT))
 
-import flags  # noqa: E402
+from resnmt.study import flags  # noqa: E402
 from fairseq_trainer import device_time, fairseq_training, kernels_and_ranges, synchronize  # noqa: E402
 from eager_training import training_batches  # noqa: E402
 from whole_processes import whole_argv  # noqa: E402

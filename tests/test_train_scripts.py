@@ -265,10 +265,9 @@ def test_experiment_end_to_end_then_nothing_to_redo(tiny_bin, tmp_path):
     # trained further (train.done deleted to resume with a larger --max-epoch): the average, the
     # decoding and the score made from the older checkpoints are each made again, one line naming why
     (save_dir / "train.done").unlink()
-    longer = [*cmd[:cmd.index("--max-epoch")], "--max-epoch", "4", *cmd[cmd.index("--max-epoch") + 2:]]
-    further = run_cli([*longer[:longer.index("--average")], "--average", "2", "--beam", "2",
-                       *longer[longer.index("--average") + 2:]])
-    key2 = "avg2.beam2.lenpen0.6.gen-max-len-b20"
+    same = [x for x in other_cmd if x != "--strict"]  # the second decoding settings, made above
+    further = run_cli([*same[:same.index("--max-epoch")], "--max-epoch", "4", *same[same.index("--max-epoch") + 2:]])
+    key2 = "avg2.beam2.lenpen0.6.gen-max-len-a0_max-len-b1"
     for made_again in (f"{save_dir}/checkpoint4.pt is newer than {save_dir}/checkpoint.avg2.pt: making it again",
                        f"{save_dir}/checkpoint.avg2.pt is newer than {save_dir}/gen.test.{key2}.out: making it again",
                        f"{save_dir}/gen.test.{key2}.out is newer than {save_dir}/result.{key2}.json: making it again",
