@@ -42,6 +42,7 @@ setup(
             "resnmt-analyze=resnmt.cli.analyze:main",
             "resnmt-experiment=resnmt.cli.experiment:main",
             "resnmt-prepare=resnmt.cli.prepare:main",
+            "resnmt-study=resnmt.cli.study:main",
         ]
     },
     classifiers=[

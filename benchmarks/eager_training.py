@@ -2,21 +2,23 @@
 profile_ops.py's profiles, fp16.py's first step): fairseq-train's training batches, Adam
 with fairseq's half-precision scheme, and one update.
 """
+from itertools import islice
 
 # the precisions a benchmark trains in, as torch names them
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def training_batches(task, max_tokens, n, *, seed=1, max_positions=(1024, 1024), max_sentences=None,
-                     required_batch_size_multiple=8):
+                     required_batch_size_multiple=8, at_most=False):
     """The first ``n`` training batches of epoch 1 (the train split loaded) as fairseq-train
-    batches them: shuffled with ``seed``, sentences longer than ``max_positions`` left out."""
+    batches them: shuffled with ``seed``, sentences longer than ``max_positions`` left out
+    (``at_most``: all of the epoch's where it has fewer; else an epoch too short raises)."""
     itr = task.get_batch_iterator(
         dataset=task.dataset("train"), max_tokens=max_tokens, max_sentences=max_sentences,
         max_positions=max_positions, ignore_invalid_inputs=True,
         required_batch_size_multiple=required_batch_size_multiple, seed=seed,
     ).next_epoch_itr(shuffle=True)
-    return [next(itr) for _ in range(n)]
+    return list(islice(itr, n)) if at_most else [next(itr) for _ in range(n)]
 
 
 # fp16's initial loss scale (fairseq's dynamic scaler starts at 128 too); halved at each

@@ -37,18 +37,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import flags
-import runs
 from headroom import measure_headroom
-from records import cuda_description, run_id
 from result_tables import fp16_table
-from rows import QUALITY_ROWS, slug
 from verdicts import fp16_log_record, fp16_verdicts
 
 from resnmt.experiment.presets import SIZES, fairseq_bf16_problem
 from resnmt.experiment.results import append_jsonl
 from resnmt.experiment.runtime import tool_env
 from resnmt.experiment.steps import FairseqLog
+from resnmt.study import flags, runs
+from resnmt.study.records import cuda_description, run_id
+from resnmt.study.rows import QUALITY_ROWS, slug
 
 BASELINE = "post_ln"
 
@@ -82,7 +81,7 @@ def main(argv=None):
     flags.add_rows(p, QUALITY_ROWS, what="kinds")
     flags.add_size(p, "base", "default: base (6+6, d=512)")
     p.add_argument("--updates", type=int, default=300, help="updates per kind (default: 300)")
-    flags.add_schedule(p, what=", the study's: benchmarks/curves.py")
+    flags.add_schedule(p, what=", the study's: resnmt-study curves")
     p.add_argument("--log-interval", type=int, default=50, help="default: 50")
     p.add_argument("--bf16", action="store_true", help="--bf16 instead of --fp16 (fairseq 0.12: TPUs only; needs torch_xla)")
     p.add_argument("--workers", type=int, default=4, help="runs at a time on the GPU (default: 4)")

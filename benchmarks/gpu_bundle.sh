@@ -22,7 +22,7 @@ PY=${PYTHON:-python3}
 BUNDLE=.gpu
 LIMIT_MIB=64
 MIRROR=${MULTI30K_MIRROR:-../shared/data/multi30k}
-PARTS=${GPU_BUNDLE_PARTS-1 2 3 4 5 6 7}
+PARTS=${GPU_BUNDLE_PARTS-1 2 3 4 5 5b 6 7 8 9 10}  # 5b: part 5's plan B
 say() { echo "[gpu-bundle] $*"; }
 die() { echo "gpu-bundle: $*" >&2; exit 1; }
 
@@ -63,9 +63,11 @@ study_work=$(mktemp -d)
 for part in $PARTS; do
     out=$(mktemp -d)
     lines="$out/gpu_train.jsonl"
-    case "$part" in 6|7) lines="$out/curves.jsonl" ;; esac
+    case "$part" in 6|7) lines="$out/curves.jsonl" ;; 10) lines="$out/fast_path_profile.json" ;; esac
     say "rehearsing part $part (GPU_JOB_SMOKE=1, results in $out)"
-    OUT="$out" GPU_JOB_SMOKE=1 GPU_STUDY_WORK="$study_work" PYTHON="$PY" bash benchmarks/gpu_job.sh "$part" \
+    plan_b=0 && [ "$part" = 5b ] && plan_b=1
+    OUT="$out" GPU_JOB_SMOKE=1 GPU_JOB_PLAN_B=$plan_b GPU_STUDY_WORK="$study_work" PYTHON="$PY" \
+        bash benchmarks/gpu_job.sh "${part%b}" \
         >"$out/rehearsal.log" 2>&1 \
         || { tail -n 20 "$out/rehearsal.log" >&2; die "part $part's rehearsal exited non-zero ($out/rehearsal.log)"; }
     [ -s "$lines" ] || { tail -n 20 "$out/rehearsal.log" >&2; die "part $part's rehearsal recorded no rows ($out/rehearsal.log)"; }

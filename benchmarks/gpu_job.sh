@@ -9,6 +9,7 @@
 #   timeout 540 bash benchmarks/gpu_job.sh 5
 #   timeout 540 bash benchmarks/gpu_job.sh 8
 #   timeout 540 bash benchmarks/gpu_job.sh 9
+#   timeout 150 bash benchmarks/gpu_job.sh 10  # the fast path's own profile, where a lease has the time
 #   the lease after: the study's schedule sweep and post-LN continued (parts 6 and 7, below)
 #   later leases: part 7 (with GPU_STUDY_FAST_PATH=1 where part 5 passed), or parts 1-4 again
 #   where a lever of part 5's profile needs them:
@@ -32,7 +33,7 @@
 # run's cost per update), if one alone makes ~13 updates/s. The 17 runs (12 base, 5 at 12+12)
 # then take about 11 leases after the sweep's (6 for base, 5 for 12+12); the sweep's lease
 # gives post-LN under three schedules to 2000 updates. Part 6 measures the shared rate
-# (throughput.txt) and part 7 takes study.workers_for's count from it on the same machine;
+# (throughput.txt) and part 7 takes resnmt.study.plan.workers_for's count from it on the same machine;
 # later leases pass GPU_STUDY_WORKERS. The fast path (GPU_STUDY_FAST_PATH=1, once its own part
 # has passed on a GPU) is what can shorten this.
 #
@@ -66,21 +67,29 @@
 # Part 5 (default 500 s), the fast path (--fast-path, resnmt/training/fast/), the most
 #   decisive numbers first: the CUDA checks of tests/test_fast_path.py (the captured update equals
 #   the eager one; a step that cannot be captured runs eagerly; the fast path's losses equal
-#   fairseq's step; no host sync in an update; then, in a process of its own, captured training
-#   against eager) -> fast_path_tests*.txt; whole processes at base size, 4096 tokens, 200 updates
+#   fairseq's step; no host sync in an update; the update's Triton Adam kernel against fairseq's Adam;
+#   then, in a process of its own, captured training against eager) -> fast_path_tests*.txt; whole
+#   processes at base size, 4096 tokens, 200 updates
 #   (Multi30k's first epoch is about 135), 3 rounds ordered stock, fast, fast, stock (A B B A: the
 #   stock pair is the noise floor; the verdict needs the lowest round's ratio over the floor to
 #   clear 3x). Plan B in the same part: where the captured training check failed, the rounds
 #   measure the fast path without its CUDA graphs (--no-step-capture) and with torch.compile's
 #   reduce-overhead graphs per layer instead, so a failed capture still yields ratios.
+#   Then, where 75 s are left, the fast path's own profile (as part 10's, at most 60 s).
+# Part 10 (default 120 s): the fast path's own profile alone (benchmarks/fast_profile.py: base size,
+#   4096 tokens, bf16, 10 updates after 10: wall, host and kernel time per update, kernel and graph
+#   launches, syncs, top kernels) -> fast_path_profile.json, after the Triton Adam kernel's checks;
+#   timeout 150 bash benchmarks/gpu_job.sh 10 (where a lease has the time after part 5).
 # Part 8 (default 500 s): transformer-big at 16384 tokens, stock against the fast path (A B B A
 #   rounds; MFU against the measured bf16 peak).
 # Part 9 (default 500 s): base at 32768 tokens, stock against the fast path (A B B A rounds).
 # Each step stops starting new work at its deadline; whatever finished is under $OUT:
 # job.log, gpu_tests*.txt and fast_path_tests*.txt (the CUDA checks of parts 1-3 and 5),
-# gpu_train.jsonl (a line per finished whole process, as it ends), profile.json.
+# gpu_train.jsonl (a line per finished whole process, as it ends), profile.json (part 1),
+# fast_path_profile.json (parts 5 and 10).
 # GPU_JOB_SMOKE=1 rehearses the steps on the CPU (tiny model, few updates) where fairseq
-# is already installed; PYTHON names the interpreter (default python3).
+# is already installed (part 5: plan A; GPU_JOB_PLAN_B=1 takes plan B, on the GPU too);
+# PYTHON names the interpreter (default python3).
 set -uo pipefail
 : "${OUT:?set OUT to the folder the results go to}"
 PART=${1:-1}
@@ -90,8 +99,9 @@ case "$PART" in
     2) BUDGET=${GPU_JOB_SECONDS:-300} ;;
     4) BUDGET=${GPU_JOB_SECONDS:-240} ;;
     5|8|9) BUDGET=${GPU_JOB_SECONDS:-500} ;;
+    10) BUDGET=${GPU_JOB_SECONDS:-120} ;;
     6|7) BUDGET=${GPU_JOB_SECONDS:-530} ;;
-    *) echo "gpu_job.sh: part '$PART': give 1, 2, 3, 4, 5, 6, 7, 8 or 9"; exit 2 ;;
+    *) echo "gpu_job.sh: part '$PART': give 1, 2, 3, 4, 5, 6, 7, 8, 9 or 10"; exit 2 ;;
 esac
 T0=$SECONDS
 left() { echo $(( BUDGET - (SECONDS - T0) )); }
@@ -113,7 +123,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 # a part stopped from outside (the device tool's limit) can leave its python processes running on a
 # warm machine: stop them, and show what else holds the GPU, so that no timing shares it unseen
 # (not in a rehearsal: on the CPU machine those names may be someone else's)
-[ "${GPU_JOB_SMOKE:-0}" = 1 ] || { pkill -f "benchmarks/gpu_train.py|fairseq_cli.train|resnmt.cli.train|tests/test_" && sleep 2; }
+[ "${GPU_JOB_SMOKE:-0}" = 1 ] || { pkill -f "benchmarks/gpu_train.py|benchmarks/fast_profile.py|fairseq_cli.train|resnmt.cli.train|tests/test_" && sleep 2; }
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv 2>/dev/null || true
 echo "[gpu_job] part $PART set up in $((SECONDS - T0)) s"
 # every step ends by the part's budget, killed if need be (rows are written as rounds finish)
@@ -129,6 +139,15 @@ abba() {
     local stock=$1 fast=$2
     shift 2
     bench --tokens "" --no-recipe --whole-process --whole-rounds 3 --whole-runs "$stock,$fast,$fast,$stock" "$@"
+}
+# fast_profile SECONDS: the fast path's own profile (benchmarks/fast_profile.py) -> fast_path_profile.json
+fast_profile() {
+    local args=(--warmup 10 --updates 10)
+    [ "${GPU_JOB_SMOKE:-0}" = 1 ] && args=(--smoke --cpu --warmup 2 --updates 2)
+    timeout -k 5 "$1" "$PY" benchmarks/fast_profile.py --data .gpu/multi30k/bin --out "$OUT/fast_path_profile.json" \
+        "${args[@]}" > "$OUT/fast_path_profile.log" 2>&1
+    tail -n 1 "$OUT/fast_path_profile.log"
+    echo "[gpu_job] the fast path's profile done at $((SECONDS - T0)) s"
 }
 
 if [ "$PART" = 1 ]; then
@@ -146,7 +165,8 @@ elif [ "$PART" = 4 ]; then
         --deadline $(( $(left) - 40 )) "${SMOKE[@]}"
 elif [ "$PART" = 5 ]; then
     timeout 100 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_fast_path.py \
-        -k "on_cuda and not captured_training" 2>&1 | tail -n 40 > "$OUT/fast_path_tests.txt"
+        tests/test_fused_adam_kernel.py -k "on_cuda and not captured_training or kernel" 2>&1 | tail -n 40 \
+        > "$OUT/fast_path_tests.txt"
     tail -n 3 "$OUT/fast_path_tests.txt"
     timeout 60 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
         tests/test_fast_path.py::test_on_cuda_captured_training_equals_eager_training 2>&1 | tail -n 60 \
@@ -154,13 +174,23 @@ elif [ "$PART" = 5 ]; then
     tail -n 2 "$OUT/fast_path_tests2.txt"
     echo "[gpu_job] checks done at $((SECONDS - T0)) s"
     FAST=resnmt_train_fast_bf16
-    if ! grep -q "1 passed" "$OUT/fast_path_tests2.txt"; then  # plan B: no captured step
-        echo "[gpu_job] the captured step failed its check: plan B (--no-step-capture, torch.compile reduce-overhead)"
+    CAPTURED="1 passed"  # (the rehearsal has no CUDA: its skipped check rehearses plan A; GPU_JOB_PLAN_B=1, plan B)
+    [ "${GPU_JOB_SMOKE:-0}" = 1 ] && CAPTURED="1 (passed|skipped)"
+    if [ "${GPU_JOB_PLAN_B:-0}" = 1 ] || ! grep -qE "$CAPTURED" "$OUT/fast_path_tests2.txt"; then  # plan B
+        why="the captured step failed its check"
+        [ "${GPU_JOB_PLAN_B:-0}" = 1 ] && why="GPU_JOB_PLAN_B=1"
+        echo "[gpu_job] $why: plan B (--no-step-capture, torch.compile reduce-overhead)"
         FAST=resnmt_train_fast_eager_bf16,resnmt_train_fast_compiled_graphs_bf16
     fi
     abba stock_fairseq_train_fp16 "$FAST" --whole-updates 200 --whole-interval 10 --whole-skip 20 \
         --whole-timeout 90 --deadline $(( $(left) - 30 )) "${SMOKE[@]}"
     echo "[gpu_job] base: the fast path against stock done at $((SECONDS - T0)) s"
+    if [ "$(left)" -gt 75 ]; then fast_profile 60; fi  # the rounds first: the profile where time is left
+elif [ "$PART" = 10 ]; then
+    timeout 60 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_fused_adam_kernel.py 2>&1 \
+        | tail -n 20 > "$OUT/fast_path_tests.txt"
+    tail -n 1 "$OUT/fast_path_tests.txt"
+    fast_profile $(( $(left) - 10 ))
 elif [ "$PART" = 8 ]; then
     BIG_TOKENS=16384
     [ "${GPU_JOB_SMOKE:-0}" = 1 ] && BIG_TOKENS=1024  # (the rehearsal's CPU: a tiny model, few tokens)

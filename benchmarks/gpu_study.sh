@@ -1,17 +1,17 @@
 # The curves study at the papers' sizes: parts 6 and 7 of benchmarks/gpu_job.sh,
 # which sources this file after its set-up ($PY, $OUT, $BUDGET, left, GPU_JOB_SMOKE). Every
-# run trains, averages, decodes and scores on the machine (benchmarks/curves.py); its
+# run trains, averages, decodes and scores on the machine (benchmarks/curves.py: resnmt-study curves); its
 # checkpoints and the lines of this lease's earlier parts stay in $GPU_STUDY_WORK (default
 # /tmp/resnmt-study) while the machine stays warm, so a part stopped at its budget resumes in
 # the next call; a fresh machine restarts unfinished runs at update 0 (their recorded
 # milestones are not scored again: benchmarks/results/curves.jsonl counts as done).
 #
 # Part 6, the schedule sweep (the first call of the first lease): post-LN at base size, seed 1,
-#   under each of study.SWEEP_SCHEDULES side by side to 2000 updates (milestones 1000, 2000;
-#   checkpoints kept, so part 7 continues the chosen one); then study.choose_schedule's choice
+#   under each of resnmt.study.plan.SWEEP_SCHEDULES side by side to 2000 updates (milestones 1000, 2000;
+#   checkpoints kept, so part 7 continues the chosen one); then resnmt.study.plan.choose_schedule's choice
 #   (schedule.txt: the rule's reading of every candidate) and the updates per second the three
-#   runs shared, with the worker count study.workers_for derives from it (throughput.txt).
-# Part 7, the study: the papers'-size rows of study.PAPERS_SIZE_ORDER in order under the chosen
+#   runs shared, with the worker count resnmt.study.plan.workers_for derives from it (throughput.txt).
+# Part 7, the study: the papers'-size rows of resnmt.study.plan.PAPERS_SIZE_ORDER in order under the chosen
 #   schedule (GPU_STUDY_LR/GPU_STUDY_WARMUP override it), GPU_STUDY_WORKERS side by side
 #   (default: part 6's measured number on this machine, else 2), to 4000 updates.
 # Both train with --sdpa-backends flash,efficient,math and a checkpoint every 100 updates
@@ -29,7 +29,7 @@ if [ "${GPU_JOB_SMOKE:-0}" = 1 ]; then
     : "${GPU_STUDY_WORKERS:=2}"  # two runs side by side, as on the GPU
     SWEEP_MILESTONES=2 STUDY_MILESTONES=(--milestones 2,4) STUDY_ONLY=${GPU_STUDY_ONLY:-base:pre_ln:1,base12:post_ln:1}
 else
-    pkill -f "benchmarks/curves.py|bin/fairseq-train|resnmt-analyze|fairseq-generate" && sleep 2
+    pkill -f "benchmarks/curves.py|resnmt.cli.study|bin/fairseq-train|resnmt-analyze|fairseq-generate" && sleep 2
     STUDY=(--device cuda --save-every 100 --average 5)
     SWEEP_MILESTONES=1000,2000 STUDY_MILESTONES=() STUDY_ONLY=${GPU_STUDY_ONLY:-}
 fi
@@ -47,9 +47,9 @@ study_done() {  # what this part leaves: its lines for the next part, the logs, 
 }
 STUDY_RC=0
 if [ "$PART" = 6 ]; then
-    mapfile -t CANDIDATES < <("$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); from study import SWEEP_SCHEDULES
+    mapfile -t CANDIDATES < <("$PY" -c "from resnmt.study.plan import SWEEP_SCHEDULES
 for lr, warmup in SWEEP_SCHEDULES: print(f'{lr:g} {warmup}')")
-    [ "${#CANDIDATES[@]}" -gt 0 ] || { echo "gpu_job: study.SWEEP_SCHEDULES could not be read"; exit 1; }
+    [ "${#CANDIDATES[@]}" -gt 0 ] || { echo "gpu_job: resnmt.study.plan.SWEEP_SCHEDULES could not be read"; exit 1; }
     pids=()
     for candidate in "${CANDIDATES[@]}"; do
         read -r lr warmup <<< "$candidate"

@@ -65,18 +65,18 @@ import sys
 import time
 from pathlib import Path
 
-from records import REPO_ROOT, portable_path  # (the standard library only: before resnmt)
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # resnmt, where it is not installed (the GPU machine)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-if str(REPO_ROOT) not in sys.path:  # resnmt, where it is not installed (the GPU machine)
-    sys.path.insert(0, str(REPO_ROOT))
-
-import flags  # noqa: E402
 from fairseq_trainer import peak_rates  # noqa: E402
 from result_tables import gpu_training_table  # noqa: E402
 from rows import (CROSS_LAYER_ROWS, DEFAULT_RECIPES, RECIPES, TRAINER_DEFAULT_ROWS, TRAINER_ROWS,  # noqa: E402
                   WHOLE_RUN_NAMES, WHOLE_RUNS)
 from trainer_rounds import configs_at, measure_setting, record  # noqa: E402
 from whole_processes import time_whole_processes  # noqa: E402
+
+from resnmt.study import flags  # noqa: E402
+from resnmt.study.records import portable_path  # noqa: E402
 
 
 def parser() -> argparse.ArgumentParser:

@@ -8,15 +8,15 @@ import sys
 import time
 from pathlib import Path
 
-import runs
 from eager_training import training_batches
 from fairseq_trainer import fairseq_training
-from records import cpu_description, portable_path, run_id
 from result_tables import headroom_table
-from rows import QUALITY_ROWS
 
 from resnmt.experiment.presets import SIZES
 from resnmt.experiment.results import append_jsonl
+from resnmt.study import runs
+from resnmt.study.records import cpu_description, portable_path, run_id
+from resnmt.study.rows import QUALITY_ROWS
 
 
 FP16_MAX = 65504.0  # the largest finite float16

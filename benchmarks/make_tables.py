@@ -10,7 +10,7 @@
   mean sacreBLEU, standard deviation and the seeds, and the planned rows still missing;
 * GPU training (``gpu_train.jsonl``): fairseq's Trainer per configuration and whole
   fairseq-train processes, per device;
-* the curves study (``curves.jsonl``; study_tables.py): sacreBLEU per row and budget, the
+* the curves study (``curves.jsonl``; resnmt.study.tables): sacreBLEU per row and budget, the
   paired differences, the results at a glance and the cross-layer verdicts.
 
     python benchmarks/make_tables.py                    # print the tables
@@ -26,12 +26,12 @@ import sys
 from pathlib import Path
 
 import result_tables
-import study_tables
-from records import RESULTS
 from result_tables import (fp16_tables, gpu_tables, headroom_tables, quality_table, replace_between, speed_glance,
                            speed_tables)
 
 from resnmt.experiment.results import read_jsonl
+from resnmt.study import tables as study_tables
+from resnmt.study.records import RESULTS
 
 MARKERS = {**result_tables.MARKERS, **study_tables.MARKERS}  # table name -> the comments around it in a document
 

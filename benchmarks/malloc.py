@@ -29,14 +29,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import flags
-import runs
-from records import cpu_description, run_id
 
 from resnmt.experiment.presets import SIZES
 from resnmt.experiment.results import append_jsonl
 from resnmt.experiment.runtime import KEEP_FREED_MEMORY_ENV, tool_env
 from resnmt.experiment.steps import FairseqLog
+from resnmt.study import flags, runs
+from resnmt.study.records import cpu_description, run_id
 CONDITIONS = ("glibc default", "keep freed memory")
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""The curves study's figures from benchmarks/results/curves.jsonl (written by curves.py);
-its tables and verdicts are study_tables.py's (make_tables.py writes them).
+"""The curves study's figures from benchmarks/results/curves.jsonl (written by ``resnmt-study
+curves``); its tables and verdicts are resnmt.study.tables' (make_tables.py writes them).
 
     python benchmarks/plot_curves.py                   # docs/figures/curves-*.png
 
@@ -14,7 +14,7 @@ what the models that learn a mixing learned by their newest milestone (DLCL's co
 weights, HC/mHC's mixings, DenseFormer's weights, DyT's alpha: ``curves-learned-*.png``,
 drawn by resnmt-analyze's own plotting from the milestone's analysis).
 Each row keeps one color throughout; a control (a row with one shared setting changed,
-``rows.CONTROLS``) is dashed with open markers, in the color of the row it changes.
+``resnmt.study.rows.CONTROLS``) is dashed with open markers, in the color of the row it changes.
 """
 import argparse
 import logging
@@ -29,9 +29,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from records import REPO_ROOT, RESULTS  # noqa: E402
-from rows import CONTROLS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, slug  # noqa: E402
-from study_tables import SIZE_TITLES, load, ordered_keys, paired_differences, reference_row, titled  # noqa: E402
+from resnmt.study.records import REPO_ROOT, RESULTS  # noqa: E402
+from resnmt.study.rows import CONTROLS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, slug  # noqa: E402
+from resnmt.study.tables import (SIZE_TITLES, load, ordered_keys, paired_differences, reference_row,  # noqa: E402
+                                 titled)
 
 # The budget chosen where post-LN's curve flattens (2+2 only: the other sizes stop where a
 # session's compute does, not at a chosen budget).
@@ -49,7 +50,7 @@ def with_curves(runs):
 
 def row_styles(runs) -> dict:
     """``{row: plot keywords}``: one color per row, the same in every panel and figure; a
-    control (``rows.CONTROLS``) is dashed, in the color of the row it changes."""
+    control (``resnmt.study.rows.CONTROLS``) is dashed, in the color of the row it changes."""
     rows = sorted({row for rows in runs.values() for row in rows})
     plain = [row for row in rows if row not in CONTROLS or CONTROLS[row].row not in rows]
     styles = {row: {"color": f"C{i}", "linestyle": "-"} for i, row in enumerate(plain)}
@@ -269,7 +270,7 @@ def plot_gradient_share(runs, out: Path) -> None:
 
 
 # Families drawn each in a figure of their own beside post-LN and pre-LN (the study's
-# figures keep the papers' kinds), and judged by :func:`study_tables.cross_layer_table`:
+# figures keep the papers' kinds), and judged by :func:`resnmt.study.tables.cross_layer_table`:
 # the methods that cross layers, Peri-LN and the normalizations; the 2025 generation.
 FAMILIES = {
     "cross-layer": frozenset(NEW_KINDS) | {name for name, c in CONTROLS.items() if c.row in NEW_KINDS},
@@ -345,13 +346,13 @@ def plot_learned(runs, figures: Path) -> list:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default=str(RESULTS / "curves.jsonl"), help="curves.py's JSON lines")
+    p.add_argument("--results", default=str(RESULTS / "curves.jsonl"), help="the curves study's JSON lines")
     p.add_argument("--figures", default=str(REPO_ROOT / "docs" / "figures"), help="output directory of the PNGs")
     a = p.parse_args(argv)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
     runs = load(Path(a.results))
     if not runs:
-        p.error(f"no curves results in {a.results}; run python benchmarks/curves.py first")
+        p.error(f"no curves results in {a.results}; run resnmt-study curves first")
     figures = Path(a.figures)
     figures.mkdir(parents=True, exist_ok=True)
     study_runs, families = split_rows(with_curves(runs))

@@ -10,12 +10,11 @@ import re
 import sys
 from pathlib import Path
 
-from records import REPO_ROOT, RESULTS  # (the standard library only: before resnmt)
-
-if str(REPO_ROOT) not in sys.path:  # resnmt, where it is not installed (the GPU machine)
-    sys.path.insert(0, str(REPO_ROOT))
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # resnmt, where it is not installed (the GPU machine)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from resnmt.experiment.results import read_jsonl  # noqa: E402
+from resnmt.study.records import REPO_ROOT, RESULTS  # noqa: E402
 
 
 def newest_whole_processes(records):

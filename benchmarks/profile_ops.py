@@ -14,11 +14,11 @@ import argparse
 import sys
 from collections import defaultdict
 
-import flags
 from eager_training import Optimizer, train_step, training_batches
 from rows import CONFIGS, fairseq_argv
 
 from resnmt.experiment.presets import SIZES
+from resnmt.study import flags
 
 
 def profile(config, a):

@@ -19,15 +19,14 @@ import shutil
 import sys
 from pathlib import Path
 
-import flags
-import runs
-from records import REPO_ROOT, portable_path, run_id, settings_key
-from rows import QUALITY_ROWS, slug
 
 from resnmt.experiment import steps
 from resnmt.experiment.presets import SIZES
 from resnmt.experiment.results import append_jsonl, read_jsonl
 from resnmt.experiment.runtime import tool_env
+from resnmt.study import flags, runs
+from resnmt.study.records import REPO_ROOT, portable_path, run_id, settings_key
+from resnmt.study.rows import QUALITY_ROWS, slug
 
 DEFAULT_WORKDIR = REPO_ROOT / "runs" / "bench-quality"
 

@@ -8,9 +8,10 @@ import math
 import statistics
 from collections import Counter, OrderedDict
 
-from rows import QUALITY_ROWS
 from stats import identical_noise, noise_floor
 from verdicts import PREDICTION_TARGET_DEFAULT, PREDICTION_TARGETS, RESOLVE_ROUNDS, pair_resolution, target_verdict
+
+from resnmt.study.rows import QUALITY_ROWS
 
 
 def fmt_ratio(x):

@@ -23,8 +23,6 @@ import json
 import sys
 from pathlib import Path
 
-import flags
-import records
 from eager_training import TORCH_DTYPES
 from result_tables import speed_table
 from rows import SPEED_ROWS
@@ -32,6 +30,7 @@ from speed_measure import measure_rounds, speed_records
 
 from resnmt.experiment.presets import SIZES
 from resnmt.experiment.results import read_jsonl
+from resnmt.study import flags, records
 
 
 def parser() -> argparse.ArgumentParser:

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from eager_training import TORCH_DTYPES, Optimizer, train_step, training_batches
 from fairseq_trainer import compiled_graphs  # torch.compile graphs so far (--fused-connections); 0 eager
-from records import REPO_ROOT, portable_path
 from rows import SPEED_ROWS, fairseq_argv
 from stats import summary
+
+from resnmt.study.records import REPO_ROOT, portable_path
 
 
 def read_status_kb(field):

@@ -2,8 +2,8 @@
 target (``target_verdict``: pass or MISS), gpu_train.py's rows against their targets
 (``trainer_verdict``) and whether a same-math pair resolves 2 % (``pair_resolution``),
 whether a kind trains in half precision (``fp16_verdicts``, from what ``fp16_log_record``
-reads of fairseq's log), and a paper's claim against the seeds of the curves study
-(``claim_verdict``: yes, no or mixed).
+reads of fairseq's log); a paper's claim against the study's seeds is
+resnmt.study.verdicts'.
 """
 from rows import Comparison
 
@@ -126,18 +126,3 @@ def fp16_verdicts(records, baseline: str = "post_ln"):
         r["baseline_overflows"] = base["overflows"] if base else None
         r["passed"] = bool(ok and (base is None or r["overflows"] <= base["overflows"]))
     return records
-
-
-# A claim of matching (≥) holds for a seed within this many BLEU below its reference: the
-# spread of one row's own seeds at 2+2 (0.3-0.6), as the cross-layer table counts level.
-LEVEL = 0.5
-
-
-def claim_verdict(diffs: list, at_least: bool = False) -> str:
-    """``yes`` when every seed is ahead (a claim of matching: no seed more than
-    :data:`LEVEL` behind), ``no`` when every seed is behind (by more than :data:`LEVEL`),
-    else ``mixed``; ``(1 seed)`` where one seed is all there is."""
-    holds = [d >= -LEVEL if at_least else d > 0 for d in diffs]
-    fails = [d < -LEVEL if at_least else d < 0 for d in diffs]
-    word = "yes" if all(holds) else "no" if all(fails) else "mixed"
-    return word + (" (1 seed)" if len(diffs) == 1 else "")

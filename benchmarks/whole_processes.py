@@ -26,13 +26,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from records import REPO_ROOT, portable_argv
 from rows import WHOLE_PROCESSES, WHOLE_TARGETS
 from stats import median_min_max, middle_half, noise_floor
 from trainer_rounds import SMOKE_SIZE, record
 from verdicts import trainer_verdict
 
 from resnmt.experiment.steps import FairseqLog
+from resnmt.study.records import REPO_ROOT, portable_argv
 
 # what the fast path logs (resnmt/training/fast/): its buckets' padding once, how its steps run
 # once, and a line per CUDA graph recorded
@@ -41,6 +41,7 @@ _BUCKETS_RE = re.compile(r"\[fast path\] shape buckets: (\d+) shapes .*?padding:
 _STEPS_RE = re.compile(r"\[fast path\] the update on the \w+ \([^)]*\), (.*)")
 _CAPTURE_RE = re.compile(r"\[fast path\] captured \S+ .*? in ([\d.]+) s \(graph (\d+)\)")
 _PRIMED_RE = re.compile(r"\[fast path\] \d+ shapes and the update recorded before training in ([\d.]+) s")
+_ADAM_RE = re.compile(r"\[fast path\] (?:Adam: (.*)|the fused Adam kernel failed \((.*)\); Adam runs as)")
 _FAILED_RE = re.compile(r"\[fast path\] (.*: its (?:warm-up|capture) failed .*); this shape runs eagerly from now on")
 
 
@@ -51,7 +52,7 @@ def round_order(runs: List[str], rnd: int) -> List[str]:
 
 def fast_path_log(text: str, intervals: List[dict]) -> dict:
     """What a --fast-path process's log says: the shape buckets' padding (and fairseq's own
-    batches'), how its steps ran, the CUDA graphs recorded, their seconds, and the last
+    batches'), how its steps and Adam ran, the CUDA graphs recorded, their seconds, and the last
     logged update at which one was added (after the first epoch only a batch shape met for
     the first time may add one); empty for any other process."""
     rec = {}
@@ -70,6 +71,9 @@ def fast_path_log(text: str, intervals: List[dict]) -> dict:
     primed = _PRIMED_RE.search(text)
     if primed:  # every shape recorded at start-up, before the first update
         rec["recorded_before_training_s"] = float(primed.group(1))
+    adam = _ADAM_RE.findall(text)
+    if adam:  # how Adam ran (the Triton kernel's failure, where it fell back)
+        rec["adam"] = "; ".join(how or f"the Triton kernel failed ({why})" for how, why in adam)
     failed = _FAILED_RE.findall(text)
     if failed:  # shapes that run eagerly: which and why
         rec["eager_shapes"] = failed

@@ -18,8 +18,8 @@ loads a checkpoint for translation from Python (fairseq's hub interface; ``resnm
 The package, from the ground up: ``options``, ``atomic`` and ``progress`` (an option's
 declaration and the closest names to a bad value, files written whole, durations as text:
 the standard library alone); ``connections`` (the sublayer connections and their norms),
-``activations`` (the FFN activations) and ``fused`` (compiling their elementwise chains for
-``--fused-connections``), as ``nn`` modules; ``models`` (the model, its flags resolved once,
+``activations`` (the FFN activations), as ``nn`` modules (their elementwise chains compiled
+for ``--fused-connections`` by ``training.compile``); ``models`` (the model, its flags resolved once,
 the named archs) and ``tasks`` (the task); ``training`` (what resnmt adds to fairseq's
 training), ``checkpoints`` (averaging them, loading them safely) and ``decoding`` (to
 decoding and scoring); ``data`` (preparing a corpus) and ``analysis`` (what a trained model

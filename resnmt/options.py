@@ -10,12 +10,21 @@ path, a string), the default, the metavar and the help; from it come
 
 * the value check (:meth:`Option.check`), one for every option: the same words ("must be
   an integer >= 1", "is not one of: ...") wherever a value is refused;
-* a model flag's argparse argument (:meth:`Option.add_to`), added without a default:
-  fairseq parses model flags with ``argparse.SUPPRESS``, so an unset flag is absent from
-  ``args`` and whoever reads it takes :attr:`Option.default` (:meth:`Option.read`);
+* its argparse argument (:meth:`Option.add_to`), the one place an option meets a parser:
+  a model flag's is added without a default (fairseq parses model flags with
+  ``argparse.SUPPRESS``, so an unset flag is absent from ``args`` and whoever reads it
+  takes :attr:`Option.default`: :meth:`Option.read`); a command's with its default, the
+  value checked by argparse (its words, the flag named first) or kept as text and
+  converted after parsing (:meth:`Option.convert`: "--flag 'VALUE': must be ...");
 * the refusal of a value built in Python (:meth:`Option.problem`);
 * a command's dataclass field (:meth:`Option.field`), whose value the request converts
   with :meth:`Option.convert`.
+
+The other commands (resnmt-analyze, resnmt-average, resnmt-evaluate, resnmt-prepare, the
+demo, the pipeline commands' own switches) declare theirs as Options beside their parser,
+added by :func:`add_to_command`. Not declared here: the options of resnmt's fairseq task and
+optimizer, which stay fairseq's own dataclass fields (``FairseqDataclass``, the form fairseq
+turns into both its parser and its config).
 
 A command line's error names the closest valid names (:func:`with_closest_names`).
 
@@ -25,12 +34,15 @@ import argparse
 import dataclasses
 import difflib
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 KINDS = ("switch", "int", "number", "choice", "path", "str")
+NARGS = (None, "?", "*", "+")
+NO_DEFAULT = object()  # Option.add_to without a default: the parser's own (fairseq's SUPPRESS)
 _INTEGER_RE = re.compile(r"[+-]?\d+")
 
 
@@ -89,6 +101,14 @@ class Option:
     ``minimum`` (>=) or ``above`` (>); a ``choice`` takes one of ``choices``.
     ``owners_only`` (a connection kind's flag): setting it with a connection kind that does
     not declare it is an error (``hint`` says why).
+
+    On a command line: ``positional``, an operand named ``dest`` (``CHECKPOINT``), not a
+    ``--flag``; ``required``, a flag that must be given; ``nargs``, argparse's (``"?"``,
+    ``"*"``, ``"+"``); ``const``, the value of the flag given alone (with ``nargs`` "?");
+    ``parse``, a check of the option's own for a ``str`` no kind describes (the text in,
+    the value out, a ValueError naming the value and what is allowed); ``env``, an
+    environment variable whose value, set and not empty, replaces the default
+    (:meth:`command_default`).
     """
 
     dest: str = ""
@@ -101,10 +121,20 @@ class Option:
     metavar: Optional[str] = None
     owners_only: bool = False
     hint: str = ""
+    positional: bool = False
+    required: bool = False
+    nargs: Optional[str] = None
+    const: Any = None
+    parse: Optional[Callable[[str], Any]] = None
+    env: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"option kind {self.kind!r}: choose one of {', '.join(KINDS)}")
+        if self.nargs not in NARGS:
+            raise ValueError(f"option nargs {self.nargs!r}: choose one of {', '.join(map(str, NARGS))}")
+        if self.parse is not None and self.kind != "str":
+            raise ValueError(f"option {self.dest!r}: a check of its own (parse) takes a str, not a {self.kind}")
         object.__setattr__(self, "choices", tuple(self.choices))
 
     @property
@@ -126,29 +156,42 @@ class Option:
             return Path(value)
         if self.kind == "switch":
             return bool(value)
-        return value
+        return self.parse(value) if self.parse is not None else value
 
-    # ------------------------------------------------------------------ as a model flag
+    # ------------------------------------------------------------------ on a parser
 
-    def add_to(self, parser) -> None:
-        """Add the flag to ``parser`` without a default (fairseq's model flags are SUPPRESSed)."""
+    def add_to(self, parser, default: Any = NO_DEFAULT, checked: bool = True) -> None:
+        """Add the option to ``parser`` (a parser or an argument group). Without ``default``
+        the parser's own applies (a model flag: fairseq's SUPPRESS); a command passes its
+        default (:attr:`default`, or None for "not given"). ``checked``: argparse checks the
+        value as declared (``choices``: argparse's words, which name the closest choices;
+        a number: "invalid value 'VALUE': must be ..."); otherwise the text is kept, for
+        :meth:`convert` after parsing."""
+        kwargs = dict(help=self.help, metavar=self.metavar, nargs=self.nargs, const=self.const)
         if self.kind == "switch":
-            parser.add_argument(self.flag, action="store_true", help=self.help)
-            return
-        kwargs = dict(help=self.help)
-        if self.kind in ("int", "number"):
+            kwargs = dict(help=self.help, action="store_true")
+        elif checked and self.kind == "choice":
+            kwargs["choices"] = self.choices
+        elif checked and (self.kind != "str" or self.parse is not None):
             kwargs["type"] = self._argparse_type
-        if self.kind == "choice":
-            kwargs["choices"] = self.choices  # argparse's own words, which name the closest choices
-        if self.metavar is not None:
-            kwargs["metavar"] = self.metavar
-        parser.add_argument(self.flag, **kwargs)
+        if default is not NO_DEFAULT:
+            kwargs["default"] = default
+        if self.required:
+            kwargs["required"] = True
+        names = (self.dest,) if self.positional else (self.flag,)
+        parser.add_argument(*names, **{k: v for k, v in kwargs.items() if v is not None or k == "default"})
+
+    def command_default(self) -> Any:
+        """The default a command line takes: ``$env`` where set and not empty, else :attr:`default`."""
+        return (os.environ.get(self.env) if self.env else None) or self.default
 
     def _argparse_type(self, text: str):
         try:
             return self.check(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be {self.allowed}") from None
+        except ValueError as e:
+            if self.kind in ("int", "number"):
+                raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be {self.allowed}") from None
+            raise argparse.ArgumentTypeError(str(e)) from None
 
     def read(self, args) -> Any:
         """The flag's value in ``args`` (a namespace or config), or its default where unset."""
@@ -180,6 +223,13 @@ class Option:
             return self.check(value)
         except ValueError as e:
             raise ValueError(f"{self.flag} {e}") from None
+
+
+def add_to_command(parser, options: Sequence[Option], checked: bool = True) -> None:
+    """Each of ``options`` on a command's ``parser`` (or argument group), in order, with the
+    command's default (:meth:`Option.command_default`); ``checked``: see :meth:`Option.add_to`."""
+    for option in options:
+        option.add_to(parser, default=option.command_default(), checked=checked)
 
 
 def field_options(cls) -> Tuple[Option, ...]:

@@ -101,13 +101,32 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
     return path
 
 
+def fairseq_preprocess(*args) -> None:
+    """fairseq-preprocess ARGS run in this process, for the tests' own corpora (the command's
+    behaviour is not what they test): the test process has imported fairseq already, a new
+    one would spend its time importing it again. The log file each run adds is closed after it."""
+    import logging
+
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    log = logging.getLogger("fairseq_cli.preprocess")
+    before = list(log.handlers)
+    try:
+        preprocess.main(options.get_preprocessing_parser().parse_args([str(a) for a in args]))
+    finally:
+        for handler in [h for h in log.handlers if h not in before]:
+            log.removeHandler(handler)
+            handler.close()
+
+
 def build_tiny_bin(root: Path) -> None:
     text = write_multi30k_subset(root / "text")
-    run_cli([
-        "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de",
+    fairseq_preprocess(
+        "--source-lang", "en", "--target-lang", "de",
         "--trainpref", text / "train", "--validpref", text / "valid", "--testpref", text / "test",
         "--destdir", root / "bin", "--joined-dictionary", "--workers", "1",
-    ])
+    )
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 import argparse
 import os
 import runpy
+import shutil
 import sys
 from pathlib import Path
 
@@ -395,16 +396,18 @@ def readme_average_command() -> list:
     return [shlex.split(line) for line in block.splitlines() if line.startswith("resnmt-average ")][0]
 
 
-def test_the_readmes_averaging_command_works_after_a_short_run(tmp_path, tiny_bin):
+def test_the_readmes_averaging_command_works_after_a_short_run(tmp_path, tiny_ckpts, tiny_bin):
     """The README's averaging line after a short run that stopped in the middle of epoch 1
-    (--max-update 2 of ~3 updates per epoch), whose only checkpoint is checkpoint_last.pt:
-    it averages that one, says so last, and the output decodes."""
+    (2 of ~3 updates per epoch), whose only checkpoint is checkpoint_last.pt: it averages
+    that one, says so last, and the output decodes. The short run's save dir is the shared
+    run's checkpoint of update 2 (fairseq wrote the same state as checkpoint_last.pt then)."""
     command = readme_average_command()
     save_dir = Path(command[command.index("--inputs") + 1])
     output = tmp_path / command[command.index("--output") + 1]
-    run_cli(["fairseq-train", tiny_bin, *TINY_TRANSFORMER, "--max-update", "2", "--save-dir", tmp_path / save_dir],
-            cwd=tmp_path)
-    assert not list((tmp_path / save_dir).glob("checkpoint[0-9]*.pt"))  # stopped before the end of an epoch
+    (tmp_path / save_dir).mkdir(parents=True)
+    shutil.copyfile(tiny_ckpts / "checkpoint_1_2.pt", tmp_path / save_dir / "checkpoint_last.pt")
+    iterator = load(tmp_path / save_dir / "checkpoint_last.pt")["extra_state"]["train_iterator"]
+    assert (iterator["epoch"], iterator["iterations_in_epoch"]) == (1, 2)  # stopped in the middle of epoch 1
     proc = run_cli(command, cwd=tmp_path)
     assert proc.stderr.splitlines()[0] == "resnmt-average: averaging 1 checkpoint(s): checkpoint_last.pt (update 2)"
     assert proc.stderr.splitlines()[-1] == (

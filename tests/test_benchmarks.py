@@ -1,4 +1,5 @@
-"""Smoke test of benchmarks/ (speed.py, quality.py, curves.py, malloc.py, make_tables.py) with tiny settings.
+"""Smoke test of benchmarks/ (speed.py, quality.py, curves.py, malloc.py, make_tables.py) and of the study's
+library (resnmt.study) and command (resnmt-study curves) with tiny settings.
 
 The real benchmark numbers come from `make bench` (docs/benchmarks.md); this only checks
 that the scripts run end to end and write what make_tables.py reads.
@@ -11,6 +12,8 @@ import sys
 import pytest
 
 from conftest import REPO_ROOT, run_cli
+
+from resnmt.study import milestones
 
 BENCH = REPO_ROOT / "benchmarks"
 
@@ -150,9 +153,9 @@ def test_fp16_headroom_takes_fairseq_trains_first_step(tiny_bin, tmp_path):
     logged, base 2 per token), so its largest gradient is the one fp16 would have to hold."""
     sys.path.insert(0, str(BENCH))
     import headroom
-    from runs import benchmark_train_argv
 
     from resnmt.experiment.presets import SIZES
+    from resnmt.study.runs import benchmark_train_argv
 
     argv = benchmark_train_argv(tiny_bin, "transformer_rezero_base", [], SIZES["tiny"], seed=3,
                                 max_tokens=300, lr=1e-3, warmup=300, dropout=0.1, save_every=1, keep=1,
@@ -198,7 +201,7 @@ def test_malloc_tiny_same_loss_in_both_environments(tiny_bin, tmp_path):
     assert bad.returncode == 2 and "--rounds 0: must be a positive integer" in bad.stderr
 
 
-def test_quality_tiny_and_resume(tiny_bin, tmp_path):
+def test_quality_tiny_and_resume(tiny_bin, tmp_path, monkeypatch, capsys):
     out = tmp_path / "quality.jsonl"
     argv = [
         sys.executable, BENCH / "quality.py", "--data", tiny_bin.parent, "--ref", tiny_bin.parent / "text" / "test.de",
@@ -213,9 +216,14 @@ def test_quality_tiny_and_resume(tiny_bin, tmp_path):
     # no machine's folders in the record: the corpus outside the repository, led by its name
     corpus = tiny_bin.parent.name
     assert (rec["data"], rec["ref"]) == (f"{corpus}/bin", f"{corpus}/text/test.de")
-    listing = run_cli([*argv, "--list"]).stdout
-    assert "done     post_ln  seed 1" in listing
-    run_cli(argv)  # resumable: a finished (row, seed, settings) is not run again
+    # the command ran above; its --list and its re-run in this process (each a file read)
+    monkeypatch.syspath_prepend(str(BENCH))
+    import quality
+
+    capsys.readouterr()
+    assert quality.main([str(a) for a in [*argv[2:], "--list"]]) == 0
+    assert "done     post_ln  seed 1" in capsys.readouterr().out
+    assert quality.main([str(a) for a in argv[2:]]) == 0  # resumable: a finished (row, seed, settings) is not run again
     assert len(out.read_text(encoding="utf-8").splitlines()) == 1
 
 
@@ -247,7 +255,7 @@ def test_make_tables_from_handwritten_jsonl(tmp_path):
     assert text.startswith("intro\n") and text.endswith("end\n") and "_no speed results yet_" in text
 
 
-def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
+def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path, monkeypatch, capsys):
     """One run scored at two budgets; re-running scores nothing again; the plots read it."""
     out = tmp_path / "curves.jsonl"
     argv = [
@@ -269,11 +277,17 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
         assert len(r["averaged"]) == 2
         assert (r["data"], r["ref"]) == (f"{tiny_bin.parent.name}/bin", f"{tiny_bin.parent.name}/text/test.de")
     assert records[1]["train_seconds"] >= records[0]["train_seconds"] > 0
-    assert "partial" not in run_cli([*argv, "--list"]).stdout
     run_cli(argv)
     assert len(out.read_text(encoding="utf-8").splitlines()) == 2
-    bad = run_cli([*argv[:-2], "--milestones", "1", "--out", out], check=False)
-    assert bad.returncode == 2 and "--milestones 1" in bad.stderr
+    # --list and a refused option in this process (the command ran above)
+    from resnmt.cli import study_curves as curves
+
+    capsys.readouterr()
+    assert curves.main([str(a) for a in [*argv[2:], "--list"]]) == 0
+    assert "partial" not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as bad:
+        curves.main([str(a) for a in [*argv[2:-2], "--milestones", "1", "--out", out]])
+    assert bad.value.code == 2 and "--milestones 1" in capsys.readouterr().err
     figures = tmp_path / "figures"
     run_cli([sys.executable, BENCH / "plot_curves.py", "--results", out, "--figures", figures])
     table = run_cli([sys.executable, BENCH / "make_tables.py", "--results", tmp_path]).stdout
@@ -285,15 +299,15 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path):
 
 def default_settings_key(curves) -> str:
     """The settings key of curves.py's default settings (what its --list reads lines by)."""
-    import records
+    from resnmt.study import records
 
-    return records.settings_key(curves.study_settings(curves.parser().parse_args([])))
+    return records.settings_key(milestones.study_settings(curves.parser().parse_args([])))
 
 
 def test_curves_keeps_gpu_runs_apart_from_cpu_runs(tmp_path, monkeypatch, capsys):
     """A CPU line does not mark the GPU run done; the base size is planned on a GPU only."""
     monkeypatch.syspath_prepend(str(BENCH))
-    import curves
+    from resnmt.cli import study_curves as curves
 
     out = tmp_path / "curves.jsonl"
 
@@ -322,9 +336,9 @@ def test_curves_gpu_study_plans_the_papers_sizes_under_its_own_schedule(tmp_path
     gives another settings key, so the GPU lines of the CPU study's schedule do not mark its
     runs done, and the tables keep them in a setting of their own."""
     monkeypatch.syspath_prepend(str(BENCH))
-    import curves
-    import study
-    import study_tables
+    from resnmt.cli import study_curves as curves
+    from resnmt.study import plan as study
+    from resnmt.study import tables as study_tables
 
     out = tmp_path / "curves.jsonl"
     gpu = ["--out", str(out), "--device", "cuda", "--sizes", "base,base12", *GPU_SCHEDULE]
@@ -334,9 +348,9 @@ def test_curves_gpu_study_plans_the_papers_sizes_under_its_own_schedule(tmp_path
     assert ("base12", "post_ln", 1) in study.PAPERS_SIZE_ORDER and ("base", "sas", 1) in study.PAPERS_SIZE_ORDER
     assert {state for state, *_ in listed} == {"missing"}
 
-    settings = curves.study_settings(curves.parser().parse_args(GPU_SCHEDULE))
+    settings = milestones.study_settings(curves.parser().parse_args(GPU_SCHEDULE))
     cpu_key = default_settings_key(curves)
-    assert study.schedule_of(settings) == {"lr_scheduler": "inverse_sqrt", "lr": 7e-4, "warmup_updates": 2000}
+    assert milestones.schedule_of(settings) == {"lr_scheduler": "inverse_sqrt", "lr": 7e-4, "warmup_updates": 2000}
     keys = {records_key(curves, ["--lr", str(lr), "--warmup", str(w), "--save-every", "100"])
             for lr, w in (*study.SWEEP_SCHEDULES, study.FALLBACK_SCHEDULE)}
     assert len(keys) == len(study.SWEEP_SCHEDULES) + 1 and cpu_key not in keys
@@ -353,9 +367,9 @@ def test_curves_gpu_study_plans_the_papers_sizes_under_its_own_schedule(tmp_path
 
 
 def records_key(curves, argv) -> str:
-    import records
+    from resnmt.study import records
 
-    return records.settings_key(curves.study_settings(curves.parser().parse_args(argv)))
+    return records.settings_key(milestones.study_settings(curves.parser().parse_args(argv)))
 
 
 def sweep_line(study, lr, warmup, updates, bleu, valid):
@@ -368,7 +382,7 @@ def test_choose_schedule_takes_the_lowest_loss_that_trains_the_safer_one_on_a_ti
     stalls, fails; of those that train the lowest validation loss wins, a lower peak within
     SWEEP_TIE of it is preferred; a missing candidate or none training gives the fallback."""
     monkeypatch.syspath_prepend(str(BENCH))
-    import study
+    from resnmt.study import plan as study
 
     (a, b, c) = study.SWEEP_SCHEDULES
     keys = {cand: f"k{cand[0]}-{cand[1]}" for cand in study.SWEEP_SCHEDULES}
@@ -405,7 +419,7 @@ def test_choose_schedule_takes_the_lowest_loss_that_trains_the_safer_one_on_a_ti
 def test_curves_list_names_the_update_a_partial_run_resumes_from(tmp_path, monkeypatch, capsys):
     """--list says which unfinished runs still have checkpoints here, and to which update."""
     monkeypatch.syspath_prepend(str(BENCH))
-    import curves
+    from resnmt.cli import study_curves as curves
 
     out, workdir = tmp_path / "curves.jsonl", tmp_path / "runs"
     key = default_settings_key(curves)
@@ -458,7 +472,7 @@ def test_a_control_is_dashed_in_the_color_of_the_row_it_changes(monkeypatch):
 
 def test_a_control_is_compared_with_post_ln_in_the_same_setting(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
-    from study_tables import difference_table, reference_row
+    from resnmt.study.tables import difference_table, reference_row
 
     assert reference_row("sas") == "post_ln" and reference_row("post_ln (warm-up 1000)") == "post_ln"
     assert reference_row("rskip_ln (λ=2, warm-up 1000)") == "post_ln (warm-up 1000)"
@@ -476,7 +490,7 @@ def test_the_mean_line_breaks_where_the_seeds_change(monkeypatch):
     seeds' composition, not with training), and not past the last budget two seeds reached."""
     monkeypatch.syspath_prepend(str(BENCH))
     from plot_curves import bleu_of, mean_segments
-    from study_tables import paired_differences
+    from resnmt.study.tables import paired_differences
 
     record = lambda bleu: {"bleu": bleu}
     seeds = {1: {600: record(15.0), 2400: record(30.0), 4800: record(33.0), 7200: record(35.0),
@@ -540,7 +554,7 @@ def test_glance_tables_are_generated(monkeypatch):
     what the generators write from the committed results (make_tables.py --write)."""
     monkeypatch.syspath_prepend(str(BENCH))
     import make_tables
-    import study_tables
+    from resnmt.study import tables as study_tables
 
     study = (REPO_ROOT / "docs" / "study.md").read_text(encoding="utf-8")
     glance = study_tables.glance_table(study_tables.load(BENCH / "results" / "curves.jsonl"))
@@ -577,7 +591,7 @@ def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
     matching: within 0.5 BLEU behind); a claim may name its reference; --write
     fills the glance markers and refuses a file with no marker of make_tables.py."""
     monkeypatch.syspath_prepend(str(BENCH))
-    import study_tables
+    from resnmt.study import tables as study_tables
 
     def line(row, seed, updates, bleu):
         return {"benchmark": "curves", "size": {"name": "small"}, "row": row, "seed": seed, "updates": updates,
@@ -636,7 +650,7 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
     with their references."""
     monkeypatch.syspath_prepend(str(BENCH))
     import plot_curves
-    import study_tables
+    from resnmt.study import tables as study_tables
 
     def line(size, row, updates, bleu, seed=1):
         return {"benchmark": "curves", "size": {"name": size}, "row": row, "seed": seed, "updates": updates,
@@ -687,8 +701,8 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
 def test_a_run_that_is_another_rows_run_is_not_queued(monkeypatch):
     """The study does not train Mix-LN at 2+2 again (it is pre-LN's run), but does at 6+6."""
     monkeypatch.syspath_prepend(str(BENCH))
-    import rows
-    import study
+    from resnmt.study import rows
+    from resnmt.study import plan as study
 
     assert rows.SAME_RUN == {("small", "mix_ln"): "pre_ln"}
     assert ("small", "mix_ln", 1) not in study.STUDY_ORDER and ("deep", "mix_ln", 1) in study.STUDY_ORDER
@@ -699,7 +713,7 @@ def test_recorded_paths_hold_no_machines_folders(tmp_path, monkeypatch):
     """A path in a results line is relative to the repository, else led by its dataset's
     name, else its name alone; every committed results file holds none of a machine's folders."""
     monkeypatch.syspath_prepend(str(BENCH))
-    from records import portable_argv, portable_path
+    from resnmt.study.records import portable_argv, portable_path
 
     assert portable_path(REPO_ROOT / "data" / "multi30k" / "bin") == "data/multi30k/bin"
     corpus = tmp_path / "multi30k"
@@ -734,7 +748,7 @@ def test_pairs_table_and_second_seeds_from_handwritten_curves(monkeypatch):
     reference is planned on EN-FR where seed 1's margin there is within 0.5 BLEU of zero or
     of the other sign than EN-DE's mean; the EN-FR lines are another setting, named."""
     monkeypatch.syspath_prepend(str(BENCH))
-    import study_tables
+    from resnmt.study import tables as study_tables
 
     def line(corpus, size, row, seed, updates, bleu):
         return {"benchmark": "curves", "size": {"name": size}, "row": row, "seed": seed, "updates": updates,
@@ -776,17 +790,17 @@ def test_curves_pair_picks_the_plan_the_corpus_and_the_settings_key(tmp_path, mo
     another, its own plan and milestones, refuses a run of another plan and a corpus of
     another pair (one line each); its lines name the pair in their settings."""
     monkeypatch.syspath_prepend(str(BENCH))
-    import curves
-    import records
+    from resnmt.cli import study_curves as curves
+    from resnmt.study import records
 
     def key(*argv):
-        return records.settings_key(curves.study_settings(curves.parser().parse_args(list(argv))))
+        return records.settings_key(milestones.study_settings(curves.parser().parse_args(list(argv))))
 
     lines = [json.loads(x) for x in (BENCH / "results" / "curves.jsonl").read_text(encoding="utf-8").splitlines()]
     en_de = {r["settings_key"] for r in lines if r.get("device", "cpu") == "cpu" and r["settings"]["corpus"] == "multi30k"}
     assert key() == key("--pair", "en-de") and key() in en_de
     assert key("--pair", "en-fr") != key() and key("--pair", "en-fr") not in en_de
-    assert curves.study_settings(curves.parser().parse_args(["--pair", "en-fr"]))["corpus"] == "multi30k-en-fr"
+    assert milestones.study_settings(curves.parser().parse_args(["--pair", "en-fr"]))["corpus"] == "multi30k-en-fr"
     out = tmp_path / "curves.jsonl"
     assert curves.main(["--pair", "en-fr", "--out", str(out), "--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
@@ -804,7 +818,7 @@ def test_curves_pair_picks_the_plan_the_corpus_and_the_settings_key(tmp_path, mo
         curves.main(["--pair", "en-fr", "--data", str(data), "--out", str(out)])
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.endswith(f"--data {data}: its binarized data is en-de, not en-fr; prepare en-fr with "
-                        "resnmt-prepare multi30k-en-fr DIR")
+                        "resnmt-prepare multi30k-en-fr DIR (see --help)")
 
 
 def test_multi30k_en_fr_pins_the_published_files():

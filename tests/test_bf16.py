@@ -13,11 +13,11 @@ import argparse
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import built_once, run_cli
 from model_utils import TINY
 from resnmt.training.bf16 import (MASTER_WEIGHTS_KEY, bf16_needs_resnmt_train_message, torch_xla_installed,
                          untie_bf16_from_tpu)
-from test_distributed import ARCHS, PROBE, USER_DIR, probe_train_args, read_losses
+from test_distributed import ARCHS, PROBE, USER_DIR, probe_train_args, read_losses, sas_two_epochs
 
 STOCK_MAIN = "    sys.exit(train_cli.cli_main())\n"
 RESNMT_TRAIN_MAIN = "    from resnmt.cli.train import main\n    sys.exit(main())\n"
@@ -36,6 +36,17 @@ def train(probe, data, save_dir, out, *extra):
                    PROBE_OUT=str(out))
 
 
+@pytest.fixture(scope="module")
+def bf16_two_epochs(tiny_bin, tmp_path_factory):
+    """Two epochs of bf16 training straight through resnmt-train's probe, built once per test
+    run and shared (tests only read it): its first updates are compared with float32's, a
+    resumed run must reproduce it. ``run/`` its save dir, ``probe/`` the probe's output."""
+    def two_epochs(root):
+        train(write_resnmt_train_probe(root), tiny_bin, root / "run", root / "probe", "--max-epoch", "2", "--bf16")
+
+    return built_once(tmp_path_factory, "bf16_two_epochs", two_epochs)
+
+
 def test_untie_keeps_an_explicit_tpu():
     args = argparse.Namespace(bf16=True, tpu=True)
     if torch_xla_installed():
@@ -48,23 +59,23 @@ def test_untie_keeps_an_explicit_tpu():
     assert not untie_bf16_from_tpu(plain, []) and plain.tpu is False
 
 
-def test_bf16_on_the_cpu_trains_like_fp32_and_checkpoints_reload(tiny_bin, tmp_path):
-    probe = write_resnmt_train_probe(tmp_path)
+def test_bf16_on_the_cpu_trains_like_fp32_and_checkpoints_reload(tiny_bin, bf16_two_epochs, tmp_path_factory):
+    # float32: the same model on the same batches, test_distributed's shared run of fairseq-train's probe
+    fp32 = read_losses(sas_two_epochs(tiny_bin, tmp_path_factory) / "probe" / "loss.rank0.jsonl")
+    bf16 = read_losses(bf16_two_epochs / "probe" / "loss.rank0.jsonl")
     updates = 5
-    train(probe, tiny_bin, tmp_path / "fp32", tmp_path / "fp32_probe", "--max-update", str(updates))
-    train(probe, tiny_bin, tmp_path / "bf16", tmp_path / "bf16_probe", "--max-update", str(updates), "--bf16")
-    fp32 = read_losses(tmp_path / "fp32_probe" / "loss.rank0.jsonl")
-    bf16 = read_losses(tmp_path / "bf16_probe" / "loss.rank0.jsonl")
-    assert sorted(bf16) == sorted(fp32) == list(range(1, updates + 1))
+    assert sorted(bf16) == sorted(fp32) and len(fp32) > updates
+    fp32 = {update: fp32[update] for update in range(1, updates + 1)}  # the first updates
     for update in fp32:  # bf16 keeps 8 bits of mantissa: the same losses to about 1 %
         assert bf16[update] == pytest.approx(fp32[update], rel=0.01), update
     assert any(bf16[u] != fp32[u] for u in fp32)  # and it was not float32 after all
 
-    state = torch.load(tmp_path / "bf16_probe" / "state.rank0.pt", weights_only=True)
+    state = torch.load(bf16_two_epochs / "probe" / "state.rank0.pt", weights_only=True)
     floats = [v for v in state["model"].values() if v.is_floating_point()]
     assert floats and all(v.dtype == torch.bfloat16 for v in floats)  # the model trained in bf16
 
-    ckpt = torch.load(tmp_path / "bf16" / "checkpoint_last.pt", weights_only=True)
+    checkpoint = bf16_two_epochs / "run" / "checkpoint_last.pt"
+    ckpt = torch.load(checkpoint, weights_only=True)
     assert ckpt["cfg"]["common"]["bf16"] and not ckpt["cfg"]["common"]["tpu"]
     master = ckpt["last_optimizer_state"][MASTER_WEIGHTS_KEY]
     assert master and all(t.dtype == torch.float32 for t in master)
@@ -73,24 +84,23 @@ def test_bf16_on_the_cpu_trains_like_fp32_and_checkpoints_reload(tiny_bin, tmp_p
     # the checkpoint reloads: its model holds the trained bf16 weights, and it decodes
     from fairseq import checkpoint_utils
 
-    models, _ = checkpoint_utils.load_model_ensemble([str(tmp_path / "bf16" / "checkpoint_last.pt")],
+    models, _ = checkpoint_utils.load_model_ensemble([str(checkpoint)],
                                                      arg_overrides={"data": str(tiny_bin)})
     reloaded = models[0].state_dict()
     for key, value in state["model"].items():
         assert torch.equal(reloaded[key].to(value.dtype), value), key
-    gen = run_cli(["fairseq-generate", tiny_bin, "--user-dir", USER_DIR, "--path", tmp_path / "bf16" / "checkpoint_last.pt",
+    gen = run_cli(["fairseq-generate", tiny_bin, "--user-dir", USER_DIR, "--path", checkpoint,
                    "--gen-subset", "test", "--beam", "2", "--max-len-b", "5", "--batch-size", "16", "--cpu",
                    "--num-workers", "0"]).stdout.splitlines()
     sources = sum(line.startswith("S-") for line in gen)
     assert sources > 0 and sum(line.startswith("H-") for line in gen) == sources
 
 
-def test_bf16_resume_continues_exactly(tiny_bin, tmp_path):
+def test_bf16_resume_continues_exactly(tiny_bin, bf16_two_epochs, tmp_path):
     """Two epochs straight, against one epoch, a restart, and the second epoch; and the
     same restart from a checkpoint stripped of its master weights, which must differ."""
     probe = write_resnmt_train_probe(tmp_path)
-    train(probe, tiny_bin, tmp_path / "ref", tmp_path / "ref_probe", "--max-epoch", "2", "--bf16")
-    ref = read_losses(tmp_path / "ref_probe" / "loss.rank0.jsonl")
+    ref = read_losses(bf16_two_epochs / "probe" / "loss.rank0.jsonl")
 
     train(probe, tiny_bin, tmp_path / "run", tmp_path / "run_probe", "--max-epoch", "1", "--bf16")
     first_epoch = max(read_losses(tmp_path / "run_probe" / "loss.rank0.jsonl"))
@@ -106,7 +116,7 @@ def test_bf16_resume_continues_exactly(tiny_bin, tmp_path):
     assert sorted(run) == sorted(ref) and max(ref) > first_epoch
     assert run == ref  # every update's loss, exactly
     final = torch.load(tmp_path / "run_probe" / "state.rank0.pt", weights_only=True)["model"]
-    ref_final = torch.load(tmp_path / "ref_probe" / "state.rank0.pt", weights_only=True)["model"]
+    ref_final = torch.load(bf16_two_epochs / "probe" / "state.rank0.pt", weights_only=True)["model"]
     for key, value in ref_final.items():
         assert torch.equal(final[key], value), key
 

@@ -1,6 +1,7 @@
 """The real fairseq CLIs with --user-dir resnmt on real data: train, resume, generate,
 interactive, the hub interface, and checkpoints under torch's weights_only loading."""
 import re
+import shutil
 import subprocess
 import sys
 
@@ -19,8 +20,8 @@ FAMILIES = ["postln", "preln", "xskip", "rskip", "sas", "highway", "deepnorm", "
 # (test_model, test_old_checkpoints)
 DEFAULT_SUITE_FAMILIES = ("postln", "rskip", "sas", "dlcl", "hyper")
 USER_DIR = str(REPO_ROOT / "resnmt")
-# a model of 3 updates repeats a word to the default length limit (200 tokens): decoding
-# stops at 1.2 x source + 10 tokens, a tenth of the work, the same search
+# a model of one epoch (a few updates) repeats a word to the default length limit (200 tokens):
+# decoding stops at 1.2 x source + 10 tokens, a tenth of the work, the same search
 SHORT = ["--max-len-a", "1.2", "--max-len-b", "10"]
 
 
@@ -36,12 +37,12 @@ def train_args(data, arch, save_dir, *extra):
 
 @pytest.fixture(scope="module")
 def trained(tiny_bin, tmp_path_factory):
-    """``trained(family)``: the save dir of a short training run of that arch family,
+    """``trained(family)``: the save dir of a one-epoch training run of that arch family,
     trained on first use (so that the default suite trains only the families it decodes), once
     per test run."""
     def save_dir_of(family):
         return built_once(tmp_path_factory, f"ckpt_{family}", lambda save_dir: run_cli(
-            train_args(tiny_bin, f"transformer_{family}_base", save_dir, "--max-update", "3")))
+            train_args(tiny_bin, f"transformer_{family}_base", save_dir, "--max-epoch", "1")))
 
     return save_dir_of
 
@@ -112,9 +113,10 @@ def test_checkpoints_need_the_allow_list_and_load_with_it(trained):
 
 
 @pytest.mark.parametrize("family", ["sas", pytest.param("rskip", marks=pytest.mark.slow)])
-def test_training_resumes_from_checkpoint_last(tiny_bin, tmp_path, family):
+def test_training_resumes_from_checkpoint_last(tiny_bin, trained, tmp_path, family):
     save_dir = tmp_path / "ckpt"
-    run_cli(train_args(tiny_bin, f"transformer_{family}_base", save_dir, "--max-epoch", "1"))
+    save_dir.mkdir()  # the first epoch: the shared run's, trained with the same flags
+    shutil.copyfile(trained(family) / "checkpoint_last.pt", save_dir / "checkpoint_last.pt")
     first = torch.load(save_dir / "checkpoint_last.pt", weights_only=True)
     updates_after_epoch_1 = first["optimizer_history"][-1]["num_updates"]
     out = run_cli(train_args(tiny_bin, f"transformer_{family}_base", save_dir, "--max-epoch", "2"))

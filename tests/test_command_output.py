@@ -80,9 +80,9 @@ def test_what_fairseq_train_finds_late_is_one_line_before_anything_runs(tiny_bin
     ("evaluate", ["--hyp", "h", "--ref", "r", "--detok", "bogus"],
      "resnmt-evaluate: error: argument --detok: invalid choice: 'bogus' (choose from 'none', 'moses') (see --help)"),
     ("average_checkpoints", ["--inputs", "a", "--output", "b", "--num-epoch-checkpoints", "x"],
-     "resnmt-average: error: argument --num-epoch-checkpoints: invalid int value: 'x' (see --help)"),
+     "resnmt-average: error: argument --num-epoch-checkpoints: invalid value 'x': must be an integer (see --help)"),
     ("analyze", ["checkpoint.pt", "--num-sentences", "all"],
-     "resnmt-analyze: error: argument --num-sentences: invalid int value: 'all' (see --help)"),
+     "resnmt-analyze: error: argument --num-sentences: invalid value 'all': must be an integer >= 1 (see --help)"),
     ("experiment", ["--beam", "zero", "multi30k", "transformer"],
      "[resnmt-experiment] error: --beam 'zero': must be an integer >= 1 (see resnmt-experiment --help)"),
     # a mistyped flag: the closest ones named

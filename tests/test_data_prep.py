@@ -618,7 +618,8 @@ def test_a_failed_step_resumes_with_the_option_its_error_names(tmp_path):
 def test_an_edited_input_is_rebuilt_and_a_touched_one_is_not(tmp_path):
     """An input file edited after its corpus was prepared: the next run names it in one line
     and redoes every step (they all read it), the data and orig/SHA256SUMS then hold its new
-    text; an input only touched (same bytes) redoes nothing."""
+    text (resnmt-experiment, before, refuses the old data in one line naming it); an input
+    only touched (same bytes) redoes nothing."""
     prefixes = write_corpus(tmp_path / "corpus", n_train=300, n_valid=20, n_test=20)
     out, train_de = tmp_path / "out", Path(f"{prefixes['train']}.de")
     args = [BIN_DIR / "resnmt-prepare", "custom", *custom_args(prefixes, "--bpe-size", "300", "--workers", "1"), out]
@@ -626,6 +627,18 @@ def test_an_edited_input_is_rebuilt_and_a_touched_one_is_not(tmp_path):
     size = train_de.stat().st_size
     text = train_de.read_text(encoding="utf-8").split("\n")
     train_de.write_text("\n".join(["Ein ganz neuer Satz ."] + text[1:]), encoding="utf-8")
+    # resnmt-experiment cannot prepare a corpus of one's own again: it refuses, naming the file
+    from resnmt.experiment.errors import ExperimentError
+    from resnmt.experiment.pipeline import Experiment, ExperimentRequest
+    from resnmt.experiment.presets import TrainRequest
+
+    experiment = Experiment(ExperimentRequest(TrainRequest(str(out), "transformer", preset="cpu",
+                                                           save_dir=tmp_path / "run")), print, print)
+    with pytest.raises(ExperimentError) as refused:
+        experiment.prepare()
+    assert str(refused.value) == (f"input {train_de} (train.de) changed since it was prepared (size {size} -> "
+                                  f"{train_de.stat().st_size}, other sha256): prepare {out} again with the "
+                                  "resnmt-prepare custom command that prepared it")
     err = run_cli(args).stderr.splitlines()
     changed = [line for line in err if "changed since" in line]
     assert changed == [f"[prepare-custom] input {train_de} (train.de) changed since it was prepared "
@@ -637,6 +650,90 @@ def test_an_edited_input_is_rebuilt_and_a_touched_one_is_not(tmp_path):
     err = run_cli(args).stderr.splitlines()
     assert f"[prepare-custom] input {train_de} (train.de): modified time changed, same bytes (sha256): " \
            "nothing to redo" in err and err[-1].startswith("[prepare-custom] nothing to do"), err
+    experiment.prepare()  # up to date
+    # a run that stopped before its end (as one failing after it recorded new inputs): not prepared, whatever bin/ holds
+    next(out.glob(".stamps/*-binarize.done")).unlink()
+    with pytest.raises(ExperimentError, match=f"^{out} holds no prepared data .* from a resnmt-prepare run that "
+                                              "finished"):
+        experiment.prepare()
+
+
+def test_experiment_prepares_a_builtin_dataset_again_when_a_mirror_file_changed(tmp_path, capfd, monkeypatch):
+    """resnmt-experiment's prepare step on a built-in dataset prepared before (IWSLT'15
+    EN-VI from a mirror, 200 training pairs): skipped without reading a file while the
+    mirror is as recorded; a file only touched is recorded anew in one line; an edited one
+    is named in one line and the data is prepared again from its new text; --prep-args are
+    checked by resnmt-prepare; a file whose sha256 is pinned, edited, is refused,
+    resnmt-prepare's error the experiment's."""
+    from resnmt.data import fetch
+    from resnmt.experiment.errors import ExperimentError
+    from resnmt.experiment.pipeline import Experiment, ExperimentRequest
+    from resnmt.experiment.presets import TrainRequest
+
+    real, mirror, out = shared_data_dir("iwslt15-en-vi"), tmp_path / "mirror", tmp_path / "data"
+    mirror.mkdir()
+    for lang in ("en", "vi"):
+        (mirror / f"train.{lang}").write_text("".join(x + "\n" for x in lines(real / f"tst2012.{lang}")[:200]),
+                                              encoding="utf-8")
+        for name in ("tst2012", "tst2013"):
+            os.symlink(real / f"{name}.{lang}", mirror / f"{name}.{lang}")
+    def request(prep_args=""):
+        return ExperimentRequest(train=TrainRequest("iwslt15-en-vi", "transformer", preset="cpu",
+                                                    save_dir=tmp_path / "run"),
+                                 data_root=out, mirror=mirror, prep_args=prep_args)
+
+    options = "--bpe sentencepiece --bpe-size 300 --workers 1"
+    hashed = []
+    monkeypatch.setattr(fetch, "sha256_of", lambda path, digest=fetch.sha256_of: hashed.append(path) or digest(path))
+
+    def prepare(prep_args=""):
+        """The experiment's lines and resnmt-prepare's, in order; the files it hashed."""
+        logged, hashed[:] = [], []
+        capfd.readouterr()
+        Experiment(request(prep_args), logged.append, logged.append).prepare()
+        return logged + capfd.readouterr().err.splitlines(), [p.name for p in hashed]
+
+    printed, _ = prepare(options)
+    assert printed[0] == f"step 1/5: prepare {out}" and printed[-1].startswith("[prepare-iwslt15-en-vi] finished")
+    assert prepare() == ([f"step 1/5: prepare: {out}/bin exists, skipped"], [])  # nothing read
+    train_vi = mirror / "train.vi"
+    os.utime(train_vi, ns=(time.time_ns(), time.time_ns()))
+    assert prepare() == ([f"input {train_vi} (train.vi): modified time changed, same bytes (sha256): nothing to redo",
+                          f"step 1/5: prepare: {out}/bin exists, skipped"], ["train.vi"])
+    assert prepare()[1] == []  # recorded anew: not read again
+
+    train_en = mirror / "train.en"
+    size, text = train_en.stat().st_size, train_en.read_text(encoding="utf-8").split("\n")
+    train_en.write_text("\n".join([text[0], "Edited : " + text[1]] + text[2:]), encoding="utf-8")
+    printed, _ = prepare(options)
+    assert printed[0] == f"step 1/5: prepare {out} again: an input changed since it was prepared", printed
+    assert [line for line in printed if str(train_en) in line] == [  # one line names it
+        f"[prepare-iwslt15-en-vi] input {train_en} (train.en) changed since it was prepared "
+        f"(size {size} -> {train_en.stat().st_size}, other sha256): redoing steps 1-6"], printed
+    assert not [line for line in printed if "skipping" in line] and printed[-1].startswith("[prepare-iwslt15-en-vi] "
+                                                                                          "finished")
+    decoded = spm_decode(out / "spm" / "spm.model", out / "text" / "train.en")
+    assert "Edited : " + text[1] in decoded and text[1] not in decoded
+    assert f"{sha256(train_en)}  train.en" in (out / "orig" / "SHA256SUMS").read_text().splitlines()
+    check_binarized(out, "en", "vi", {"train": len(lines(out / "text" / "train.en")), "valid": 1553, "test": 1268})
+    assert prepare() == ([f"step 1/5: prepare: {out}/bin exists, skipped"], [])
+    # --prep-args: resnmt-prepare compares them with those the data was prepared with
+    printed, _ = prepare(options)
+    assert printed[0] == f"step 1/5: prepare: {out}/bin exists; resnmt-prepare checks it against --prep-args"
+    assert printed[-1] == f"[prepare-iwslt15-en-vi] nothing to do: {out} is complete (binarized data in {out}/bin)"
+    with pytest.raises(ExperimentError, match=f"^resnmt-prepare iwslt15-en-vi failed: {out} was prepared with other "
+                                              "options \\(above\\): use a new OUTDIR"):
+        prepare(options.replace("300", "400"))
+
+    # a published file whose hash is pinned, edited: resnmt-prepare refuses it, and so does every later run
+    test_vi = mirror / "tst2013.vi"
+    test_vi.unlink()
+    test_vi.write_text("".join(x + "\n" for x in ["Edited ."] + lines(real / "tst2013.vi")[1:]), encoding="utf-8")
+    for _ in range(2):
+        with pytest.raises(ExperimentError) as refused:
+            prepare(options)
+        assert str(refused.value).startswith(f"resnmt-prepare iwslt15-en-vi failed: checksum mismatch for tst2013.vi "
+                                             f"({test_vi}): sha256 is {sha256(test_vi)}, expected "), refused.value
 
 
 @pytest.fixture(scope="module")
@@ -730,8 +827,18 @@ def test_custom_corpus_end_to_end(custom_corpus, tmp_path):
         f"[resnmt-experiment] error: {save_dir} was trained with other flags (--encoder-ffn-embed-dim 32 then, "
         f"--encoder-ffn-embed-dim 64 now): use another --save-dir (or --tag), or delete {save_dir} to train again; "
         f"or delete {save_dir / 'train.done'} to resume it with these"), other.stderr
+    # a data file written again with the same bytes: recorded anew, in one line; with other bytes: refused
     dictionary = out / "bin" / "dict.de.txt"
     os.utime(dictionary, ns=(dictionary.stat().st_atime_ns, dictionary.stat().st_mtime_ns + 10**9))
+    touched = run_cli(proc.args, cwd=tmp_path).stderr
+    assert (f"[resnmt-experiment] {out / 'bin'}: dict.de.txt written again with the same bytes since {save_dir} was "
+            f"trained: its training stands") in touched and f"step 2/5: train: {save_dir}/train.done exists" in touched
+    assert "decoded" not in touched and json.loads((save_dir / "train.done").read_text())["data"]["dict.de.txt"][1] \
+        == dictionary.stat().st_mtime_ns
+    text = dictionary.read_text(encoding="utf-8").split("\n")
+    count = text[0].split()[1]
+    dictionary.write_text("\n".join([f"{text[0].split()[0]} {int(count) + 1:0{len(count)}d}"] + text[1:]),
+                          encoding="utf-8")  # one count one higher, the same size
     reprepared = run_cli(proc.args, cwd=tmp_path, check=False)
     assert reprepared.returncode == 1 and reprepared.stderr.splitlines()[-1] == (
         f"[resnmt-experiment] error: {save_dir} was trained on {out / 'bin'} before dict.de.txt changed (the corpus "

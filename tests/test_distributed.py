@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO_ROOT, cli_env, run_cli
+from conftest import REPO_ROOT, built_once, cli_env, run_cli
 from model_utils import TINY
 
 USER_DIR = str(REPO_ROOT / "resnmt")
@@ -104,6 +104,17 @@ def probe_train_args(probe, data, save_dir, arch_args, *extra, cpu=True):
         "--max-tokens", "600", "--save-dir", save_dir, "--no-progress-bar", "--log-format", "json",
         "--log-interval", "1", "--seed", "3", "--num-workers", "0", *(["--cpu"] if cpu else []), *extra,
     ]
+
+
+def sas_two_epochs(tiny_bin, tmp_path_factory) -> Path:
+    """Two epochs of the tiny SAS model through fairseq-train's probe on the CPU, built once
+    per test run and shared (tests only read it): ``run/`` its save dir, ``probe/`` the
+    probe's output."""
+    def two_epochs(root):
+        run_cli(probe_train_args(write_probe(root), tiny_bin, root / "run", ARCHS["sas"], "--max-epoch", "2"),
+                PROBE_OUT=str(root / "probe"))
+
+    return built_once(tmp_path_factory, "sas_two_epochs", two_epochs)
 
 
 def free_port() -> int:

@@ -8,15 +8,9 @@ from fairseq.data.data_utils import post_process as remove_bpe  # what --remove-
 from sacrebleu.metrics import BLEU
 
 from conftest import run_cli, shared_data_dir
-from resnmt.cli.evaluate import (
-    is_generate_output,
-    main,
-    parse_generate_output,
-    EvaluateError,
-    read_lines,
-    split_compounds,
-    unescape_moses,
-)
+from resnmt.cli.evaluate import main
+from resnmt.decoding.scoring import (EvaluateError, is_generate_output, parse_generate_output, read_lines,
+                                     split_compounds, unescape_moses)
 
 
 @pytest.fixture(scope="module")

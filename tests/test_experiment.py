@@ -1,7 +1,7 @@
 """resnmt.experiment's pieces that the end-to-end runs rely on: the names of decoding
 settings, the one reader of fairseq's log, the checkpoint selection, the presets' batch
 arithmetic in-process, the options' checks, and the subprocesses' environment; and the
-benchmarks' training to a budget (benchmarks/runs.py)."""
+study's training to a budget (resnmt.study.runs)."""
 import json
 import os
 import platform
@@ -10,14 +10,11 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT
 from resnmt.experiment import presets, results, runtime
 from resnmt.experiment.errors import ExperimentError, UsageError
 from resnmt.experiment.pipeline import ExperimentRequest
 from resnmt.experiment.steps import FairseqLog
-
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-import runs  # noqa: E402  (benchmarks/runs.py)
+from resnmt.study import runs
 
 # what fairseq-train --log-format simple printed over two runs of one save dir
 LOG = """\
@@ -177,7 +174,7 @@ def test_unknown_dataset_names_the_allowed_ones(tmp_path):
 
 
 def test_a_benchmark_rows_flags_override_the_shared_settings(tmp_path):
-    """benchmarks/curves.py's control rows change one shared setting through their flags."""
+    """The study's control rows change one shared setting through their flags."""
     from fairseq import options
 
     argv = runs.benchmark_train_argv(tmp_path, "transformer_postln_base", ["--warmup-updates", "1000", "--dropout", "0.1"],
@@ -328,3 +325,43 @@ def test_without_verbose_the_training_step_prints_its_numbers_not_fairseqs_info_
         b"[train] update 100: train loss 9.1\n", b"[train] valid loss 8.987 (nll_loss 8.986) after 5 updates\n",
         b"[train] epoch 1: train loss 9.068, 5 updates\n", None,
         b"2026-11-28 00:36:21 | WARNING | fairseq.trainer | NaN detected\n", b"Traceback (most recent call last):\n"]
+
+
+def test_a_finished_trainings_data_stamp_hashes_only_files_whose_size_or_time_changed(tmp_path, monkeypatch):
+    """train.done's data stamp: unchanged files are not read; a file with a new mtime and the
+    same bytes is no change (its new mtime in the stamp now); other bytes of the same size,
+    a file gone or added are changes; a stamp without sha256 counts any new mtime."""
+    import hashlib
+
+    from resnmt.data import fetch
+    from resnmt.experiment.steps import data_changes, data_stamp
+
+    for name, text in (("dict.de.txt", "a 3\n"), ("train.en-de.de.bin", "xyz")):
+        (tmp_path / name).write_text(text)
+    stamp = data_stamp(tmp_path)
+    assert stamp["dict.de.txt"] == [4, (tmp_path / "dict.de.txt").stat().st_mtime_ns,
+                                    hashlib.sha256(b"a 3\n").hexdigest()]
+    hashed = []
+    monkeypatch.setattr(fetch, "sha256_of",
+                        lambda path, digest=fetch.sha256_of: hashed.append(path.name) or digest(path))
+    assert data_changes(stamp, tmp_path) == ([], stamp) and hashed == []
+    os.utime(tmp_path / "dict.de.txt", ns=(0, 10**18))
+    changed, now = data_changes(stamp, tmp_path)
+    assert (changed, hashed) == ([], ["dict.de.txt"]) and now["dict.de.txt"] == [4, 10**18, stamp["dict.de.txt"][2]]
+    (tmp_path / "dict.de.txt").write_text("a 4\n")  # the same size, other bytes
+    assert data_changes(stamp, tmp_path)[0] == ["dict.de.txt"]
+    (tmp_path / "train.en-de.de.bin").unlink()
+    (tmp_path / "valid.en-de.de.bin").write_text("")
+    assert data_changes(stamp, tmp_path)[0] == ["dict.de.txt", "train.en-de.de.bin", "valid.en-de.de.bin"]
+    hashed.clear()
+    assert data_changes({"dict.de.txt": stamp["dict.de.txt"][:2]}, tmp_path)[0][0] == "dict.de.txt" and hashed == []
+
+
+def test_flags_that_do_not_change_what_is_trained_are_not_compared():
+    from resnmt.experiment.steps import flag_changes
+
+    before = ["fairseq-train", "/data/a/bin", "--user-dir", "/venv1/resnmt", "--save-dir", "runs/x", "--lr", "0.0005",
+              "--num-workers", "0", "--no-progress-bar", "--share-all-embeddings"]
+    now = ["fairseq-train", "/data/a/bin", "--user-dir", "/venv2/resnmt", "--save-dir", "archive/x", "--lr", "0.0007",
+           "--log-interval", "10"]
+    assert flag_changes(before, now) == ("--lr 0.0005 --share-all-embeddings", "--lr 0.0007")

@@ -1,4 +1,4 @@
-"""--fused-connections (resnmt/fused.py and its users): the compiled SAS combination and
+"""--fused-connections (resnmt/training/compile.py and its users): the compiled SAS combination and
 NReLU/NSwish give the eager path's values and gradients, in a built model too
 (incremental decoding included), compile once for all batch shapes, and the flag
 stops the build with one line where torch.compile cannot work."""
@@ -8,7 +8,7 @@ from torch._dynamo.utils import counters
 
 from model_utils import assert_incremental_equals_full, build, parse_train_args, randomize_norms, sample_batch
 
-from resnmt import fused
+from resnmt.training import compile as fused
 from resnmt.activations import native
 from resnmt.activations.normalized import ActivationSpec, NormalizedActivation, fused_instance_activation
 from resnmt.connections import ConnectionSpec, build_connection

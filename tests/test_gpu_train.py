@@ -166,6 +166,12 @@ def test_the_fast_paths_whole_processes():
     part = {n: job[job.index(f'elif [ "$PART" = {n} ]'):] for n in (5, 8, 9)}
     assert "abba stock_fairseq_train_fp16 \"$FAST\"" in part[5] and "FAST=resnmt_train_fast_bf16" in part[5]
     assert "FAST=resnmt_train_fast_eager_bf16,resnmt_train_fast_compiled_graphs_bf16" in part[5]  # plan B
+    # the fast path's own profile, bounded, after the rounds where time is left, and alone in part 10;
+    # plan B can be asked for
+    assert 'timeout -k 5 "$1" "$PY" benchmarks/fast_profile.py --data .gpu/multi30k/bin' in job
+    assert 'then fast_profile 60; fi' in part[5] and part[5].index("abba ") < part[5].index("fast_profile 60")
+    assert "fast_profile $(( $(left) - 10 ))" in job[job.index('elif [ "$PART" = 10 ]'):]
+    assert '[ "${GPU_JOB_PLAN_B:-0}" = 1 ] ||' in part[5]
     assert "abba stock_fairseq_train_big_fp16 resnmt_train_fast_big_bf16 --whole-tokens $BIG_TOKENS" in part[8]
     assert "BIG_TOKENS=16384" in part[8] and "TOKENS=32768" in part[9]
     assert "abba stock_fairseq_train_fp16 resnmt_train_fast_bf16 --whole-tokens $TOKENS" in part[9]
@@ -523,6 +529,9 @@ def test_a_fast_path_log_says_what_was_recorded_before_training_and_what_runs_ea
 
     text = ("[fast path] the update on the cuda (bf16 model, float32 master weights), each step captured once per "
             "batch shape as a CUDA graph\n"
+            "[fast path] Adam: one Triton kernel launch over every parameter\n"
+            "[fast path] the fused Adam kernel failed (RuntimeError: PTX JIT compilation failed); Adam runs as "
+            "multi-tensor operations\n"
             "[fast path] captured forward_backward 8 8x33 8 8x40 8x40 as a CUDA graph in 0.52 s (graph 1)\n"
             "[fast path] forward_backward 16 16x20 16 16x21 16x21: its capture failed (RuntimeError: operation not "
             "permitted when stream is capturing); this shape runs eagerly from now on\n"
@@ -531,6 +540,8 @@ def test_a_fast_path_log_says_what_was_recorded_before_training_and_what_runs_ea
     rec = whole_processes.fast_path_log(text, [{"num_updates": 10, "graphs": 2.0}, {"num_updates": 20, "graphs": 2.0}])
     assert rec["graphs"] == 2 and rec["capture_s"] == pytest.approx(0.62) and rec["last_update_with_a_new_graph"] is None
     assert rec["recorded_before_training_s"] == 3.4
+    assert rec["adam"] == ("one Triton kernel launch over every parameter; the Triton kernel failed (RuntimeError: PTX "
+                           "JIT compilation failed)")
     assert rec["eager_shapes"] == ["forward_backward 16 16x20 16 16x21 16x21: its capture failed (RuntimeError: "
                                    "operation not permitted when stream is capturing)"]
 

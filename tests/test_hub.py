@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import REPO_ROOT, built_once, run_cli
-from subword_data import prepare
+from subword_data import prepared_once
 
 import resnmt
 from resnmt.decoding.sequence_generator import GNMTLengthPenaltyMixin
@@ -34,16 +34,17 @@ def spm_run(tmp_path_factory):
     """(prepared sentencepiece directory, save dir of a model trained on it by resnmt-train with
     fairseq's own translation task, resnmt-train's output); built once per test run. 120 updates:
     enough for outputs of real pieces that differ between sentences (fewer give the same piece everywhere)."""
-    def prepare_and_train(root):
-        data, save_dir = prepare(root / "data", "sentencepiece"), root / "model"
+    data = prepared_once(tmp_path_factory, "sentencepiece")  # test_subword's too
+
+    def train(root):
         kept_output(run_cli([
             "resnmt-train", data / "bin", "--task", "translation",
             "--arch", "transformer_sas_base", *SIZE, "--share-all-embeddings", "--optimizer", "adam", "--lr", "5e-3",
-            "--max-tokens", "2000", "--max-update", "120", "--save-dir", save_dir, "--no-epoch-checkpoints",
+            "--max-tokens", "2000", "--max-update", "120", "--save-dir", root / "model", "--no-epoch-checkpoints",
             "--disable-validation", "--no-progress-bar", "--seed", "1", "--num-workers", "0"]), root)
 
-    root = built_once(tmp_path_factory, "hub_spm_run", prepare_and_train)
-    return root / "data", root / "model", read_output(root)
+    root = built_once(tmp_path_factory, "hub_spm_run", train)
+    return data, root / "model", read_output(root)
 
 
 @pytest.fixture(scope="module")

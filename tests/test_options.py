@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from resnmt.options import Option, field_options
+from resnmt.options import Option, add_to_command, field_options
 
 
 def parse_error(option: Option, argv, capsys) -> str:
@@ -88,3 +88,53 @@ def test_none_passes_only_where_it_is_the_default():
     assert Option("sas_gate_dim", None, kind="int", above=0).problem(None) is None
     assert Option("dyt_alpha_init", 0.5, kind="number", above=0).problem(None) == \
         "--dyt-alpha-init None is invalid: it must be a real number > 0"
+
+
+def test_a_commands_options_take_their_defaults_and_argparse_checks_them(capsys):
+    """A command's Options on its parser: an operand, a default, a flag alone taking its const."""
+    options = (Option("checkpoint", kind="path", positional=True, help="a checkpoint"),
+               Option("n", 3, "sentences", kind="int", minimum=1, metavar="N"),
+               Option("level", kind="choice", choices=("side", "layer"), nargs="?", const="side", metavar="LEVEL"),
+               Option("cpu", False, "on the CPU", kind="switch"))
+    parser = argparse.ArgumentParser(prog="p")
+    add_to_command(parser, options)
+    args = parser.parse_args(["ck.pt"])
+    assert (args.checkpoint, args.n, args.level, args.cpu) == (Path("ck.pt"), 3, None, False)
+    args = parser.parse_args(["ck.pt", "--n", "7", "--level", "--cpu"])
+    assert (args.n, args.level, args.cpu) == (7, "side", True)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["ck.pt", "--n", "0"])
+    assert capsys.readouterr().err.splitlines()[-1] == "p: error: argument --n: invalid value '0': must be an integer >= 1"
+
+
+def test_a_value_kept_as_text_is_converted_with_the_flags_words():
+    option = Option("n", 3, kind="int", minimum=1)
+    parser = argparse.ArgumentParser()
+    add_to_command(parser, (option,), checked=False)
+    text = parser.parse_args(["--n", "0"]).n
+    assert text == "0"
+    with pytest.raises(ValueError, match=r"^--n '0': must be an integer >= 1$"):
+        option.convert(text)
+
+
+def test_a_check_of_its_own_and_an_environment_default(monkeypatch):
+    def even(text):
+        if int(text) % 2:
+            raise ValueError(f"'{text}' is odd: expected an even number")
+        return text
+
+    option = Option("pairs", "2", parse=even, env="TEST_PAIRS")
+    with pytest.raises(ValueError, match=r"^--pairs '3' is odd: expected an even number$"):
+        option.convert("3")
+    assert option.command_default() == "2"
+    monkeypatch.setenv("TEST_PAIRS", "4")
+    assert option.command_default() == "4"
+    with pytest.raises(ValueError, match="a check of its own"):
+        Option("n", kind="int", parse=even)
+
+
+def test_a_help_line_names_the_default_and_the_environment_variable():
+    from resnmt.experiment.command_options import options_help
+
+    out = Option("out", "runs/demo", "runs and tables", metavar="DIR", env="DEMO_OUT")
+    assert options_help([out], indent=20) == "  --out DIR         runs and tables (default runs/demo) [DEMO_OUT]"

@@ -1,6 +1,7 @@
 """resnmt-train: fairseq-train with the model's flags in --help and an absolute --user-dir."""
 import re
 
+import pytest
 import torch
 
 from conftest import REPO_ROOT, run_cli
@@ -16,8 +17,16 @@ RESNMT_FLAGS = [*(flag.flag for flag in CONNECTION_FLAGS.values()),
 ]
 
 
-def test_help_lists_every_resnmt_flag_with_its_text(tiny_bin):
-    out = run_cli(["resnmt-train", tiny_bin, "--arch", "transformer_sas_base", "--help"]).stdout
+@pytest.fixture(scope="module")
+def help_text(tiny_bin):
+    """resnmt-train --help with an arch, a task and an optimizer given: the model's, the
+    task's and the optimizer's flags in one usage (one process for the tests that read it)."""
+    return run_cli(["resnmt-train", tiny_bin, "--arch", "transformer_sas_base", "--task", "resnmt_translation",
+                    "--optimizer", "adam_fused", "--help"]).stdout
+
+
+def test_help_lists_every_resnmt_flag_with_its_text(help_text):
+    out = help_text
     help_body = out[out.index("Model-specific configuration"):]
     for flag in RESNMT_FLAGS:
         assert re.search(rf"^  {re.escape(flag)}(\s|$)", help_body, re.M), flag
@@ -44,9 +53,8 @@ def test_trains_with_the_installed_package_as_user_dir(tiny_bin, tmp_path):
     assert "fairseq.tasks.fairseq_task | can_reuse_epoch_itr = " in verbose
 
 
-def test_help_lists_the_flags_of_the_task_and_optimizer_given(tiny_bin):
-    out = run_cli(["resnmt-train", tiny_bin, "--task", "resnmt_translation", "--optimizer", "adam_fused",
-                   "--help"]).stdout
+def test_help_lists_the_flags_of_the_task_and_optimizer_given(help_text):
+    out = help_text
     task_help = out[out.index("Task-specific configuration"):]
     assert re.search(r"^  --compile-layers\s+train with every encoder and decoder layer compiled", task_help, re.M)
     optimizer_help = out[out.index("Optimizer-specific configuration"):]

@@ -22,7 +22,7 @@ import torch
 
 from conftest import REPO_ROOT, cli_env, run_cli
 from model_utils import TINY
-from test_distributed import ARCHS, probe_train_args, read_losses, write_probe
+from test_distributed import ARCHS, probe_train_args, read_losses, sas_two_epochs, write_probe
 
 TRAIN_SH = REPO_ROOT / "scripts" / "train.sh"
 MAX_EPOCH = 3
@@ -109,14 +109,15 @@ def test_killed_run_resumes_and_reproduces_the_uninterrupted_run(tiny_bin, tmp_p
     assert any(".self_attn_connection.gates." in k for k in final["model"])  # SAS
 
 
-def test_resume_at_epoch_2_sees_the_same_batches(tiny_bin, tmp_path):
+def test_resume_at_epoch_2_sees_the_same_batches(tiny_bin, tmp_path, tmp_path_factory):
+    """One epoch, a restart, and the second epoch, against two epochs straight (shared with
+    test_bf16's float32 reference)."""
     probe = write_probe(tmp_path)
     args = lambda out, epochs: probe_train_args(  # noqa: E731
         probe, tiny_bin, out, ARCHS["sas"], "--max-epoch", str(epochs), "--dropout", "0")
-    run_cli(args(tmp_path / "ref", 2), PROBE_OUT=str(tmp_path / "ref_probe"))
     run_cli(args(tmp_path / "run", 1), PROBE_OUT=str(tmp_path / "run_probe"))
     run_cli(args(tmp_path / "run", 2), PROBE_OUT=str(tmp_path / "run_probe"))
-    ref = read_losses(tmp_path / "ref_probe" / "loss.rank0.jsonl")
+    ref = read_losses(sas_two_epochs(tiny_bin, tmp_path_factory) / "probe" / "loss.rank0.jsonl")
     run = read_losses(tmp_path / "run_probe" / "loss.rank0.jsonl")
     assert sorted(run) == sorted(ref)
     for update in ref:

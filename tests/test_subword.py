@@ -6,7 +6,7 @@ import gzip
 import pytest
 
 from conftest import run_cli, shared_data_dir
-from subword_data import prepare, segment_with_sentencepiece, segment_with_subword_nmt
+from subword_data import prepared_once, sentencepiece_of, subword_nmt_of
 
 from resnmt.cli.evaluate import main as evaluate_main
 from resnmt.decoding.subword import SubwordError, data_subword, decode_post_process, hub_overrides, post_process_flag
@@ -14,12 +14,12 @@ from resnmt.decoding.subword import SubwordError, data_subword, decode_post_proc
 
 @pytest.fixture(scope="module")
 def spm_dir(tmp_path_factory):
-    return prepare(tmp_path_factory.mktemp("spm_data"), "sentencepiece")
+    return prepared_once(tmp_path_factory, "sentencepiece")
 
 
 @pytest.fixture(scope="module")
 def bpe_dir(tmp_path_factory):
-    return prepare(tmp_path_factory.mktemp("bpe_data"), "subword_nmt")
+    return prepared_once(tmp_path_factory, "subword_nmt")
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def _evaluate(capsys, tmp_path, hyps, refs, *flags):
 def test_evaluate_warns_when_sentencepiece_pieces_are_left(spm_dir, references, tmp_path, capsys):
     """The README's old mistake: sentencepiece data decoded with --post-process subword_nmt
     keeps its pieces ('▁ein ▁mann ...'); it used to score near 0 with a hint at --detok."""
-    _, segment = segment_with_sentencepiece(spm_dir)  # loads the existing model again (same data)
+    _, segment = sentencepiece_of(spm_dir)  # the data's own model
     pieces = [segment(r) for r in references]
     rc, out, err = _evaluate(capsys, tmp_path, pieces, references)
     assert rc == 0 and out  # scored as asked (a warning, not a refusal)
@@ -121,7 +121,7 @@ def test_evaluate_warns_when_sentencepiece_pieces_are_left(spm_dir, references, 
 
 
 def test_evaluate_warns_when_bpe_markers_are_left(bpe_dir, references, tmp_path, capsys):
-    _, segment = segment_with_subword_nmt(bpe_dir)
+    _, segment = subword_nmt_of(bpe_dir)  # the data's own codes
     pieces = [segment(r) for r in references]
     marked = sum("@@ " in p for p in pieces)
     assert marked > 100  # a real segmentation: most lines split some word

@@ -228,28 +228,28 @@ def test_experiment_end_to_end_then_nothing_to_redo(tiny_bin, tmp_path):
     assert len(results.read_text().splitlines()) == 1
     assert {p: p.stat().st_mtime_ns for p in save_dir.iterdir()} == mtimes
 
-    # other decoding settings (fewer checkpoints averaged, beam 2): averaged, decoded and
-    # scored again into their own files; result.json follows; the first result is kept
-    other = run_cli([*cmd[:cmd.index("--average")], "--average", "2", "--beam", "2",
-                     *cmd[cmd.index("--average") + 2:]]).stderr
-    assert "step 2/5: train: " in other and "step 3/5: average the last 2 epoch" in other
-    assert "decode test with beam 2" in other and "decoded 60 sentences" in other
+    # other decoding settings (fewer checkpoints averaged, beam 2, hypotheses cut to one token),
+    # with --strict: averaged, decoded and scored again into their own files; result.json
+    # follows; the first result is kept; the score means nothing and is flagged, so the
+    # exit status is 1 and the last line says why (one run: each step is its own process)
+    other_cmd = [*cmd[:cmd.index("--average")], "--strict", "--average", "2", "--beam", "2",
+                 "--gen-args", "--max-len-a 0 --max-len-b 1", *cmd[cmd.index("--gen-args") + 2:]]
+    other = run_cli(other_cmd, check=False)
+    other_err = other.stderr
+    assert "step 2/5: train: " in other_err and "step 3/5: average the last 2 epoch" in other_err
+    assert "decode test with beam 2" in other_err and "decoded 60 sentences" in other_err
     assert [json.loads(x)["averaged"] for x in results.read_text().splitlines()] == [3, 2]
     latest = json.loads((save_dir / "result.json").read_text())
     assert (latest["averaged"], latest["beam"]) == (2, 2)
-    assert latest == json.loads((save_dir / "result.avg2.beam2.lenpen0.6.gen-max-len-b20.json").read_text())
+    assert latest == json.loads((save_dir / "result.avg2.beam2.lenpen0.6.gen-max-len-a0_max-len-b1.json").read_text())
+    assert latest == json.loads(results.read_text().splitlines()[-1])
     assert json.loads((save_dir / f"result.{key}.json").read_text()) == rec
-
-    # --strict, hypotheses cut to one token: a score that means nothing, flagged; exit status 1, the last line says why
-    strict = run_cli([*cmd[:cmd.index("--gen-args")], "--strict", "--gen-args", "--max-len-a 0 --max-len-b 1",
-                      *cmd[cmd.index("--gen-args") + 2:]], check=False)
-    flagged = json.loads(results.read_text().splitlines()[-1])
-    assert flagged["score_meaningless"] and flagged["length_ratio"] < 0.5
-    warnings = "the warning" if len(flagged["warnings"]) == 1 else "the warnings"
-    assert strict.returncode == 1 and strict.stderr.splitlines()[-1] == (
+    assert latest["score_meaningless"] and latest["length_ratio"] < 0.5
+    warnings = "the warning" if len(latest["warnings"]) == 1 else "the warnings"
+    assert other.returncode == 1 and other_err.splitlines()[-1] == (
         f"[run_experiment] error: --strict: the score is flagged as meaningless ({warnings} above), so the exit "
         "status is 1")
-    assert strict.stderr.splitlines()[-2].startswith("[run_experiment] warning: ")
+    assert other_err.splitlines()[-2].startswith("[run_experiment] warning: ")
 
     # a checkpoint_last.pt truncated by a kill during fairseq's copy is replaced, and training resumes
     last = save_dir / "checkpoint_last.pt"
@@ -261,6 +261,23 @@ def test_experiment_end_to_end_then_nothing_to_redo(tiny_bin, tmp_path):
     assert f"resuming from {save_dir}/checkpoint_last.pt" in train.stderr
     assert "(epoch 4 @ " in train.stdout + train.stderr  # fairseq loaded it: epoch 3 was complete
     assert (save_dir / "checkpoint_last.pt.broken").stat().st_size == len(data) // 2
+
+    # trained further (train.done deleted to resume with a larger --max-epoch): the average, the
+    # decoding and the score made from the older checkpoints are each made again, one line naming why
+    (save_dir / "train.done").unlink()
+    same = [x for x in other_cmd if x != "--strict"]  # the second decoding settings, made above
+    further = run_cli([*same[:same.index("--max-epoch")], "--max-epoch", "4", *same[same.index("--max-epoch") + 2:]])
+    key2 = "avg2.beam2.lenpen0.6.gen-max-len-a0_max-len-b1"
+    for made_again in (f"{save_dir}/checkpoint4.pt is newer than {save_dir}/checkpoint.avg2.pt: making it again",
+                       f"{save_dir}/checkpoint.avg2.pt is newer than {save_dir}/gen.test.{key2}.out: making it again",
+                       f"{save_dir}/gen.test.{key2}.out is newer than {save_dir}/result.{key2}.json: making it again",
+                       "decoded 60 sentences"):
+        assert made_again in further.stderr, made_again
+    assert f"resuming from {save_dir}/checkpoint_last.pt" in further.stderr and "[train] epoch 4: " in further.stdout
+    record = json.loads(results.read_text().splitlines()[-1])
+    assert (record["epochs"], record["averaged"]) == (4, 2) and record["num_updates"] > rec["num_updates"]
+    assert record == json.loads((save_dir / f"result.{key2}.json").read_text())
+    assert "--max-epoch 4" in " ".join(json.loads((save_dir / "train.done").read_text())["cmd"])
 
 
 def test_experiment_bad_options_stop_before_any_work(tmp_path, monkeypatch, capsys):

@@ -1,17 +1,18 @@
-"""benchmarks/verdict.py: a kind's rows beside the committed study's, with the study's
-verdicts, from its lines (training is the curves study's own, tested in test_benchmarks)."""
-import sys
+"""resnmt-study verdict: a kind's rows beside the committed study's, with the study's
+verdicts, from its lines (training is the curves study's own, tested in test_benchmarks;
+the whole command on the example kind is test_verdict_example)."""
+import json
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import BIN_DIR, run_cli
+from resnmt.cli import study_verdict
+from resnmt.experiment.results import read_jsonl
+from resnmt.study.records import RESULTS
+from resnmt.study.verdict import CPU, CUDA, report
 
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-import verdict  # noqa: E402
-
-from resnmt.experiment.results import read_jsonl  # noqa: E402
-
-REFERENCE = read_jsonl(verdict.RESULTS)
+REFERENCE = read_jsonl(RESULTS / "curves.jsonl")
+STUDY_KEY = "75bcde6d41"  # the CPU study's settings key (EN-DE), what its committed lines carry
 
 
 def lines_as(row: str, like: str, shift: float):
@@ -20,15 +21,21 @@ def lines_as(row: str, like: str, shift: float):
             if r["row"] == like and r.get("device", "cpu") == "cpu"]
 
 
-def test_the_committed_study_has_the_settings_the_command_trains_with():
-    assert {r["settings_key"] for r in REFERENCE if r.get("device", "cpu") == "cpu"} >= {verdict.study_key()}
+def test_the_command_trains_with_the_committed_studys_settings(tmp_path):
+    a = study_verdict.parser().parse_args(["mine", "--workdir", str(tmp_path), "--out", str(tmp_path / "x")])
+    args = study_verdict.study_args(a, CPU)
+    from resnmt.study.milestones import study_settings
+    from resnmt.study.records import settings_key
+
+    assert settings_key(study_settings(args)) == STUDY_KEY
+    assert {r["settings_key"] for r in REFERENCE if r.get("device", "cpu") == "cpu"} >= {STUDY_KEY}
 
 
 def test_a_kind_is_judged_against_post_ln_pre_ln_and_the_best_row_paired_by_seed():
     post = {r["seed"]: r["bleu"] for r in REFERENCE if r["row"] == "post_ln" and r["size"]["name"] == "small"
-            and r["updates"] == 2400 and r.get("settings_key") == verdict.study_key()}  # the study's own pair
+            and r["updates"] == 2400 and r.get("settings_key") == STUDY_KEY}  # the study's own pair
     mine = lines_as("mine", "post_ln", +1.0)  # post-LN's seeds, each 1 BLEU better
-    text = verdict.report(mine, REFERENCE, "mine", verdict.PROTOCOL, False, verdict.study_key())
+    text = report(mine, REFERENCE, "mine", CPU, CPU.milestones, (STUDY_KEY, STUDY_KEY))
     seeds = len(post)
     assert f"above post-LN at 2+2? yes ({', '.join(['+1.00'] * seeds)})" in text
     assert any(line.startswith("above pre-LN at 6+6? no (-1") for line in text)  # post-LN's 6+6: 13-15 BLEU behind
@@ -36,25 +43,86 @@ def test_a_kind_is_judged_against_post_ln_pre_ln_and_the_best_row_paired_by_seed
     assert any(line.startswith("  mine") and f"{mean:.2f} (" in line and line.endswith("(yours)") for line in text)
     best = [line for line in text if line.endswith("(best shipped)")]
     assert len(best) == 2 and all(not line.startswith("  mine") for line in best)
-    worse = verdict.report(lines_as("mine", "post_ln", -1.0), REFERENCE, "mine", verdict.PROTOCOL, False,
-                           verdict.study_key())
+    worse = report(lines_as("mine", "post_ln", -1.0), REFERENCE, "mine", CPU, CPU.milestones, (STUDY_KEY, STUDY_KEY))
     assert f"above post-LN at 2+2? no ({', '.join(['-1.00'] * seeds)})" in worse
 
 
 def test_a_quick_look_says_so_on_every_verdict_and_an_unmeasured_size_says_not_yet():
-    text = verdict.report(lines_as("mine", "pre_ln", 0.0)[:1], REFERENCE, "mine", verdict.QUICK, True,
-                          verdict.study_key())
-    assert all(line.startswith("QUICK LOOK (2+2 to 600 updates, not the study's protocol)") for line in text
+    text = report(lines_as("mine", "pre_ln", 0.0)[:1], REFERENCE, "mine", CPU, CPU.quick, (STUDY_KEY, STUDY_KEY))
+    assert all(line.startswith("QUICK LOOK (2+2, d=128, to 600 updates: not the study's protocol)") for line in text
                if "?" in line)
-    full = verdict.report([], REFERENCE, "mine", verdict.PROTOCOL, False, verdict.study_key())
+    full = report([], REFERENCE, "mine", CPU, CPU.milestones, (STUDY_KEY, STUDY_KEY))
     assert "above post-LN at 2+2? not measured yet" in full and "above pre-LN at 6+6? not measured yet" in full
+
+
+def test_on_a_gpu_without_reference_rows_at_base_size_it_says_so_in_one_line(tmp_path, capsys):
+    """--device cuda: the GPU study's base size under the schedule its sweep chose (the
+    fallback while no sweep line exists); no base-size row of those settings in the
+    reference lines: one line, no comparison."""
+    out = tmp_path / "mine.jsonl"
+    out.write_text("")
+    assert study_verdict.main(["mine", "--device", "cuda", "--report", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "no reference rows at 6+6, d=512 (cuda, the study's settings for it) yet: no comparison (your lines are "
+        "kept; --report compares them once the study has its rows)"]
+    a = study_verdict.parser().parse_args(["mine", "--device", "cuda", "--workdir", str(tmp_path), "--out", str(out)])
+    args = study_verdict.study_args(a, CUDA, study_verdict.schedule_flags(CUDA, RESULTS / "curves.jsonl"))
+    assert (args.device, args.save_every, args.sdpa_backends, args.lr, args.warmup) == (
+        "cuda", 100, "flash,efficient,math", 5e-4, 4000)  # plan.FALLBACK_SCHEDULE: no sweep line yet
+    # once the reference lines hold base-size rows of those settings, they are compared
+    from resnmt.study.milestones import study_settings
+    from resnmt.study.records import settings_key
+
+    key = settings_key(study_settings(args))
+    line = {"benchmark": "curves", "settings_key": key, "device": "cuda", "size": {"name": "base"}, "seed": 1,
+            "updates": 4000, "settings": study_settings(args)}
+    reference = tmp_path / "reference.jsonl"
+    reference.write_text("".join(json.dumps(dict(line, row=row, bleu=b)) + "\n"
+                                 for row, b in (("post_ln", 30.0), ("pre_ln", 31.0))))
+    out.write_text(json.dumps(dict(line, row="mine", bleu=30.5)) + "\n")
+    assert study_verdict.main(["mine", "--device", "cuda", "--report", "--out", str(out),
+                               "--reference", str(reference)]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert "above post-LN at 6+6, d=512? yes (1 seed) (+0.50)" in text
+    assert "above pre-LN at 6+6, d=512? no (1 seed) (-0.50)" in text
 
 
 @pytest.mark.parametrize("argv, message", [
     (["mine", "--seeds", "one"], "--seeds 'one': expected comma-separated integers"),
     (["post_ln"], "post_ln: a shipped row of the study has this name"),
+    (["mine", "--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+    (["mine", "--reference", "/nonexistent.jsonl"], "--reference /nonexistent.jsonl: no such file"),
 ])
 def test_bad_input_is_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
-        verdict.main(argv + ["--report"])
+        study_verdict.main(argv + ["--report"])
     assert stop.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_the_example_kinds_verdict_end_to_end_in_its_smallest_mode(tiny_bin, tmp_path):
+    """The example package's kind (examples/layerscale, installed) through the command, as a
+    user runs it: the tiny model to 2 updates (one milestone, a progress line), its row
+    beside the shipped rows at the quick look's budget, the verdicts paired by seed, every
+    verdict line saying it is a smoke test; run again, it resumes: nothing is trained."""
+    argv = [BIN_DIR / "resnmt-study", "verdict", "layerscale", "--tiny", "--data", tiny_bin.parent,
+            "--ref", tiny_bin.parent / "text" / "test.de", "--remove-bpe", "none", "--threads", "1",
+            "--workdir", tmp_path / "w"]
+    first = run_cli(argv, timeout=300)
+    assert "[verdict] small layerscale seed 1: milestone 1/1, training to 2 updates" in first.stderr
+    (ours,) = read_jsonl(tmp_path / "w" / "curves.jsonl")
+    assert (ours["row"], ours["updates"], ours["flags"], ours["size"]["name"]) == (
+        "layerscale", 2, ["--residual", "layerscale"], "small")
+    shipped = {(r["row"], r["seed"]): r["bleu"] for r in REFERENCE if r["settings_key"] == STUDY_KEY
+               and r.get("device", "cpu") == "cpu" and r["size"]["name"] == "small" and r["updates"] == 600}
+    smoke = "SMOKE TEST (the tiny model to 2 updates beside the shipped rows at 600: not the study's protocol): "
+    lines = first.stdout.splitlines()
+    assert lines[0] == smoke + "2+2, d=128, sacreBLEU at 600 updates:"
+    assert lines[1].split() == ["layerscale", f"{ours['bleu']:.2f}", "(1", "seed)", "(yours,", "at", "2)"]
+    post = [b for (row, _), b in shipped.items() if row == "post_ln"]
+    assert lines[2].split() == ["post_ln", f"{sum(post) / len(post):.2f}", f"({min(post):.2f}-{max(post):.2f},",
+                                str(len(post)), "seeds)"]
+    diff = ours["bleu"] - shipped[("post_ln", 1)]
+    assert smoke + f"above post-LN at 2+2? {'no' if diff < 0 else 'yes'} (1 seed) ({diff:+.2f})" in lines
+    assert all(line.startswith(smoke) for line in lines if "?" in line) and len([x for x in lines if "?" in x]) == 2
+    again = run_cli(argv, timeout=300)
+    assert "training to" not in again.stderr and again.stdout == first.stdout

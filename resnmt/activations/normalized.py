@@ -40,9 +40,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from resnmt import fused
 from resnmt.activations import native
-from resnmt.fused import compiled
+from resnmt.training.compile import FLAG, CompileUnavailableError, compiled, require_compile
 
 PAPER = 'Yuan et al. 2022, "ANAct: Adaptive Normalization for Activation Functions"'
 
@@ -172,13 +171,13 @@ class NormalizedActivation(nn.Module):
         self.eps = float(spec.eps)
         self.fused = spec.fused
         if spec.fused:
-            fused.require_compile()
+            require_compile()
             if not self.batch_stats:
                 try:  # built here, so that a missing or failing compiler stops the model build
                     native.library()
                 except native.NativeKernelError as err:
-                    raise fused.CompileUnavailableError(
-                        f"{fused.FLAG}: {err}; train without {fused.FLAG} (the eager path computes the same)") from err
+                    raise CompileUnavailableError(
+                        f"{FLAG}: {err}; train without {FLAG} (the eager path computes the same)") from err
         self._output = self._fused_output if spec.fused else self._eager_output
         self.omega = nn.Parameter(torch.zeros(()))
         if self.batch_stats:
@@ -461,7 +460,7 @@ def _check_top_layers(side: str, k, num_layers: Optional[int]) -> Optional[str]:
 
 
 # ------------------------------------------------------------- the fused path (--fused-connections)
-# pure functions of the same equations, compiled on first use (resnmt.fused)
+# pure functions of the same equations, compiled on first use (resnmt.training.compile)
 
 
 def _activate(x: Tensor, swish: bool) -> Tensor:

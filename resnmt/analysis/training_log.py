@@ -25,6 +25,7 @@ from fairseq.logging import metrics
 from torch import Tensor, nn
 
 from resnmt.analysis.hooks import STATISTICS, Site, StatsCollector
+from resnmt.options import Option
 
 LEVELS = ("side", "layer")
 PRIORITY = 500  # after fairseq's own keys (loss ... wall) in the console line
@@ -34,18 +35,15 @@ ROUND = 3
 TASK_REQUIRED = "resnmt_translation"
 
 
-def add_log_connection_stats_args(parser) -> None:
-    """Declared without a default (fairseq parses model flags with argparse.SUPPRESS)."""
-    parser.add_argument(
-        "--log-connection-stats", nargs="?", const="side", choices=LEVELS, metavar="LEVEL",
-        help="log what each connection learns (SAS alpha/beta/gamma, the rSkip effective skip:residual "
-        "ratio, the highway gate, the skip:residual norm ratio of xskip/deepnorm/admin, learned lambda, "
-        "Admin omega, ReZero a) and NReLU/NSwish rho, rho', lambda at every --log-interval, averaged over real "
-        "(non-padding) tokens: 'side' (the flag alone) = one value per encoder/decoder side "
-        "(keys like sas_alpha_enc), 'layer' = also per layer and sublayer (sas_alpha_enc0_self). "
-        "Costs one extra gate evaluation per sublayer in training. Needs --task resnmt_translation, "
-        "which attaches the hooks in training only (default: off)",
-    )
+LOG_CONNECTION_STATS = Option(
+    "log_connection_stats", kind="choice", choices=LEVELS, nargs="?", const="side", metavar="LEVEL",
+    help="log what each connection learns (SAS alpha/beta/gamma, the rSkip effective skip:residual "
+    "ratio, the highway gate, the skip:residual norm ratio of xskip/deepnorm/admin, learned lambda, "
+    "Admin omega, ReZero a) and NReLU/NSwish rho, rho', lambda at every --log-interval, averaged over real "
+    "(non-padding) tokens: 'side' (the flag alone) = one value per encoder/decoder side "
+    "(keys like sas_alpha_enc), 'layer' = also per layer and sublayer (sas_alpha_enc0_self). "
+    "Costs one extra gate evaluation per sublayer in training. Needs --task resnmt_translation, "
+    "which attaches the hooks in training only (default: off)")
 
 
 def log_key(statistic: str, site: Site, per_layer: bool) -> str:

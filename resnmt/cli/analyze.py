@@ -30,8 +30,25 @@ from typing import Dict, List, Optional
 
 from resnmt.analysis.hooks import CONNECTION_STATISTICS, STATISTICS
 from resnmt.cli.common import OneLineErrorParser
+from resnmt.options import Option, add_to_command
 
 PROG = "resnmt-analyze"
+
+
+OPTIONS = (
+    Option("checkpoint", kind="path", positional=True, help="a fairseq checkpoint of a resnmt_transformer model"),
+    Option("data", kind="path", help="binarized data directory (default: the path stored in the checkpoint)"),
+    Option("split", "test", "split to run on: train, valid, test, ... (default: %(default)s)"),
+    Option("num_sentences", 500, "analyse the first N sentences of the split (default: %(default)s; fewer if the "
+           "split is smaller)", kind="int", minimum=1, metavar="N"),
+    Option("batch_size", 32, "sentences per batch (default: %(default)s)", kind="int", minimum=1, metavar="B"),
+    Option("out", Path("analysis"), "output directory (default: ./analysis)", kind="path"),
+    Option("label_smoothing", None, "epsilon of the loss whose gradient is measured (default: the checkpoint's "
+           "--label-smoothing if it trained with label_smoothed_cross_entropy, else 0 = plain NLL)",
+           kind="number", metavar="EPS"),
+    Option("cpu", False, "run on the CPU even if a GPU is available", kind="switch"),
+    Option("no_progress_bar", False, "no tqdm progress bar", kind="switch"),
+)
 
 
 class AnalyzeError(Exception):
@@ -46,18 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         "NReLU/NSwish gains, gradient norm of each block output), "
         "teacher-forced on a binarized split; writes OUT/analysis.json and one PNG per statistic.",
     )
-    p.add_argument("checkpoint", type=Path, help="a fairseq checkpoint of a resnmt_transformer model")
-    p.add_argument("--data", type=Path, help="binarized data directory (default: the path stored in the checkpoint)")
-    p.add_argument("--split", default="test", help="split to run on: train, valid, test, ... (default: test)")
-    p.add_argument("--num-sentences", type=int, default=500, metavar="N",
-                   help="analyse the first N sentences of the split (default: 500; fewer if the split is smaller)")
-    p.add_argument("--batch-size", type=int, default=32, metavar="B", help="sentences per batch (default: 32)")
-    p.add_argument("--out", type=Path, default=Path("analysis"), help="output directory (default: ./analysis)")
-    p.add_argument("--label-smoothing", type=float, metavar="EPS",
-                   help="epsilon of the loss whose gradient is measured (default: the checkpoint's "
-                   "--label-smoothing if it trained with label_smoothed_cross_entropy, else 0 = plain NLL)")
-    p.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
-    p.add_argument("--no-progress-bar", action="store_true", help="no tqdm progress bar")
+    add_to_command(p, OPTIONS)
     return p
 
 
@@ -68,10 +74,6 @@ def check_paths(args) -> None:
         raise AnalyzeError(f"checkpoint {args.checkpoint} {what}")
     if args.data is not None and not args.data.is_dir():
         raise AnalyzeError(f"--data {args.data}: no such directory (give fairseq-preprocess's --destdir)")
-    if args.num_sentences < 1:
-        raise AnalyzeError(f"--num-sentences must be >= 1, got {args.num_sentences}")
-    if args.batch_size < 1:
-        raise AnalyzeError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.label_smoothing is not None and not 0.0 <= args.label_smoothing < 1.0:
         raise AnalyzeError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
     if args.out.exists() and not args.out.is_dir():

@@ -15,6 +15,9 @@ from fairseq.tasks.translation import TranslationTask
 import resnmt  # noqa: F401
 from resnmt.connections import CONNECTION_CLASSES
 from resnmt.models.architectures import ARCHS
+from resnmt.options import Option, add_to_command
+
+VOCAB = Option("vocab", 32000, "joined dictionary size (default: %(default)s)", kind="int", minimum=1)
 
 
 def dictionary(size: int) -> Dictionary:
@@ -39,7 +42,7 @@ def count(model, exclude_embeddings=False) -> int:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--vocab", type=int, default=32000, help="joined dictionary size (default: 32000)")
+    add_to_command(parser, (VOCAB,))
     args = parser.parse_args(argv)
     vocab = dictionary(args.vocab)
     print(f"| arch | connection | parameters (vocab {args.vocab:,}, shared embeddings) | without embeddings |")

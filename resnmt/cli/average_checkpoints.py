@@ -26,10 +26,31 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from resnmt.cli.common import OneLineErrorParser
+from resnmt.options import Option, add_to_command
 from resnmt.checkpoints.averaging import (AverageError, average_checkpoints, checkpoint_updates, describe, save_atomic,
                                        select_checkpoints)
 
 PROG = "resnmt-average"
+
+INPUTS = Option("inputs", nargs="+", required=True, metavar="PATH", help=(
+    "checkpoint files, in order oldest to newest (the last one is the 'newest'), or, "
+    "with --num-epoch-checkpoints/--num-update-checkpoints, one directory of fairseq checkpoints"))
+OUTPUT = Option("output", required=True, metavar="FILE", help=(
+    "where to write the averaged checkpoint (written atomically; parent directories are created)"))
+SELECTIONS = (  # one or the other
+    Option("num_epoch_checkpoints", kind="int", metavar="N", help=(
+        "average the N highest-numbered checkpointE.pt files in the directory (all there are when fewer, "
+        "as resnmt-experiment does, with a note naming how many)")),
+    Option("num_update_checkpoints", kind="int", metavar="N", help=(
+        "average the N highest-numbered checkpoint_E_U.pt files in the directory (ordered by the update "
+        "number U; needs --save-interval-updates in training; all there are when fewer, with a note)")),
+)
+INCLUDE_LAST = Option("include_last", False, kind="switch", help=(
+    "with --num-epoch-checkpoints/--num-update-checkpoints: count checkpoint_last.pt as the newest when it "
+    "was saved after the newest numbered one (a run stopped by --max-update mid-epoch saves its last update "
+    "there only); without it, a note says when it was left out"))
+UPPER_BOUND = Option("checkpoint_upper_bound", kind="int", metavar="K", help=(
+    "with --num-epoch-checkpoints: ignore epochs > K; with --num-update-checkpoints: ignore updates > K"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,29 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--inputs", nargs="+", required=True, metavar="PATH",
-        help="checkpoint files, in order oldest to newest (the last one is the 'newest'), or, "
-        "with --num-epoch-checkpoints/--num-update-checkpoints, one directory of fairseq checkpoints",
-    )
-    p.add_argument("--output", required=True, metavar="FILE",
-                   help="where to write the averaged checkpoint (written atomically; parent "
-                   "directories are created)")
-    sel = p.add_mutually_exclusive_group()
-    sel.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
-                     help="average the N highest-numbered checkpointE.pt files in the directory (all "
-                     "there are when fewer, as resnmt-experiment does, with a note naming how many)")
-    sel.add_argument("--num-update-checkpoints", type=int, metavar="N",
-                     help="average the N highest-numbered checkpoint_E_U.pt files in the directory "
-                     "(ordered by the update number U; needs --save-interval-updates in training; all there "
-                     "are when fewer, with a note)")
-    p.add_argument("--include-last", action="store_true",
-                   help="with --num-epoch-checkpoints/--num-update-checkpoints: count checkpoint_last.pt as "
-                   "the newest when it was saved after the newest numbered one (a run stopped by --max-update "
-                   "mid-epoch saves its last update there only); without it, a note says when it was left out")
-    p.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
-                   help="with --num-epoch-checkpoints: ignore epochs > K; with "
-                   "--num-update-checkpoints: ignore updates > K")
+    add_to_command(p, (INPUTS, OUTPUT))
+    add_to_command(p.add_mutually_exclusive_group(), SELECTIONS)
+    add_to_command(p, (INCLUDE_LAST, UPPER_BOUND))
     return p
 
 

@@ -53,12 +53,12 @@ def logger(name: str) -> Callable[[str], None]:
 class PipelineParser(argparse.ArgumentParser):
     """The pipeline commands' parser: a usage error is one ``[NAME] error:`` line naming the
     option (exit status 2), beside their ``[NAME]`` progress lines; help is ``text``, the
-    command's own. (The single-step tools' is ``OneLineErrorParser``: ``PROG: error:``.)"""
+    command's own (``-h``/``--help`` prints it and exits). (The single-step tools' is
+    ``OneLineErrorParser``: ``PROG: error:``.)"""
 
     def __init__(self, prog: str, usage: str, text: str):
-        super().__init__(prog=prog, usage=usage, add_help=False, allow_abbrev=False)
+        super().__init__(prog=prog, usage=usage, allow_abbrev=False)
         self.text = text
-        self.add_argument("-h", "--help", action="store_true")
 
     def format_help(self) -> str:
         return f"Usage: {self.usage}\n\n{self.text}"
@@ -91,9 +91,6 @@ def split_extra(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
 def parse(parser: PipelineParser, argv: Sequence[str]):
     own, extra = split_extra(argv)
     args = parser.parse_args(own)
-    if args.help:
-        print(parser.format_help(), end="")
-        sys.exit(0)
     args.extra = extra
     return args
 

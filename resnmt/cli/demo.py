@@ -18,13 +18,34 @@ from typing import Optional, Sequence
 from resnmt.atomic import atomic_write_text
 from resnmt.cli.common import PipelineParser, logger, parse, report_warnings, run_guarded
 from resnmt.experiment import presets, steps
-from resnmt.experiment.command_options import check_choice
+from resnmt.experiment.command_options import converted, options_help
 from resnmt.experiment.errors import ExperimentError, UsageError
 from resnmt.experiment.pipeline import Experiment, ExperimentRequest
 from resnmt.experiment.runtime import tool_env, which
+from resnmt.options import Option, add_to_command
 from resnmt.progress import format_seconds
 
-DEMO_HELP = """\
+TINY_UPDATES = 40  # per model, with --budget tiny
+DEFAULT_EPOCHS = 6  # per model, without --max-epoch or --max-update
+DEFAULT_ARCHS = "transformer_postln_base transformer_rskip_base"
+SIBLING_MIRROR = Path("../shared/data/multi30k")  # the published files on this project's machines
+# the demo's options, as text: --budget checked here, the others by the requests they go to
+DEMO_OPTIONS = (
+    Option("budget", "full", f"full (default) or tiny: {TINY_UPDATES} updates per model, decoding capped at "
+           "1.2 x source length + 10 tokens; for smoke tests", kind="choice", choices=("full", "tiny"),
+           metavar="B", env="DEMO_BUDGET"),
+    Option("max_epoch", None, f"epochs per model (default {DEFAULT_EPOCHS})", metavar="N", env="DEMO_MAX_EPOCH"),
+    Option("max_update", None, "stop each model after N updates instead", metavar="N", env="DEMO_MAX_UPDATE"),
+    Option("average", 2, "epoch checkpoints to average", metavar="N", env="DEMO_AVERAGE"),
+    Option("archs", DEFAULT_ARCHS, f'the models (default "{DEFAULT_ARCHS}")', metavar='"A B"'),
+    Option("out", "runs/demo", "runs, results.jsonl and table.md", metavar="DIR", env="DEMO_OUT"),
+    Option("data_root", "data/multi30k", "prepared Multi30k", metavar="DIR", env="DEMO_DATA"),
+    Option("mirror", None, f"the published Multi30k files (default: {SIBLING_MIRROR} when it exists, else they "
+           "are downloaded)", metavar="DIR", env="DEMO_MIRROR"),
+)
+BUDGET = DEMO_OPTIONS[0]
+
+DEMO_HELP = f"""\
 Prepares Multi30k EN-DE (from a local mirror when one is found, else the network),
 trains two small Transformers (2+2 layers, d=128, FFN 512: the train.sh 'small'
 preset), post-LN and 2rSkip+LN (lambda = 2), averages the last epoch checkpoints of
@@ -35,16 +56,7 @@ Re-running reuses the prepared data and every finished step (the pipeline of
 resnmt-experiment).
 
 Options (environment variables in brackets):
-  --budget B        full (default) or tiny: 40 updates per model, decoding capped
-                    at 1.2 x source length + 10 tokens; for smoke tests [DEMO_BUDGET]
-  --max-epoch N     epochs per model (default 6) [DEMO_MAX_EPOCH]
-  --max-update N    stop each model after N updates instead [DEMO_MAX_UPDATE]
-  --average N       epoch checkpoints to average (default 2) [DEMO_AVERAGE]
-  --archs "A B"     the models (default "transformer_postln_base transformer_rskip_base")
-  --out DIR         runs, results.jsonl and table.md (default runs/demo) [DEMO_OUT]
-  --data-root DIR   prepared Multi30k (default data/multi30k) [DEMO_DATA]
-  --mirror DIR      the published Multi30k files (default: ../shared/data/multi30k when it
-                    exists, else they are downloaded) [DEMO_MIRROR]
+{options_help(DEMO_OPTIONS, indent=20, width=90)}
   -h, --help        this help
 """
 
@@ -62,21 +74,13 @@ BLEU (35.0). At the papers' base size (6+6, d=512, on a GPU) post-LN diverges un
 same schedule while rSkip+LN and pre-LN peak at 38.3 and 38.2 (1800 updates); with 1000
 warm-up updates post-LN trains but stays 14 BLEU behind (24.1 at 3600; one seed each).
 This demo shows the pipeline at a size a CPU trains in minutes, not a paper's win. Curves:
-docs/figures/curves-bleu.png; longer and deeper runs: benchmarks/curves.py."""
+docs/figures/curves-bleu.png; longer and deeper runs: resnmt-study curves."""
 
 
 
 def demo_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/demo.sh") -> int:
-    env = os.environ.get
     p = PipelineParser(prog, f"{prog} [options]     (make demo runs it with the venv on PATH)", DEMO_HELP)
-    p.add_argument("--budget", default=env("DEMO_BUDGET", "full"))
-    p.add_argument("--max-epoch", default=env("DEMO_MAX_EPOCH") or None)
-    p.add_argument("--max-update", default=env("DEMO_MAX_UPDATE") or None)
-    p.add_argument("--average", default=env("DEMO_AVERAGE", "2"))
-    p.add_argument("--archs", default="transformer_postln_base transformer_rskip_base")
-    p.add_argument("--out", default=env("DEMO_OUT", "runs/demo"))
-    p.add_argument("--data-root", default=env("DEMO_DATA", "data/multi30k"))
-    p.add_argument("--mirror", default=env("DEMO_MIRROR") or None)
+    add_to_command(p, DEMO_OPTIONS, checked=False)
     args = parse(p, sys.argv[1:] if argv is None else argv)
     if args.extra:
         p.error("unknown argument '--'")
@@ -85,20 +89,18 @@ def demo_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/demo.sh
 
 
 def demo(args, log) -> int:
-    check_choice("--budget", args.budget, ("full", "tiny"))
+    converted(BUDGET, args.budget)
     archs = args.archs.split()
     if not archs:
         raise UsageError("--archs is empty")
-    # the published files on this project's machines (a sibling checkout's shared/data)
-    sibling_mirror = Path("../shared/data/multi30k")
-    mirror = args.mirror or (sibling_mirror if sibling_mirror.is_dir() else None)
+    mirror = args.mirror or (SIBLING_MIRROR if SIBLING_MIRROR.is_dir() else None)
     gen_args = ""
     if args.budget == "tiny":
         if args.max_update is None and args.max_epoch is None:
-            args.max_update = 40
+            args.max_update = TINY_UPDATES
         gen_args = "--max-len-a 1.2 --max-len-b 10"
     if args.max_epoch is None and args.max_update is None:
-        args.max_epoch = 6
+        args.max_epoch = DEFAULT_EPOCHS
     gpus = min(presets.count_gpus(), 1)  # a model this small gains nothing from more
     cores = os.cpu_count() or 1
     # On the CPU the models train side by side, each with its share of the cores: a model

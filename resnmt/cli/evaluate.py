@@ -41,10 +41,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from resnmt.cli.common import OneLineErrorParser
-from resnmt.decoding.scoring import (PROG, EvaluateError, is_generate_output,  # noqa: F401
-                                     parse_generate_output, read_lines, score_files, split_compounds, strict_failure,
-                                     summary, unescape_moses)
+from resnmt.decoding.scoring import PROG, EvaluateError, score_files, strict_failure, summary
 from resnmt.experiment.results import append_jsonl
+from resnmt.options import Option, add_to_command
 
 # ---------------------------------------------------------------- CLI
 
@@ -68,57 +67,55 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_input_options(p)
-    add_scoring_options(p)
+    add_to_command(p, (*INPUT_OPTIONS, *scoring_options()))
     return p
 
 
-def add_input_options(p: argparse.ArgumentParser) -> None:
-    """What is scored: the hypotheses, how to read them, and the reference."""
-    p.add_argument("--hyp", required=True, metavar="FILE",
-                   help="fairseq-generate output (D-/H- lines) or plain hypotheses, one per line")
-    p.add_argument("--ref", required=True, metavar="FILE",
-                   help="reference translations, one per line, as published (untokenized, or "
-                   "pre-tokenized like IWSLT'15 EN-VI)")
-    p.add_argument("--input-format", choices=("auto", "generate", "plain"), default="auto",
-                   help="how to read --hyp; auto: fairseq-generate output if any line starts with "
-                   "'H-<id><TAB>' or 'D-<id><TAB>', else plain (default: %(default)s)")
-    p.add_argument("--generate-field", choices=("D", "H"), default="D",
-                   help="which fairseq-generate lines hold the hypotheses: D (after the model's "
-                   "--tokenizer/--bpe decoding) or H (after --post-process only) (default: %(default)s)")
+# what is scored: the hypotheses, how to read them, and the reference
+INPUT_OPTIONS = (
+    Option("hyp", required=True, metavar="FILE",
+           help="fairseq-generate output (D-/H- lines) or plain hypotheses, one per line"),
+    Option("ref", required=True, metavar="FILE", help="reference translations, one per line, as published "
+           "(untokenized, or pre-tokenized like IWSLT'15 EN-VI)"),
+    Option("input_format", "auto", "how to read --hyp; auto: fairseq-generate output if any line starts with "
+           "'H-<id><TAB>' or 'D-<id><TAB>', else plain (default: %(default)s)",
+           kind="choice", choices=("auto", "generate", "plain")),
+    Option("generate_field", "D", "which fairseq-generate lines hold the hypotheses: D (after the model's "
+           "--tokenizer/--bpe decoding) or H (after --post-process only) (default: %(default)s)",
+           kind="choice", choices=("D", "H")),
+)
 
 
-def add_scoring_options(p: argparse.ArgumentParser) -> None:
-    """How the texts are post-processed and scored, and where the result goes."""
+def scoring_options():
+    """How the texts are post-processed and scored, and where the result goes (sacreBLEU's
+    tokenizers, imported here: not before the command line is read)."""
     from sacrebleu.metrics import BLEU
 
-    p.add_argument("--remove-bpe", choices=("none", "subword_nmt", "sentencepiece"), default="none",
-                   help="undo subword segmentation: subword_nmt removes '@@ ', sentencepiece joins "
-                   "pieces and turns '\u2581' into spaces; none if fairseq-generate already did "
-                   "(--post-process); a warning names the fix when '\u2581' or '@@ ' is left "
-                   "(default: %(default)s)")
-    p.add_argument("--detok", choices=("none", "moses"), default="none",
-                   help="detokenize the hypotheses with sacremoses (needs --lang); none if they are "
-                   "already detokenized or the references are tokenized too (default: %(default)s)")
-    p.add_argument("--lang", metavar="LANG",
-                   help="target language code for --detok moses and --compound-split (e.g. de, vi)")
-    p.add_argument("--unescape", choices=("moses", "none"), default="moses",
-                   help="turn Moses escapes (&apos; &quot; &amp; &lt; &gt; &#91; &#93; &#124;) back "
-                   "into characters in hypotheses AND references before scoring (default: %(default)s)")
-    p.add_argument("--lowercase", action="store_true",
-                   help="case-insensitive BLEU (all scores); the papers report cased BLEU")
-    p.add_argument("--sacrebleu-tokenize", choices=sorted(BLEU.TOKENIZERS), default="13a",
-                   help="sacreBLEU tokenizer of the main score (default: %(default)s)")
-    p.add_argument("--compound-split", action="store_true",
-                   help="also report tokenized BLEU with compound splitting (WMT'14 EN-DE "
-                   "convention; needs --lang)")
-    p.add_argument("--json-out", metavar="FILE",
-                   help="append the result as one JSON line to FILE")
-    p.add_argument("--quiet", action="store_true", help="print only the sacreBLEU score")
-    p.add_argument("--strict", action="store_true",
-                   help="exit status 1 when the score is flagged as meaningless (the warnings printed "
-                   "after it: subword pieces left, a length ratio outside 0.5-2, most hypotheses the same), "
-                   "for scripts; the result is printed and appended all the same")
+    return (
+        Option("remove_bpe", "none", "undo subword segmentation: subword_nmt removes '@@ ', sentencepiece joins "
+               "pieces and turns '\u2581' into spaces; none if fairseq-generate already did (--post-process); a "
+               "warning names the fix when '\u2581' or '@@ ' is left (default: %(default)s)",
+               kind="choice", choices=("none", "subword_nmt", "sentencepiece")),
+        Option("detok", "none", "detokenize the hypotheses with sacremoses (needs --lang); none if they are "
+               "already detokenized or the references are tokenized too (default: %(default)s)",
+               kind="choice", choices=("none", "moses")),
+        Option("lang", metavar="LANG",
+               help="target language code for --detok moses and --compound-split (e.g. de, vi)"),
+        Option("unescape", "moses", "turn Moses escapes (&apos; &quot; &amp; &lt; &gt; &#91; &#93; &#124;) back "
+               "into characters in hypotheses AND references before scoring (default: %(default)s)",
+               kind="choice", choices=("moses", "none")),
+        Option("lowercase", False, "case-insensitive BLEU (all scores); the papers report cased BLEU",
+               kind="switch"),
+        Option("sacrebleu_tokenize", "13a", "sacreBLEU tokenizer of the main score (default: %(default)s)",
+               kind="choice", choices=sorted(BLEU.TOKENIZERS)),
+        Option("compound_split", False, "also report tokenized BLEU with compound splitting (WMT'14 EN-DE "
+               "convention; needs --lang)", kind="switch"),
+        Option("json_out", metavar="FILE", help="append the result as one JSON line to FILE"),
+        Option("quiet", False, "print only the sacreBLEU score", kind="switch"),
+        Option("strict", False, "exit status 1 when the score is flagged as meaningless (the warnings printed "
+               "after it: subword pieces left, a length ratio outside 0.5-2, most hypotheses the same), for "
+               "scripts; the result is printed and appended all the same", kind="switch"),
+    )
 
 
 def evaluate(args) -> dict:

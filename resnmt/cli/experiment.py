@@ -22,13 +22,26 @@ from typing import Optional, Sequence, Tuple
 from resnmt.cli.common import PipelineParser, command_name, logger, parse, report_warnings, run_guarded
 from resnmt.data.corpora import DATASETS
 from resnmt.experiment import presets, steps
-from resnmt.experiment.command_options import add_options, given, options_help
+from resnmt.experiment.command_options import add_options, declared, given, options_help
 from resnmt.experiment.errors import ExperimentError, UsageError
 from resnmt.experiment.pipeline import EXPERIMENT_OPTIONS, Experiment, ExperimentRequest
+from resnmt.options import Option, add_to_command
 from resnmt.progress import format_seconds
 
 TRAIN_OPTIONS = ("data", "save_dir", *presets.SHARED_TRAIN_OPTIONS, *presets.TRAIN_ONLY_OPTIONS[2:])
 RUN_OPTIONS = ("save_dir", *presets.SHARED_TRAIN_OPTIONS)
+# each command's own switches, beside the requests' options, and the operands DATASET ARCH
+TRAIN_SWITCHES = (
+    Option("dry_run", False, "print the command and exit (nothing is checked on disk beyond the options, "
+           "nothing is written)", kind="switch"),
+    Option("verbose", False, "print fairseq's configuration and model dumps too (SAVE_DIR/train.log keeps "
+           "them either way)", kind="switch"),
+)
+EXPERIMENT_SWITCHES = (
+    Option("dry_run", False, "check the options, print what each step would run, and exit (nothing is run or "
+           "written)", kind="switch"),
+)
+OPERANDS = Option("positional", nargs="*", positional=True, help="DATASET ARCH")
 
 DATASET_HELP = f"""\
 DATASET   {textwrap.fill(', '.join(f"{d.name} ({d.src}->{d.tgt})" for d in DATASETS.values()) + ':', 78,
@@ -48,11 +61,8 @@ command resumes from SAVE_DIR/checkpoint_last.pt (fairseq's default restore file
 {DATASET_HELP}
 
 Options:
-{options_help(presets.TrainRequest, TRAIN_OPTIONS)}
-  --dry-run             print the command and exit (nothing is checked on disk
-                        beyond the options, nothing is written)
-  --verbose             print fairseq's configuration and model dumps too
-                        (SAVE_DIR/train.log keeps them either way)
+{options_help(declared(presets.TrainRequest, TRAIN_OPTIONS))}
+{options_help(TRAIN_SWITCHES)}
   -h, --help            this help
 
 Flags after -- go to fairseq-train after the preset's, so they override them
@@ -99,10 +109,9 @@ Your own corpus:
   resnmt-experiment data/my-corpus transformer_rskip_base
 
 Options:
-{options_help(ExperimentRequest, EXPERIMENT_OPTIONS)}
-{options_help(presets.TrainRequest, RUN_OPTIONS)}
-  --dry-run             check the options, print what each step would run, and exit
-                        (nothing is run or written)
+{options_help(declared(ExperimentRequest, EXPERIMENT_OPTIONS))}
+{options_help(declared(presets.TrainRequest, RUN_OPTIONS))}
+{options_help(EXPERIMENT_SWITCHES)}
   -h, --help            this help
 
 Flags after -- go to fairseq-train after the preset's (see Presets), e.g.
@@ -142,9 +151,7 @@ def train_request(args, names: Sequence[str]) -> presets.TrainRequest:
 def train_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/train.sh") -> int:
     p = PipelineParser(prog, f"{prog} [options] DATASET ARCH [-- FAIRSEQ-TRAIN FLAGS...]", TRAIN_HELP)
     add_options(p, presets.TrainRequest, TRAIN_OPTIONS)
-    p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--verbose", action="store_true")
-    p.add_argument("positional", nargs="*")
+    add_to_command(p, (*TRAIN_SWITCHES, OPERANDS))
     args = parse(p, sys.argv[1:] if argv is None else argv)
     log = logger("train")
 
@@ -167,8 +174,7 @@ def experiment_parser(prog: str) -> PipelineParser:
     p = PipelineParser(prog, f"{prog} [options] DATASET ARCH [-- FAIRSEQ-TRAIN FLAGS...]", EXPERIMENT_HELP)
     add_options(p, ExperimentRequest, EXPERIMENT_OPTIONS)
     add_options(p, presets.TrainRequest, RUN_OPTIONS)
-    p.add_argument("--dry-run", action="store_true")
-    p.add_argument("positional", nargs="*")
+    add_to_command(p, (*EXPERIMENT_SWITCHES, OPERANDS))
     return p
 
 

@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 from resnmt.connections import BUILTIN_KINDS, CONNECTION_CLASSES
+from resnmt.options import Option, add_to_command
+
+WRITE = Option("write", False, "rewrite the committed tables (README, docs, docstring)", kind="switch")
 
 BUILTIN = {kind: CONNECTION_CLASSES[kind] for kind in BUILTIN_KINDS}  # the user's kinds are in no table
 
@@ -90,7 +93,7 @@ def write(root: Path = REPO_ROOT) -> List[str]:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", help="rewrite the committed tables (README, docs, docstring)")
+    add_to_command(parser, (WRITE,))
     args = parser.parse_args(argv)
     if args.write:
         for path in write():

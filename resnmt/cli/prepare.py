@@ -13,9 +13,10 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import List, Optional, Tuple
 
 from resnmt.data.corpora import CUSTOM, DATASETS, LANG_HELP, LANG_RE, Dataset, custom
-from resnmt.options import Option
+from resnmt.options import Option, add_to_command
 
 PROG = "resnmt-prepare"
 COMMANDS = (*DATASETS, CUSTOM)
@@ -60,25 +61,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         super().add_usage(usage, actions, groups, "Usage: " if prefix is None else prefix)
 
 
-def argparse_type(option: Option):
-    """An argparse ``type`` checking a value as ``option`` declares (the checks and words of
-    every option, resnmt.options); argparse names the flag in the error."""
-    def parse(text: str):
-        try:
-            return option.check(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return parse
-
-
-def int_at_least(minimum: int):
-    return argparse_type(Option(kind="int", minimum=minimum))
-
-
-def one_of(*allowed: str):
-    return argparse_type(Option(kind="choice", choices=allowed))
-
-
 def ratio(text: str) -> str:
     """Kept as typed: it is recorded in the OUTDIR's option stamp."""
     try:
@@ -86,21 +68,21 @@ def ratio(text: str) -> str:
     except ValueError:
         ok = False
     if not ok:
-        raise argparse.ArgumentTypeError(f"'{text}' is not allowed: expected a number >= 1, or 0 for no ratio test")
+        raise ValueError(f"'{text}' is not allowed: expected a number >= 1, or 0 for no ratio test")
     return text
 
 
 def directory(text: str) -> str:
     if not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text}: no such directory")
+        raise ValueError(f"{text}: no such directory")
     if not os.access(text, os.R_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text}: directory not readable")
+        raise ValueError(f"{text}: directory not readable")
     return os.path.abspath(text)
 
 
 def readable_file(text: str) -> str:
     if not (os.path.isfile(text) and os.access(text, os.R_OK)):
-        raise argparse.ArgumentTypeError(f"{text}: no such readable file")
+        raise ValueError(f"{text}: no such readable file")
     return text
 
 
@@ -108,68 +90,103 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def build_parser(ds: Dataset) -> argparse.ArgumentParser:
-    own = ds.name == CUSTOM
-    usage = ("%(prog)s --train PREFIX --valid PREFIX --test PREFIX --source-lang S --target-lang T [options] OUTDIR"
-             if own else "%(prog)s [options] [--mirror DIR] OUTDIR")
-    p = argparse.ArgumentParser(
-        prog=f"{PROG} {ds.name}", usage=usage,
-        description=ds.summary, epilog=f"{COMMON_EPILOG}\n\n{ds.files_help}", formatter_class=HelpFormatter,
-        allow_abbrev=False, exit_on_error=False)
+KEEP_WORK = Option("keep_work", False, "keep OUTDIR/work (intermediate files) after success", kind="switch")
+
+
+def outdir_option(ds: Dataset) -> Option:
+    """OUTDIR, and what the run writes there."""
     model = "OUTDIR/spm/spm.model" if ds.subword_methods == ("sentencepiece",) else \
         "OUTDIR/bpe/bpe.codes (subword-nmt) or OUTDIR/spm/spm.model (sentencepiece)"
-    p.add_argument("outdir", nargs="?", metavar="OUTDIR", help=(
+    return Option("outdir", nargs="?", metavar="OUTDIR", positional=True, help=(
         f"output directory: OUTDIR/bin/ fairseq data (train/valid/test, {ds.src}-{ds.tgt}, "
         f"dict.{{{ds.src},{ds.tgt}}}.txt); {model}, the subword model; OUTDIR/raw/test.{{{ds.src},{ds.tgt}}}: "
         f"{ds.test_help}; OUTDIR/text/: the segmented text given to fairseq-preprocess; "
         "OUTDIR/prepared.json: the manifest (languages, subword model)"))
 
-    if own:
-        g = p.add_argument_group("your corpus (each PREFIX names the files PREFIX.S and PREFIX.T)")
-        for split, what in (("train", "training"), ("valid", "validation (fairseq-train's valid)"),
-                            ("test", "test (decoded and scored)")):
-            g.add_argument(f"--{split}", metavar="PREFIX", help=f"the {what} text: PREFIX.S, PREFIX.T")
-        g.add_argument("--source-lang", metavar="S", help=f"source language: {LANG_HELP}")
-        g.add_argument("--target-lang", metavar="T", help="target language, like S")
 
-    g = p.add_argument_group("subwords and cleaning")
+def corpus_options() -> Tuple[Option, ...]:
+    """resnmt-prepare custom's corpus: the files of each split and the two languages."""
+    splits = (("train", "training"), ("valid", "validation (fairseq-train's valid)"),
+              ("test", "test (decoded and scored)"))
+    return (*(Option(split, metavar="PREFIX", help=f"the {what} text: PREFIX.S, PREFIX.T") for split, what in splits),
+            Option("source_lang", metavar="S", help=f"source language: {LANG_HELP}"),
+            Option("target_lang", metavar="T", help="target language, like S"))
+
+
+def subword_options(ds: Dataset) -> Tuple[Option, ...]:
+    """The subword model and the cleaning of the training pairs, as far as the dataset has them."""
+    options = []
     if len(ds.subword_methods) > 1:
-        g.add_argument("--bpe", metavar="METHOD", type=one_of(*ds.subword_methods), default=ds.subword_methods[0],
-                       help=f"subword method: {' or '.join(ds.subword_methods)} (default: %(default)s)")
-    g.add_argument("--bpe-size", metavar="N", type=int_at_least(ds.subword_min_size), default=ds.subword_size,
-                   help=f"{ds.subword_size_help} (default: %(default)s)")
-    g.add_argument("--spm-type", metavar="T", type=one_of("unigram", "bpe"), default="unigram",
-                   help="sentencepiece model type: unigram or bpe (default: %(default)s)")
+        options.append(Option("bpe", ds.subword_methods[0], f"subword method: {' or '.join(ds.subword_methods)} "
+                              "(default: %(default)s)", kind="choice", choices=ds.subword_methods, metavar="METHOD"))
+    options += [Option("bpe_size", ds.subword_size, f"{ds.subword_size_help} (default: %(default)s)", kind="int",
+                       minimum=ds.subword_min_size, metavar="N"),
+                Option("spm_type", "unigram", "sentencepiece model type: unigram or bpe (default: %(default)s)",
+                       kind="choice", choices=("unigram", "bpe"), metavar="T")]
     if ds.max_len is not None:
-        g.add_argument("--max-len", metavar="N", type=int_at_least(1), default=ds.max_len,
-                       help="drop training pairs longer than N subwords (default: %(default)s)")
+        options.append(Option("max_len", ds.max_len, "drop training pairs longer than N subwords "
+                              "(default: %(default)s)", kind="int", minimum=1, metavar="N"))
     if ds.ratio is not None:
-        g.add_argument("--ratio", metavar="R", type=ratio, default=ds.ratio,
-                       help="drop training pairs whose length ratio exceeds R (default: %(default)s; 0: no ratio test)")
+        options.append(Option("ratio", ds.ratio, "drop training pairs whose length ratio exceeds R "
+                              "(default: %(default)s; 0: no ratio test)", parse=ratio, metavar="R"))
     if ds.max_train_lines:
-        g.add_argument("--max-train-lines", metavar="N", type=int_at_least(0), default=0,
-                       help="use only the first N lines of each training corpus (0: all; smoke tests)")
+        options.append(Option("max_train_lines", 0, "use only the first N lines of each training corpus "
+                              "(0: all; smoke tests)", kind="int", minimum=0, metavar="N"))
+    return tuple(options)
 
-    g = p.add_argument_group("files, resources and resuming")
-    if own:
-        g.add_argument("--workers", metavar="N", type=int_at_least(1), default=default_workers(),
-                       help="parallel processes for sentencepiece and fairseq-preprocess "
-                            "(default: all cores, here %(default)s)")
-        g.add_argument("--keep-work", action="store_true", help="keep OUTDIR/work (intermediate files) after success")
-        p.set_defaults(mirror=None, mirror_url=None, checksums=None)  # your files are read where they are
-        return p
-    g.add_argument("--mirror", metavar="DIR", type=directory,
-                   help="read the published files (same names as published) from DIR instead of "
-                        "downloading them (clusters without internet, tests)")
-    g.add_argument("--mirror-url", metavar="URL", help="download each file from URL/NAME instead of its published URL")
-    g.add_argument("--checksums", metavar="FILE", type=readable_file,
-                   help='sha256 of published files, sha256sum format ("HASH  NAME"); overrides the hashes '
-                        "pinned in resnmt.data.corpora. After a run, OUTDIR/orig/SHA256SUMS lists the hashes of the files it used")
-    g.add_argument("--workers", metavar="N", type=int_at_least(1), default=default_workers(),
-                   help="parallel processes for tokenization, subword segmentation and fairseq-preprocess "
-                        "(default: all cores, here %(default)s)")
-    g.add_argument("--keep-work", action="store_true", help="keep OUTDIR/work (intermediate files) after success")
+
+def resource_options(ds: Dataset) -> Tuple[Option, ...]:
+    """Where the published files come from (a built-in corpus), the workers, the work files."""
+    if ds.name == CUSTOM:  # your files are read where they are
+        return (Option("workers", default_workers(), "parallel processes for sentencepiece and fairseq-preprocess "
+                       "(default: all cores, here %(default)s)", kind="int", minimum=1, metavar="N"), KEEP_WORK)
+    return (
+        Option("mirror", None, "read the published files (same names as published) from DIR instead of "
+               "downloading them (clusters without internet, tests)", parse=directory, metavar="DIR"),
+        Option("mirror_url", None, "download each file from URL/NAME instead of its published URL", metavar="URL"),
+        Option("checksums", None, 'sha256 of published files, sha256sum format ("HASH  NAME"); overrides the '
+               "hashes pinned in resnmt.data.corpora. After a run, OUTDIR/orig/SHA256SUMS lists the hashes of the "
+               "files it used", parse=readable_file, metavar="FILE"),
+        Option("workers", default_workers(), "parallel processes for tokenization, subword segmentation and "
+               "fairseq-preprocess (default: all cores, here %(default)s)", kind="int", minimum=1, metavar="N"),
+        KEEP_WORK)
+
+
+def option_groups(ds: Dataset) -> List[Tuple[Optional[str], Tuple[Option, ...]]]:
+    """Every option of ``resnmt-prepare DATASET``, by --help's group (None: the operand)."""
+    groups = [(None, (outdir_option(ds),))]
+    if ds.name == CUSTOM:
+        groups.append(("your corpus (each PREFIX names the files PREFIX.S and PREFIX.T)", corpus_options()))
+    return groups + [("subwords and cleaning", subword_options(ds)),
+                     ("files, resources and resuming", resource_options(ds))]
+
+
+def build_parser(ds: Dataset) -> argparse.ArgumentParser:
+    """The parser of ``resnmt-prepare DATASET``: each value kept as text, converted by
+    :func:`parse_args` (the words of every option, resnmt.options)."""
+    usage = ("%(prog)s --train PREFIX --valid PREFIX --test PREFIX --source-lang S --target-lang T [options] OUTDIR"
+             if ds.name == CUSTOM else "%(prog)s [options] [--mirror DIR] OUTDIR")
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} {ds.name}", usage=usage,
+        description=ds.summary, epilog=f"{COMMON_EPILOG}\n\n{ds.files_help}", formatter_class=HelpFormatter,
+        allow_abbrev=False, exit_on_error=False)
+    for title, options in option_groups(ds):
+        add_to_command(p if title is None else p.add_argument_group(title), options, checked=False)
+    if ds.name == CUSTOM:
+        p.set_defaults(mirror=None, mirror_url=None, checksums=None)
     return p
+
+
+def converted(ds: Dataset, args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with each option's text checked and converted as declared."""
+    for _, options in option_groups(ds):
+        for option in options:
+            value = getattr(args, option.dest)
+            try:
+                setattr(args, option.dest, value if value is None else option.convert(value))
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+    return args
 
 
 def parse_args(ds: Dataset, argv) -> argparse.Namespace:
@@ -178,6 +195,7 @@ def parse_args(ds: Dataset, argv) -> argparse.Namespace:
         args, extra = parser.parse_known_args(argv)
     except argparse.ArgumentError as e:
         raise UsageError(f"{e.argument_name} {e.message}" if e.argument_name else e.message) from None
+    converted(ds, args)
     for item in extra:
         if item.startswith("-"):
             raise UsageError(f"unknown option '{item.split('=')[0]}'")

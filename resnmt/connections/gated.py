@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from resnmt.connections.base import SublayerConnection
 from resnmt.connections.spec import ConnectionConfigError, ConnectionSpec, Statistic, register_connection
-from resnmt.fused import compiled, require_compile
+from resnmt.training.compile import compiled, require_compile
 from resnmt.options import Option
 
 SAS_GATE_FORMS = ("two_layer", "single_layer")
@@ -23,7 +23,7 @@ def sas_output(
     alpha, beta (and gamma with ``gamma_from_gate``) are their sigmoids, otherwise
     ``gamma = (1-alpha)(1-beta)`` (SAS paper eq. 3/4). The LayerNorm is fairseq's
     (``torch.nn.LayerNorm`` with ``norm_weight``, ``norm_bias``, ``eps``). Compiled as
-    ``fused_sas_output`` for ``--fused-connections`` (:mod:`resnmt.fused`)."""
+    ``fused_sas_output`` for ``--fused-connections`` (:mod:`resnmt.training.compile`)."""
     gates = torch.sigmoid(logits)
     alpha, beta = gates[..., 0:1], gates[..., 1:2]
     gamma = gates[..., 2:3] if gamma_from_gate else (1 - alpha) * (1 - beta)

@@ -112,7 +112,7 @@ class ConnectionSpec:
         side: "encoder" or "decoder" (DeepNorm's and Admin's constants depend on it).
         encoder_layers, decoder_layers: the stacks' depths N and M.
         export: fairseq's ``--export`` (use torch's LayerNorm).
-        fused: ``--fused-connections`` (SAS's combination compiled, :mod:`resnmt.fused`).
+        fused: ``--fused-connections`` (SAS's combination compiled, :mod:`resnmt.training.compile`).
         normalization: ``--normalization`` (:mod:`resnmt.connections.norms`): what every norm
             the connections, the stream and the stack own is (layer_norm, rms_norm or dyt).
         dyt_alpha_init: ``--dyt-alpha-init``, DyT's initial alpha.

@@ -18,12 +18,15 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from tqdm import tqdm
 
 from resnmt.atomic import atomic_write_text
 from resnmt.data.textproc import DataPrepError
+
+# each input's source, size, mtime and sha256 as the fetch step last verified it, in OUTDIR
+RECORD = ".stamps/inputs"
 
 
 def sha256_of(path: Path) -> str:
@@ -41,9 +44,10 @@ class Fetch:
     """orig/NAME for every file of ``ds``, from the sources ``args`` names (``mirror``,
     ``mirror_url``, ``checksums``), checked against the known hashes."""
 
-    def __init__(self, ds, args, orig: Path, log: Callable[[str], None], record: Path):
-        """``record``: the file recording each input as used (its source, size, mtime, sha256)."""
-        self.ds, self.args, self.orig, self.log, self.record = ds, args, orig, log, record
+    def __init__(self, ds, args, orig: Path, log: Callable[[str], None]):
+        """``orig``: OUTDIR/orig; OUTDIR/RECORD records each input as used (its source, size, mtime, sha256)."""
+        self.ds, self.args, self.orig, self.log = ds, args, orig, log
+        self.record = orig.parent / RECORD
         # NAME -> (sha256, where that hash comes from)
         self.sha256: Dict[str, Tuple[str, str]] = {
             f.name: (f.sha256, f"pinned in resnmt's table of {ds.name}, resnmt.data.corpora")
@@ -169,38 +173,52 @@ class Fetch:
         atomic_write_text(self.orig / "SHA256SUMS", "".join(f"{sha256[f.name]}  {f.name}\n" for f in self.ds.files))
         atomic_write_text(self.record, json.dumps(record, indent=1) + "\n")
 
-    def read_record(self) -> Dict[str, dict]:
-        try:
-            return json.loads(self.record.read_text())
-        except (OSError, ValueError):  # prepared before inputs were recorded: orig/SHA256SUMS has their sha256
-            sums = self.orig / "SHA256SUMS"
-            lines = sums.read_text().splitlines() if sums.is_file() else []
-            return {name: {"sha256": digest} for digest, _, name in (line.partition("  ") for line in lines)}
+    def changed(self) -> List[str]:
+        """One line per input of this run whose bytes differ from those the last fetch
+        recorded (``input_changes``)."""
+        return input_changes(self.orig.parent, {f.name: self.source(f) for f in self.ds.files}, self.log)
 
-    def changed(self) -> list:
-        """One line per input whose bytes differ from those the last fetch recorded (its sha256,
-        computed only where the size or mtime differ). An input with only a new mtime (the same
-        bytes) is recorded anew, with a line saying so."""
-        record, lines, touched = self.read_record(), [], []
-        for f in self.ds.files:
-            path, was = self.source(f), record.get(f.name)
-            try:
-                st = path.stat()
-            except OSError as e:
-                lines.append(f"input {path} ({f.name}) cannot be read any more: {e.strerror}")
-                continue
-            if was is None:
-                lines.append(f"input {path} ({f.name}) is not among the inputs the last run recorded")
-            elif (st.st_size, st.st_mtime_ns) != (was.get("size"), was.get("mtime_ns")):
-                if sha256_of(path) != was["sha256"]:
-                    size = f"size {was['size']} -> {st.st_size}, " if was.get("size", st.st_size) != st.st_size else ""
-                    lines.append(f"input {path} ({f.name}) changed since it was prepared ({size}other sha256)")
-                else:
-                    touched.append(f.name)
-        if touched and not lines:
-            for f in self.ds.files:
-                if f.name in touched and "mtime_ns" in record[f.name]:
-                    self.log(f"input {self.source(f)} ({f.name}): modified time changed, same bytes (sha256): "
-                             "nothing to redo")
-            self.write_record({name: entry["sha256"] for name, entry in record.items()})
-        return lines
+
+def read_record(outdir: Path) -> Dict[str, dict]:
+    """OUTDIR's record of its inputs (NAME -> source, size, mtime_ns, sha256) as the last fetch
+    step wrote it; {} when it recorded none."""
+    try:
+        return json.loads((Path(outdir) / RECORD).read_text())
+    except (OSError, ValueError):  # prepared before inputs were recorded: orig/SHA256SUMS has their sha256
+        sums = Path(outdir) / "orig" / "SHA256SUMS"
+        lines = sums.read_text().splitlines() if sums.is_file() else []
+        return {name: {"sha256": digest} for digest, _, name in (line.partition("  ") for line in lines)}
+
+
+def input_changes(outdir: Path, sources: Dict[str, Path], log: Callable[[str], None],
+                  record_anew: bool = True) -> List[str]:
+    """One line per input (NAME -> the file read for it now) whose bytes differ from those
+    OUTDIR's last fetch recorded: its sha256 is computed only where the size or mtime differ,
+    so nothing is read when nothing changed. Inputs with only a new mtime (the same bytes)
+    are, when no input changed, recorded anew (unless not ``record_anew``: a reader that
+    cannot write OUTDIR) with a line saying so."""
+    record, lines, touched = read_record(outdir), [], {}
+    for name, path in sources.items():
+        was = record.get(name)
+        try:
+            st = path.stat()
+        except OSError as e:
+            lines.append(f"input {path} ({name}) cannot be read any more: {e.strerror}")
+            continue
+        if was is None:
+            lines.append(f"input {path} ({name}) is not among the inputs the last run recorded")
+        elif (st.st_size, st.st_mtime_ns) != (was.get("size"), was.get("mtime_ns")):
+            if sha256_of(path) != was["sha256"]:
+                size = f"size {was['size']} -> {st.st_size}, " if was.get("size", st.st_size) != st.st_size else ""
+                lines.append(f"input {path} ({name}) changed since it was prepared ({size}other sha256)")
+            else:
+                touched[name] = path
+    if touched and not lines and record_anew:
+        for name, path in touched.items():
+            if "mtime_ns" in record[name]:  # (a record read from orig/SHA256SUMS is completed silently)
+                log(f"input {path} ({name}): modified time changed, same bytes (sha256): nothing to redo")
+            st = path.stat()
+            record[name] = {"source": str(path.absolute()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                            "sha256": record[name]["sha256"]}
+        atomic_write_text(Path(outdir) / RECORD, json.dumps(record, indent=1) + "\n")
+    return lines

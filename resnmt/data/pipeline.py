@@ -11,7 +11,8 @@ OUTDIR layout: orig/ (published files), raw/ (valid/test text as published), wor
 (intermediate, removed after success unless --keep-work), bpe/ or spm/ (subword model),
 text/ (segmented text), bin/ (fairseq data), prepared.json (the manifest,
 resnmt.data.manifest), .stamps/ (config, inputs + NN-STEP.done), .lock.
-An input whose bytes changed since the fetch step recorded them redoes every step.
+An input whose bytes changed since the fetch step recorded them redoes every step;
+``changed_inputs`` tells a user of OUTDIR (resnmt-experiment) whether one did, cheaply.
 """
 import contextlib
 import fcntl
@@ -22,13 +23,17 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, List, Optional
 
 from resnmt.atomic import atomic_write_text
-from resnmt.data.fetch import Fetch
+from resnmt.data.fetch import Fetch, input_changes, read_record
 from resnmt.data.process import SPLITS, Processing
 from resnmt.data.textproc import DataPrepError
 from resnmt.progress import format_seconds
+
+
+# every dataset's last step: its stamp says that OUTDIR's last run finished
+LAST_STEP = "binarize"
 
 
 class Interrupted(BaseException):
@@ -62,7 +67,7 @@ class Preparation:
         # resnmt-prepare custom: the input files, as their --train/--valid/--test PREFIX
         self.config += [(f.name.split(".")[0], f.local[:-len(ds.src) - 1], "fetch") for f in ds.files
                         if f.local and f.name.endswith(f".{ds.src}")]
-        self.fetch = Fetch(ds, args, self.orig, self.log, self.stamps / "inputs")
+        self.fetch = Fetch(ds, args, self.orig, self.log)
         self.process = Processing(ds, args, self.out, self.config, self.log)
 
     def log(self, msg: str) -> None:
@@ -157,7 +162,7 @@ class Preparation:
                               pairs("text", ("train",)), reads_work=True))
         binarized = [f"bin/dict.{l}.txt" for l in langs] + [
             f"bin/{s}.{ds.src}-{ds.tgt}.{l}.{ext}" for s in SPLITS for l in langs for ext in ("bin", "idx")]
-        steps.append(Step("binarize", "fairseq-preprocess --joined-dictionary", process.binarize, tuple(binarized)))
+        steps.append(Step(LAST_STEP, "fairseq-preprocess --joined-dictionary", process.binarize, tuple(binarized)))
         return steps
 
     def stamp(self, i: int):
@@ -220,6 +225,42 @@ class Preparation:
         if not self.args.keep_work:
             shutil.rmtree(self.work)
         self.log(f"finished in {format_seconds(time.time() - start)}: binarized data in {self.out / 'bin'}")
+
+
+def finished(outdir: Path) -> bool:
+    """Whether OUTDIR's last resnmt-prepare run finished (its last step's stamp is there); True
+    for an OUTDIR without stamps (data prepared otherwise). A run that stopped, even one that
+    failed after the fetch step recorded new inputs, leaves OUTDIR unfinished, whatever bin/
+    still holds."""
+    stamps = Path(outdir) / ".stamps"
+    return not stamps.is_dir() or any(stamps.glob(f"*-{LAST_STEP}.done"))
+
+
+def changed_inputs(outdir: Path, mirror: Optional[Path] = None, log: Callable[[str], None] = print) -> List[str]:
+    """For a user of a prepared OUTDIR (resnmt-experiment): one line per input whose bytes
+    changed since OUTDIR's fetch step recorded it, the inputs that would make resnmt-prepare
+    redo every step (``Fetch.changed``); each read from ``mirror`` where given (a built-in
+    dataset's published files, as ``--mirror`` reads them), else from where the fetch step
+    read it. A few stat calls when nothing changed (``input_changes``); [] for an OUTDIR that
+    records no input. Waits for a resnmt-prepare run holding OUTDIR's lock, with a line
+    saying so."""
+    out = Path(outdir).absolute()
+    recorded = read_record(out)
+    if not recorded:
+        return []
+    sources = {name: Path(mirror) / name if mirror else Path(entry.get("source") or out / "orig" / name)
+               for name, entry in recorded.items()}
+    try:
+        lock = open(out / ".lock", "a")
+    except OSError:  # an OUTDIR this user cannot write, so cannot be preparing either: read, record nothing
+        return input_changes(out, sources, log, record_anew=False)
+    with lock:  # shared: checks of one OUTDIR run side by side (a touched input is recorded the same by each)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for the resnmt-prepare run using {out} (lock {out / '.lock'}) to finish")
+            fcntl.flock(lock, fcntl.LOCK_SH)
+        return input_changes(out, sources, log)
 
 
 _sigterm_received = False

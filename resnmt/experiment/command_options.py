@@ -3,7 +3,7 @@
 An option is a dataclass field made with ``option(...)``: a :class:`resnmt.options.Option`
 (the declaration the model flags use too) holding its default, metavar, help and the kind
 of value it takes. The command lines build their parsers (``add_options``) and
-their help (``options_help``) from those fields, and a request converts command-line
+their help (``options_help``, which lists a command's own switches too) from those fields, and a request converts command-line
 text into typed values on construction (``convert_options``), so a bad value is a
 UsageError naming the flag, found before any work.
 """
@@ -34,10 +34,6 @@ def converted(option: Option, value):
         raise UsageError(str(e)) from None
 
 
-def check_choice(flag: str, value: str, allowed: Sequence[str]) -> str:
-    return converted(Option(flag[2:].replace("-", "_"), kind="choice", choices=allowed), value)
-
-
 def declared(cls, names: Optional[Iterable[str]] = None) -> List[Option]:
     """The options of the request ``cls``, in ``names``' order (all, in declaration order, without)."""
     options = {o.dest: o for o in field_options(cls)}
@@ -56,10 +52,7 @@ def add_options(parser, cls, names: Iterable[str]) -> None:
     """``--flag VALUE`` (a ``switch``: ``--flag``) for each named option of ``cls``; not given, it
     is None (the field's default). The text is converted when the request is made."""
     for o in declared(cls, names):
-        if o.kind == "switch":
-            parser.add_argument(o.flag, dest=o.dest, action="store_const", const=True, default=None)
-        else:
-            parser.add_argument(o.flag, dest=o.dest, metavar=o.metavar, default=None)
+        o.add_to(parser, default=None, checked=False)
 
 
 def given(args, cls, names: Iterable[str]) -> Dict[str, Any]:
@@ -67,21 +60,23 @@ def given(args, cls, names: Iterable[str]) -> Dict[str, Any]:
     return {o.dest: getattr(args, o.dest) for o in declared(cls, names) if getattr(args, o.dest) is not None}
 
 
-def options_help(cls, names: Iterable[str]) -> str:
-    """The help lines of the named options of ``cls``, each with its default."""
+def options_help(options: Iterable[Option], indent: int = HELP_INDENT, width: int = HELP_WIDTH) -> str:
+    """The help lines of ``options`` (a request's: :func:`declared`), each with its default
+    and its environment variable, the text from column ``indent`` to ``width``."""
     lines = []
-    for o in declared(cls, names):
+    for o in options:
         text = o.help
         if o.kind == "choice" and not all(choice in text for choice in o.choices):
             text += f" (one of: {' '.join(o.choices)})"
         if o.default is not None and o.default != "" and o.kind != "switch" and "default" not in text:
             text += f" (default {o.default})"
-        head = f"  {o.flag} {o.metavar}".rstrip()
-        first_width = HELP_WIDTH - max(len(head) + 1, HELP_INDENT)
-        if len(head) + 1 > HELP_INDENT:  # a long flag: its help starts on the next line
-            lines += [head, *(" " * HELP_INDENT + w for w in textwrap.wrap(text, HELP_WIDTH - HELP_INDENT))]
+        text += f" [{o.env}]" if o.env else ""
+        head = f"  {o.flag} {o.metavar or ''}".rstrip()
+        first_width = width - max(len(head) + 1, indent)
+        if len(head) + 1 > indent:  # a long flag: its help starts on the next line
+            lines += [head, *(" " * indent + w for w in textwrap.wrap(text, width - indent))]
             continue
         first, *rest = textwrap.wrap(text, first_width) or [""]
-        rest = textwrap.wrap(" ".join(rest), HELP_WIDTH - HELP_INDENT) if rest else []
-        lines += [head.ljust(HELP_INDENT) + first, *(" " * HELP_INDENT + w for w in rest)]
+        rest = textwrap.wrap(" ".join(rest), width - indent) if rest else []
+        lines += [head.ljust(indent) + first, *(" " * indent + w for w in rest)]
     return "\n".join(lines)

@@ -1,7 +1,9 @@
 """``Experiment``: prepare -> train -> average -> decode -> score for one model, each step
 skipped when its output exists and is newer than its inputs (re-running resumes an
-interrupted experiment or does nothing; a training whose data or flags changed since is
-refused). ``resnmt-experiment`` (``resnmt.cli.experiment``) and the demo (``resnmt.cli.demo``) run it."""
+interrupted experiment or does nothing; prepared data whose inputs changed since is
+prepared again, or refused for a corpus of one's own; a finished training whose data or
+flags changed since is refused). ``resnmt-experiment`` (``resnmt.cli.experiment``) and the
+demo (``resnmt.cli.demo``) run it."""
 import json
 import os
 import shlex
@@ -132,14 +134,27 @@ class Experiment:
         return self.score(gen, key, checkpoint, updates, kind)
 
     def prepare(self) -> None:
-        if steps.is_prepared(self.data_root, self.dataset.tgt):
+        """The prepared data, prepared (again, when an input of a built-in dataset changed since)."""
+        prepared = steps.is_prepared(self.data_root, self.dataset.tgt)
+        changed = steps.changed_inputs(self.data_root, self.req.mirror if self.builtin else None, self.log) \
+            if prepared else []
+        # --prep-args on prepared data: resnmt-prepare compares them with those it recorded
+        checked = prepared and not changed and self.builtin and bool(self.req.prep_args.strip())
+        if prepared and not changed and not checked:
             self.step(1, f"prepare: {self.data_root}/bin exists, skipped")
             return
+        if not self.builtin and changed:  # its data was made from the old text, which only its own command reads
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            raise ExperimentError(f"{changed[0]}{more}: prepare {self.data_root} again with the resnmt-prepare "
+                                  "custom command that prepared it")
         if not self.builtin:
             raise ExperimentError(f"{self.data_root} holds no prepared data (bin/dict.{self.dataset.tgt}.txt, "
-                                  f"raw/test.{self.dataset.tgt}): prepare it with resnmt-prepare custom ... "
-                                  f"{self.data_root}")
-        self.step(1, f"prepare {self.data_root}")
+                                  f"raw/test.{self.dataset.tgt}, from a resnmt-prepare run that finished): prepare it "
+                                  f"with resnmt-prepare custom ... {self.data_root}")
+        # resnmt-prepare names the input that changed, in one line, and redoes what depends on it
+        self.step(1, f"prepare: {self.data_root}/bin exists; resnmt-prepare checks it against --prep-args" if checked
+                  else f"prepare {self.data_root}" + (" again: an input changed since it was prepared" if changed
+                                                      else ""))
         require_commands("resnmt-prepare")
         steps.prepare(self.dataset.name, self.data_root, self.req.mirror, shlex.split(self.req.prep_args))
 
@@ -155,19 +170,32 @@ class Experiment:
         for warning in self.schedule_warnings(plan):
             self.train_log(f"warning: {warning}")
         steps.train(plan, self.train_log, self.req.threads, self.label, verbose=self.req.verbose)
+        bin_dir = self.data_root / "bin"
         atomic_write_text(done, json.dumps({"wall_seconds": int(time.time() - t0), "cmd": [str(c) for c in plan.cmd],
-                                            "data": steps.data_stamp(self.data_root / "bin")}) + "\n")
+                                            "data_dir": str(bin_dir), "data": steps.data_stamp(bin_dir)}) + "\n")
 
     def check_trained(self, done: Path) -> None:
         """A finished training whose data or command changed since (train.done records both) is
-        refused in one line naming what changed: its checkpoints are not the model asked for."""
+        refused in one line naming what changed: its checkpoints are not the model asked for.
+        Data files written again with the same bytes (sha256) are recorded anew, in one line."""
         record = json.loads(done.read_text())
         redo = f"use another --save-dir (or --tag), or delete {self.save_dir} to train again"
+        bin_dir = self.data_root / "bin"
         if "data" in record:
-            changed = steps.data_changes(record["data"], steps.data_stamp(self.data_root / "bin"))
+            changed, now = steps.data_changes(record["data"], bin_dir)
+            names = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+            trained_on = record.get("data_dir", str(bin_dir))
+            if changed and trained_on != str(bin_dir):
+                raise ExperimentError(f"{self.save_dir} was trained on {trained_on}, not on {bin_dir} ({names} "
+                                      f"differ): {redo}")
             if changed:
-                raise ExperimentError(f"{self.save_dir} was trained on {self.data_root / 'bin'} before "
-                                      f"{changed} changed (the corpus was prepared again): {redo}")
+                raise ExperimentError(f"{self.save_dir} was trained on {bin_dir} before {names} changed (the corpus "
+                                      f"was prepared again): {redo}")
+            touched = [name for name in now if now[name] != record["data"].get(name)]
+            if touched:
+                self.log(f"{bin_dir}: {', '.join(touched[:3])}{' ...' if len(touched) > 3 else ''} written again "
+                         f"with the same bytes since {self.save_dir} was trained: its training stands")
+                atomic_write_text(done, json.dumps({**record, "data_dir": str(bin_dir), "data": now}) + "\n")
         if "cmd" in record:
             cmd = [str(c) for c in plan_training(self.train_request, dry_run=True).cmd]
             before, now = steps.flag_changes(record["cmd"], cmd)

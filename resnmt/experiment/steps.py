@@ -7,7 +7,9 @@ Each step writes its output atomically. External programs run as subprocesses
 (``resnmt.experiment.runtime``); averaging and scoring run in-process
 (``resnmt.checkpoints.averaging``, ``resnmt.decoding.scoring``).
 """
+import codecs
 import json
+import os
 import re
 import shlex
 import shutil
@@ -28,14 +30,43 @@ from resnmt.progress import format_seconds
 
 
 def is_prepared(data_root: Path, tgt: str) -> bool:
+    """The binarized data and the raw references are there, and the last resnmt-prepare run on
+    ``data_root`` finished (``resnmt.data.pipeline.finished``)."""
+    from resnmt.data.pipeline import finished
+
     return (Path(data_root) / "bin" / f"dict.{tgt}.txt").exists() and \
-        (Path(data_root) / "raw" / f"test.{tgt}").exists()
+        (Path(data_root) / "raw" / f"test.{tgt}").exists() and finished(data_root)
+
+
+def changed_inputs(data_root: Path, mirror: Optional[Path], log: Log) -> List[str]:
+    """One line per input of the prepared ``data_root`` changed since it was prepared, read
+    from ``mirror`` where given (``resnmt.data.pipeline.changed_inputs``)."""
+    from resnmt.data.pipeline import changed_inputs
+    from resnmt.data.textproc import DataPrepError
+
+    try:
+        return changed_inputs(data_root, mirror, log)
+    except DataPrepError as e:
+        raise ExperimentError(f"cannot tell whether {data_root} is up to date: {e}") from None
 
 
 def prepare(name: str, data_root: Path, mirror: Optional[Path] = None, options: Sequence[str] = ()) -> None:
-    """``resnmt-prepare NAME [--mirror DIR] OPTIONS DATA_ROOT`` (its messages on stderr)."""
-    cmd = ["resnmt-prepare", name, *(["--mirror", mirror] if mirror else []), *options, data_root]
-    run_logged(cmd, None, tool_env())
+    """``resnmt-prepare NAME [--mirror DIR] OPTIONS DATA_ROOT``, its messages passed on to
+    stderr as they come (progress bars too); when it fails, the ExperimentError repeats its
+    error line, so that the last line printed names the cause."""
+    cmd = [str(c) for c in ["resnmt-prepare", name, *(["--mirror", mirror] if mirror else []), *options, data_root]]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=tool_env())
+    decoder, tail = codecs.getincrementaldecoder("utf-8")(errors="replace"), ""
+    for chunk in iter(lambda: os.read(proc.stderr.fileno(), 1 << 16), b""):
+        text = decoder.decode(chunk)
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        tail = (tail + text)[-8192:]
+    proc.stderr.close()
+    if proc.wait() != 0:
+        errors = re.findall(r"^\[prepare-[\w-]+\] error: (.*)$", tail, re.MULTILINE)
+        raise ExperimentError(f"resnmt-prepare {name} failed: {errors[-1]}" if errors
+                              else f"resnmt-prepare {name} failed (exit {proc.returncode})")
 
 # ------------------------------------------------------------- outputs newer than inputs
 
@@ -52,28 +83,55 @@ def up_to_date(output: Path, inputs: Sequence[Path], log: Log) -> bool:
 
 
 def data_stamp(bin_dir: Path) -> Dict[str, list]:
-    """The binarized data's files with their size and mtime (what a training used)."""
-    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(Path(bin_dir).iterdir()) if p.is_file()}
+    """The binarized data's files with their size, mtime and sha256 (what a training used)."""
+    from resnmt.data.fetch import sha256_of
+
+    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns, sha256_of(p)]
+            for p in sorted(Path(bin_dir).iterdir()) if p.is_file()}
 
 
-def data_changes(before: Dict[str, list], now: Dict[str, list]) -> str:
-    """The files of two data stamps that differ, for a message ('' when none)."""
-    names = sorted(n for n in set(before) | set(now) if before.get(n) != now.get(n))
-    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+def data_changes(before: Dict[str, list], bin_dir: Path) -> tuple:
+    """(the files of ``bin_dir`` whose bytes differ from those of the data stamp ``before``,
+    its stamp now): a file's sha256 is computed only where its size or mtime differ, so
+    nothing is read when nothing changed; a file with a new mtime and the same bytes keeps
+    its place in the stamp now with its new mtime. A stamp without sha256 (written before
+    they were recorded) counts any other mtime as a change."""
+    from resnmt.data.fetch import sha256_of
+
+    now = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(Path(bin_dir).iterdir()) if p.is_file()}
+    changed = []
+    for name in sorted(set(before) | set(now)):
+        was, stat = before.get(name), now.get(name)
+        if was is None or stat is None:
+            changed.append(name)
+        elif was[:2] == stat:
+            stat.extend(was[2:])
+        elif len(was) > 2 and was[0] == stat[0] and sha256_of(Path(bin_dir) / name) == was[2]:
+            stat.append(was[2])  # touched: the same bytes
+        else:
+            changed.append(name)
+    return changed, now
 
 
 def flag_changes(before: Sequence[str], now: Sequence[str]) -> tuple:
-    """The flags (with their values) of one command line that the other lacks, as two strings."""
+    """The flags (with their values) of one command line that the other lacks, as two
+    strings; those that do not change what is trained (RUN_ONLY_FLAGS) left out."""
     def flags(cmd):
         out, cmd = set(), list(cmd)
         for i, word in enumerate(cmd):
-            if word.startswith("--"):
+            if word.startswith("--") and word not in RUN_ONLY_FLAGS:
                 value = cmd[i + 1] if i + 1 < len(cmd) and not cmd[i + 1].startswith("--") else ""
                 out.add(f"{word} {value}".strip())
         return out
 
     old, new = flags(before), flags(now)
     return " ".join(sorted(old - new)), " ".join(sorted(new - old))
+
+
+# flags of a training command that say where resnmt is installed, where the run is kept
+# (the directory holding train.done) and how it logs, not what it trains
+RUN_ONLY_FLAGS = ("--user-dir", "--save-dir", "--num-workers", "--no-progress-bar", "--log-format", "--log-interval",
+                  "--log-file", "--tensorboard-logdir", "--wandb-project")
 
 # -------------------------------------------------------------------------------- train
 

@@ -37,7 +37,7 @@ from resnmt.connections import (
     check_flags_used,
 )
 from resnmt.connections.plugins import require_kinds, sources_of
-from resnmt.fused import require_compile
+from resnmt.training.compile import require_compile
 from resnmt.models.flags import (
     ACTIVATION_FLAGS,
     CONNECTIONS,

@@ -5,7 +5,7 @@ import sys
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerModel, TransformerModelBase
 
-from resnmt.analysis.training_log import add_log_connection_stats_args
+from resnmt.analysis.training_log import LOG_CONNECTION_STATS
 from resnmt.models.encoder_decoder import ResidualTransformerDecoder, ResidualTransformerEncoder
 from resnmt.models.flags import add_model_args
 from resnmt.models.model_spec import record_connection_sources, resolve_model
@@ -40,7 +40,7 @@ class ResidualTransformerModel(TransformerModel, ResolvedChoices):
     def add_args(parser):
         TransformerModel.add_args(parser)
         add_model_args(parser)
-        add_log_connection_stats_args(parser)
+        LOG_CONNECTION_STATS.add_to(parser)  # a model flag: no default (fairseq SUPPRESSes them)
 
     @classmethod
     def build_model(cls, args, task):

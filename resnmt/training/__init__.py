@@ -3,7 +3,9 @@
 * ``bf16``: ``--bf16`` off TPUs, and the float32 master weights of ``--fp16``/``--bf16``
   runs kept in their checkpoints (exact resumption);
 * ``optim``: ``--optimizer adam_fused``, fairseq's ``adam`` in multi-tensor kernels;
-* ``compile``: ``--compile-layers``, each layer compiled for training;
+* ``compile``: ``--compile-layers``, each layer compiled for training, and the compiled
+  elementwise chains of ``--fused-connections`` (SAS, NReLU/NSwish, which the model
+  builds with them);
 * ``attention``: ``--sdpa-backends``, the attention kernels torch may choose among;
 * ``master_sync``: ``--fused-master-weights``, fairseq's per-parameter copies of the
   master weights in multi-tensor kernels;

@@ -198,6 +198,8 @@ class FastPathTrainer(Trainer):
                         "bf16 model, float32 master weights" if self._update.master else "float32",
                         "each step captured once per batch shape as a CUDA graph" if self._graphs is not None
                         else "steps run eagerly")
+            logger.info("[fast path] Adam: %s", "one Triton kernel launch over every parameter"
+                        if self._update.adam_kernel == "triton" else "multi-tensor operations")
             if self._graphs is not None:
                 self.prime_graphs()
         return self._update

@@ -30,6 +30,12 @@ The arithmetic is fairseq's:
   eps)``, with ``eps`` outside the bias correction (torch's ``AdamW`` puts it inside,
   which its ``capturable`` mode cannot give fairseq's value of, so its fused kernel is not
   used here);
+* on CUDA (where Triton is) the scaling, clipping, the step, the copy into the ``--bf16``
+  model and the zeroing are one Triton kernel launch over all the parameters
+  (``fused_adam.py``: the same arithmetic to float32 rounding; the gradient norm of the
+  unscaled gradients times the scale, the gradients multiplied once by the scale times the
+  clipping factor); elsewhere, or if that kernel fails to build, the multi-tensor
+  operations above (one line says so; also where it cannot step the tensors);
 * the moments live in the wrapped optimizer's own state (``exp_avg``, ``exp_avg_sq``,
   ``step``), so checkpoints are fairseq's and a run resumes with or without
   ``--fast-path``.
@@ -38,6 +44,7 @@ The model's gradients are allocated once (a captured graph accumulates into the 
 memory every time); the update zeroes them at its end, and :meth:`DeviceUpdate.hold_grads`
 (before every update) binds back any that fairseq or torch set to ``None``.
 """
+import logging
 import math
 from typing import List
 
@@ -45,7 +52,22 @@ import torch
 
 from resnmt.training.optim import adam_moments
 
+logger = logging.getLogger(__name__)
+
 ADAM_STATE_KEYS = {"step", "exp_avg", "exp_avg_sq"}
+ADAM_KERNELS = ("auto", "triton", "foreach")
+
+
+def adam_kernel_for(device, kernel: str = "auto") -> str:
+    """``triton`` (fused_adam.py) or ``foreach`` for ``kernel`` on ``device``: ``auto`` takes
+    Triton on CUDA where it is installed."""
+    from resnmt.training.fast.fused_adam import triton_available
+
+    if kernel not in ADAM_KERNELS:
+        raise ValueError(f"--fast-path Adam kernel {kernel!r}: choose one of {', '.join(ADAM_KERNELS)}")
+    if kernel == "auto":
+        return "triton" if torch.device(device).type == "cuda" and triton_available() else "foreach"
+    return kernel
 
 
 def torch_adam(optimizer):
@@ -76,9 +98,10 @@ def torch_adam(optimizer):
 class DeviceUpdate:
     """The update of module docstring for ``optimizer`` (fairseq's optimizer as the
     Trainer built it: a float32 ``FairseqOptimizer``, or ``FP16Optimizer`` with float32
-    master weights for ``--bf16``) and ``model_params`` (the trained parameters)."""
+    master weights for ``--bf16``) and ``model_params`` (the trained parameters); ``adam``:
+    which kernel steps them (:func:`adam_kernel_for`)."""
 
-    def __init__(self, optimizer, model_params: List[torch.Tensor], clip_norm: float, device):
+    def __init__(self, optimizer, model_params: List[torch.Tensor], clip_norm: float, device, adam: str = "auto"):
         self.opt, hyper = torch_adam(optimizer)
         self.beta1, self.beta2 = hyper["betas"]
         self.eps, self.weight_decay = hyper["eps"], hyper["weight_decay"]
@@ -109,6 +132,20 @@ class DeviceUpdate:
         self.neg_step_size = torch.zeros((), **scalar)  # -lr * sqrt(1 - b2^t) / (1 - b1^t)
         self.decay = torch.zeros((), **scalar)          # -weight decay * lr
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # any non-finite norm since cleared
+        self.fused = None
+        if adam_kernel_for(device, adam) == "triton":
+            from resnmt.training.fast.fused_adam import FusedAdam
+
+            try:
+                self.fused = FusedAdam(self.params, self.model_grads, self.exp_avgs, self.exp_avg_sqs,
+                                       self.model_params if self.master else None, (self.beta1, self.beta2), self.eps)
+            except ValueError as error:  # tensors it cannot step (dtypes, layouts): the multi-tensor update
+                logger.warning("[fast path] %s; Adam runs as multi-tensor operations", error)
+        self.fused_checked = False  # the kernel has built and run once
+
+    @property
+    def adam_kernel(self) -> str:
+        return "triton" if self.fused is not None else "foreach"
 
     def _init_state(self) -> int:
         """The moments of every parameter in the optimizer's state (zeros where it has
@@ -167,6 +204,8 @@ class DeviceUpdate:
     def __call__(self) -> torch.Tensor:
         """The update (module docstring); returns the gradient norm (after the scale,
         before clipping: fairseq's logged ``gnorm``), a device tensor."""
+        if self.fused is not None:
+            return self._fused_update()
         grads = self.grads
         if self.master:  # FP16Optimizer's order: the norm of the unscaled gradients, one multiply
             torch._foreach_copy_(grads, self.model_grads)
@@ -185,10 +224,28 @@ class DeviceUpdate:
         torch._foreach_zero_(self.model_grads)
         return gnorm
 
+    def _fused_update(self) -> torch.Tensor:
+        """The update in one kernel launch after the norm (fused_adam.py); where the kernel
+        fails at its first call (it raises before it writes), the multi-tensor update."""
+        gnorm = self._norm(self.model_grads) * self.grad_scale
+        factor = self.grad_scale if self.clip_norm <= 0 else self.grad_scale * self._clip_coefficient(gnorm)
+        try:
+            self.fused(factor, self.neg_step_size, self.decay)
+        except Exception as error:
+            if self.fused_checked:
+                raise
+            logger.warning("[fast path] the fused Adam kernel failed (%s: %s); Adam runs as multi-tensor operations",
+                           type(error).__name__, (str(error).strip().splitlines() or [""])[0])
+            self.fused = None
+            return self()
+        self.fused_checked = True
+        self.nonfinite.logical_or_(torch.isfinite(gnorm).logical_not())
+        return gnorm
+
     @staticmethod
     def _norm(grads: List[torch.Tensor]) -> torch.Tensor:
-        """fairseq's total norm: the 2-norm of the per-tensor 2-norms."""
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        """fairseq's total norm: the 2-norm of the per-tensor 2-norms (in float32)."""
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
 
     def _clip_coefficient(self, gnorm: torch.Tensor) -> torch.Tensor:
         """fairseq's ``clip_grad_norm_`` factor: ``min(1, clip / (gnorm + 1e-6))``."""

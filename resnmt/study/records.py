@@ -10,8 +10,9 @@ import socket
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS = REPO_ROOT / "benchmarks" / "results"  # the committed results (make_tables.py reads them)
+# the repository holding this package (an editable install: its checkout)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RESULTS = REPO_ROOT / "benchmarks" / "results"  # the committed results (benchmarks/make_tables.py reads them)
 
 
 def run_id() -> str:

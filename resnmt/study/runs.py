@@ -1,5 +1,5 @@
-"""Training to a budget and scoring, as quality.py, curves.py and fp16.py run it: fairseq-train's
-command line for a benchmark run, training until an update count and resuming (with the
+"""Training to a budget and scoring, as the study (resnmt-study curves), benchmarks/quality.py
+and fp16.py run it: fairseq-train's command line for a benchmark run, training until an update count and resuming (with the
 seconds trained over every call), the checkpoints at a budget, and their average decoded
 and scored (resnmt's steps).
 """

@@ -3,16 +3,15 @@ value ends the command with one error line naming it and what is allowed (exit s
 
 ``--data`` means one of two folders: the binarized corpus (fairseq's ``dict.*.txt`` and
 splits; speed.py, malloc.py, profile_ops.py, gpu_train.py) or the prepared corpus
-(``resnmt-prepare multi30k``'s OUTDIR, its ``bin/`` and ``raw/``; quality.py, curves.py, fp16.py).
+(``resnmt-prepare multi30k``'s OUTDIR, its ``bin/`` and ``raw/``; quality.py, fp16.py, resnmt-study).
 """
 import argparse
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from records import REPO_ROOT, RESULTS
-
 from resnmt.data.corpora import MULTI30K
 from resnmt.experiment.presets import SIZES
+from resnmt.study.records import REPO_ROOT, RESULTS
 
 CORPUS = REPO_ROOT / "data" / "multi30k"  # resnmt-prepare multi30k's OUTDIR (benchmarks/run_all.sh prepares it)
 

@@ -1,24 +1,18 @@
-"""The curves study's runs (curves.py is its command): the plan, most decisive runs first; what
-is done (the milestones recorded per run); a lock per run directory, so that several copies
-of curves.py share the plan; and one run trained to each milestone in turn, its average
-decoded, scored and analysed, one JSON line per milestone.
+"""What the curves study trains: each language pair's plan (its runs, most decisive first,
+and each size's milestones), the runs one invocation trains, the GPU study's schedule
+(chosen from a measured sweep), and how many runs a GPU lease trains side by side.
 """
-import fcntl
-import shutil
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import runs
-import study_tables
-from records import portable_path, run_id
-from rows import CONTROL_ROWS, CURVES_ROWS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, SAME_RUN, slug
-
-from resnmt.checkpoints.averaging import numbered_checkpoints
+from resnmt.data.corpora import MULTI30K, MULTI30K_EN_FR
 from resnmt.experiment import steps
-from resnmt.experiment.presets import SIZES
-from resnmt.experiment.results import append_jsonl, read_jsonl
+from resnmt.experiment.results import read_jsonl
+from resnmt.study import tables
+from resnmt.study.records import settings_key
+from resnmt.study.rows import (CONTROL_ROWS, CURVES_ROWS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS,
+                               SAME_RUN, slug)
 
 # The papers' sizes (GPU only), most decisive first: post-LN against pre-LN, rSkip+LN and
 # SAS at base (6+6, d=512) under the GPU schedule; second seeds of the first three; the
@@ -64,7 +58,7 @@ STUDY_ORDER = (
 # The study's positive claims again on a second language pair, Multi30k EN-FR: at 2+2 the
 # kinds that led post-LN on EN-DE (hyper-connections, HybridNorm) and the two references; at
 # 6+6 the kinds that led pre-LN or trained where post-LN failed, and the references. Each
-# size to the budget its EN-DE verdict is read at (study_tables.VERDICT_BUDGETS).
+# size to the budget its EN-DE verdict is read at (tables.VERDICT_BUDGETS).
 CROSS_PAIR_ORDER = (
     [("small", r, 1) for r in ("post_ln", "hybrid_norm", "pre_ln", "hyper")]
     + [("deep", r, 1) for r in ("post_ln", "pre_ln", "rskip_ln (λ=2)", "b2t", "hyper", "denseformer", "mhc")]
@@ -81,6 +75,9 @@ class Plan:
     milestones: dict
 
 
+# the study's language pairs: "en-de" -> the Multi30k dataset of that pair
+PAIRS = {"-".join(d.langs): d for d in (MULTI30K, MULTI30K_EN_FR)}
+
 # language pair -> its plan; the pair names the prepared corpus (resnmt.data.corpora)
 PLANS = {
     "en-de": Plan(STUDY_ORDER, DEFAULT_MILESTONES),
@@ -96,7 +93,7 @@ GPU_ONLY_SIZES = ("base", "base12")
 # The GPU study's schedule: inverse square root, as the CPU study's, with a lower
 # peak and a longer warm-up, chosen on the GPU by a measured sweep of post-LN at base size
 # (benchmarks/gpu_job.sh part 6 trains post-LN seed 1 under each candidate to 2000 updates,
-# side by side; `curves.py --choose-schedule` applies choose_schedule). The candidates:
+# side by side; `resnmt-study curves --choose-schedule` applies choose_schedule). The candidates:
 # Transformer-base's peak 7e-4 with 1000 and 2000 warm-up updates, and fairseq's IWSLT peak
 # 5e-4 with 1000; each reaches its peak within the sweep, where post-LN at lr 1e-3 failed
 # (diverged with 300 warm-up updates, stalled at 24 BLEU with 1000). FALLBACK_SCHEDULE, the
@@ -109,26 +106,6 @@ FALLBACK_SCHEDULE = (5e-4, 4000)
 # failure). Of those, the lowest newest validation loss wins; a lower peak or a longer
 # warm-up within SWEEP_TIE of it is preferred (the safer schedule for the updates to come).
 SWEEP_MIN_BLEU, SWEEP_RISE, SWEEP_TIE = 10.0, 0.05, 0.05
-
-
-def schedule_of(settings: dict) -> dict:
-    """The learning-rate schedule a line was trained under (recorded in each line; its
-    numbers are in the settings, so another schedule has another settings key)."""
-    return {"lr_scheduler": "inverse_sqrt", "lr": settings["lr"], "warmup_updates": settings["warmup_updates"]}
-
-
-def execution_flags(a) -> list:
-    """fairseq-train flags of how a run executes (recorded per line): the attention kernels,
-    which compute the same (out of the settings key); and the fast path, whose static batch
-    shapes make other batches (in the key: ``"fast_path"``)."""
-    flags = []
-    if a.sdpa_backends or a.fast_path:
-        flags += ["--task", "resnmt_translation"]
-    if a.sdpa_backends:
-        flags += ["--sdpa-backends", a.sdpa_backends]
-    if a.fast_path:
-        flags += ["--fast-path"]
-    return flags
 
 
 def choose_schedule(lines, keys: dict, device: str = "cuda"):
@@ -166,6 +143,14 @@ def choose_schedule(lines, keys: dict, device: str = "cuda"):
     return chosen, f"chose lr {chosen[0]:g} warm-up {chosen[1]}: {why}"
 
 
+
+def sweep_choice(settings: dict, lines, device: str = "cuda"):
+    """:func:`choose_schedule` over the sweep's runs of ``settings`` (the study's, each
+    candidate's schedule in its place; the sweep runs the stock path) in the curves ``lines``."""
+    swept = {k: v for k, v in settings.items() if k != "fast_path"}
+    keys = {c: settings_key({**swept, "lr": c[0], "warmup_updates": c[1]}) for c in SWEEP_SCHEDULES}
+    return choose_schedule(lines, keys, device)
+
 # How many runs a GPU lease trains side by side (benchmarks/gpu_job.sh). A run's checkpoints
 # cannot outlive the lease, so each run must reach its last milestone within it: LEASE_SECONDS
 # of a 15-minute lease are left for training and scoring (after the machine's start, about
@@ -196,12 +181,12 @@ def workers_for(total_ups: float, updates: int, milestones: int) -> int:
 
 def plan_order(a, lines) -> list:
     """The runs of ``a.pair``'s plan in priority order; on another pair than the study's own,
-    then the second seeds its verdicts ask for (study_tables.second_seeds, from the curves
+    then the second seeds its verdicts ask for (tables.second_seeds, from the curves
     ``lines``)."""
     order = list(PLANS[a.pair].order)
-    if a.pair != study_tables.MAIN_PAIR:
-        runs = study_tables.runs_of(r for path in lines for r in read_jsonl(path))
-        order += [r for r in study_tables.second_seeds(runs, other=a.pair) if r not in order]
+    if a.pair != tables.MAIN_PAIR:
+        runs = tables.runs_of(r for path in lines for r in read_jsonl(path))
+        order += [r for r in tables.second_seeds(runs, other=a.pair) if r not in order]
     return order
 
 
@@ -220,96 +205,3 @@ def planned(a, lines=()):
     return runs
 
 
-def done_milestones(lines, key: str, device: str):
-    """{(size, row, seed): milestones recorded} for these settings on ``device`` (cpu or cuda)
-    in the curves ``lines`` (a file, or several)."""
-    done = {}
-    for r in (r for path in ([lines] if isinstance(lines, (str, Path)) else lines) for r in read_jsonl(path)):
-        if r.get("benchmark") == "curves" and r["settings_key"] == key and r.get("device", "cpu") == device:
-            done.setdefault((r["size"]["name"], r["row"], r["seed"]), set()).add(r["updates"])
-    return done
-
-
-class RunLock:
-    """An exclusive, non-blocking lock on a run directory (released when the process dies)."""
-
-    def __init__(self, run_dir: Path):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.f = open(run_dir / "lock", "w")
-
-    def acquire(self) -> bool:
-        try:
-            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            self.f.close()
-            return False
-
-    def release(self) -> None:
-        self.f.close()
-
-
-def run_dir_of(a, key, size, row, seed) -> Path:
-    return a.workdir / key / size / f"{slug(row)}.seed{seed}"
-
-
-def resume_point(ckpt_dir: Path) -> int:
-    """The update a run would resume from: its newest update checkpoint (0 if none). This is
-    how ``--list`` tells which partial runs still have their checkpoints on this machine."""
-    found = numbered_checkpoints(ckpt_dir, "update")
-    return max(found[-1][0] if found else 0, runs.trained_updates(ckpt_dir))
-
-
-def score_milestones(a, settings, key, size, row, seed, milestones_done, env, device):
-    """Train run (``size``, ``row``, ``seed``) to each of its milestones not yet done, scoring and
-    recording each; its checkpoints go once every milestone is done (unless --keep-checkpoints)."""
-    run_dir = run_dir_of(a, key, size, row, seed)
-    ckpt_dir, log = run_dir / "checkpoints", run_dir / "log.txt"
-    arch, row_flags = CURVES_ROWS[row].arch, list(CURVES_ROWS[row].flags)
-    model_size = SIZES["tiny" if a.tiny else size]
-    train_argv = runs.benchmark_train_argv(
-        a.bin_dir, arch, row_flags, model_size, seed=seed, max_tokens=a.max_tokens, lr=a.lr, warmup=a.warmup,
-        dropout=a.dropout, save_every=a.save_every, keep=a.average, validate=True) + execution_flags(a)
-    for updates in a.milestones[size]:
-        if updates in milestones_done:
-            continue
-        print(f"[curves] {size} {row} seed {seed}: training to {updates} updates", file=sys.stderr, flush=True)
-        total = runs.train_to(updates, train_argv, ckpt_dir, log, env)  # seconds over the whole run
-
-        ckpts = runs.checkpoints_until(ckpt_dir, a.average, updates)
-        avg = run_dir / f"checkpoint.avg{a.average}.upd{updates}.pt"
-        result, decode_seconds = runs.average_and_score(
-            ckpts, avg, run_dir / f"gen.test.upd{updates}.out", a.bin_dir, a.ref, log, env, remove_bpe=a.remove_bpe,
-            max_len_a=1, max_len_b=50)
-        avg.unlink()
-        analysis = steps.analyze(ckpts[-1], a.bin_dir, run_dir / "analysis" / f"upd{updates}", log, env,
-                                 num_sentences=a.analyze_sentences)
-        fairseq_log = steps.FairseqLog.read(log)
-        train_loss = [p for p in fairseq_log.train if p[0] <= updates]
-        record = {
-            "benchmark": "curves", "size": {"name": size, **model_size.as_dict()}, "row": row, "seed": seed,
-            "arch": arch, "flags": row_flags, "updates": updates,
-            "settings": settings, "settings_key": key,
-            "bleu": result["bleu"], "signature": result["signature"], "tok_intl_bleu": result["tok_intl_bleu"],
-            "n_sentences": result["n_sentences"],
-            "valid": [list(p) for p in fairseq_log.valid if p[0] <= updates],
-            "train_loss": train_loss[-1][1] if train_loss else None,
-            "params": fairseq_log.params,
-            "analysis": {"checkpoint_updates": updates, "split": analysis["split"],
-                         "num_sentences": analysis["num_sentences"], "loss": analysis["loss"],
-                         "connections": analysis["connections"], "statistics": analysis["statistics"],
-                         "streams": analysis["streams"], "norms": analysis["norms"]},
-            "averaged": [p.name for p in ckpts],
-            "pair": a.pair, "data": portable_path(a.bin_dir, Path(a.data)), "ref": portable_path(a.ref, Path(a.data)),
-            "train_seconds": round(total, 1), "decode_seconds": round(decode_seconds, 1),
-            "schedule": schedule_of(settings), "execution_flags": execution_flags(a),
-            **device, "torch_threads": a.threads,
-            "finished": run_id(),
-        }
-        append_jsonl(a.out, record)
-        print(f"[curves] {size} {row} seed {seed} @ {updates}: sacreBLEU {record['bleu']:.2f}, "
-              f"valid loss {record['valid'][-1][1] if record['valid'] else float('nan'):.3f}",
-              file=sys.stderr, flush=True)
-    if not a.keep_checkpoints and all(m in milestones_done or m <= runs.trained_updates(ckpt_dir)
-                                      for m in a.milestones[size]):
-        shutil.rmtree(ckpt_dir, ignore_errors=True)

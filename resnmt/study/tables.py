@@ -1,20 +1,19 @@
 """The curves study's tables and verdicts, from ``benchmarks/results/curves.jsonl``
-(written by curves.py): sacreBLEU per row and budget, each row's difference from its
-reference row paired by seed, the results at a glance (the papers' claims and whether
-they hold) and the cross-layer methods' verdicts. make_tables.py writes them into the
-documents; plot_curves.py draws the figures of the same runs.
+(written by ``resnmt-study curves``): sacreBLEU per row and budget, each row's difference
+from its reference row paired by seed, the results at a glance (the papers' claims and
+whether they hold) and the cross-layer methods' verdicts. benchmarks/make_tables.py writes
+them into the documents; benchmarks/plot_curves.py draws the figures of the same runs.
 """
 import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-from flags import STUDY_LR, STUDY_WARMUP
-from rows import CONTROLS, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, SAME_RUN
-from verdicts import LEVEL, claim_verdict
-
 from resnmt.data.corpora import DATASETS
 from resnmt.experiment.results import read_jsonl
+from resnmt.study.flags import STUDY_LR, STUDY_WARMUP
+from resnmt.study.rows import CONTROLS, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, SAME_RUN
+from resnmt.study.verdicts import LEVEL, claim_verdict
 
 SIZE_TITLES = {"small": "2+2 layers, d=128", "deep": "6+6 layers, d=128", "base": "6+6 layers, d=512",
                "base12": "12+12 layers, d=512"}

@@ -1,0 +1,30 @@
+"""resnmt-study: the curves study of the connection kinds, and a kind's verdict against it.
+
+    resnmt-study curves --list                  # the study's runs: done, partial, missing
+    resnmt-study curves --workers 2 --threads 1 # train and score what is missing (resumable)
+    resnmt-study verdict layerscale --quick     # a kind of your own beside the shipped rows
+
+Each command's own help: resnmt-study COMMAND --help.
+"""
+import argparse
+import sys
+
+from resnmt.cli import study_curves, study_verdict
+from resnmt.cli.common import OneLineErrorParser
+
+COMMANDS = {"curves": study_curves, "verdict": study_verdict}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = OneLineErrorParser(prog="resnmt-study", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=list(COMMANDS),
+                   help="curves: train and score the study's runs; verdict: a kind beside the shipped rows")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the command's arguments (resnmt-study COMMAND --help)")
+    a = p.parse_args(argv)
+    return COMMANDS[a.command].main(a.args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""BLEU against the training budget: one run per (depth, row, seed), scored at several budgets.
+
+Each run trains with ``fairseq-train`` (the rows of ``resnmt.study.rows``, on Multi30k
+EN-DE, or EN-FR with ``--pair en-fr``) and stops at every milestone (``--milestones``, in updates): the newest
+``--average`` update checkpoints are averaged, test2016 is decoded with beam 4 and the
+GNMT length penalty 0.6 (maximum length source + 50, tensor2tensor's), scored with
+``resnmt-evaluate``, the milestone's checkpoint is run through ``resnmt-analyze`` on the
+validation set, and one JSON line is appended to ``--out`` holding the BLEU, the
+validation losses so far and the analysis. Training then resumes to the next milestone
+(stopping and resuming fairseq is exact, see tests/test_resume.py).
+
+Runs are taken in the study's priority order. Several copies of this command can run at
+once (``--workers`` starts them): each run directory is locked by the copy working on it.
+A killed run resumes from its last checkpoint; milestones already in ``--out`` are not
+scored again, so the study can be continued over several sessions.
+
+Checkpoints live in the (ignored) ``--workdir``, so a run continues across sessions only on
+a machine that keeps it (``--list`` names the update each unfinished run's checkpoints
+reach); on a fresh checkout a run restarts at update 0 and skips the milestones already
+recorded. On a 2-core CPU a 2+2 run to its final 14400 updates takes 2.7-5.4 h, more than a
+3-hour working session leaves for training, and two 6+6 runs side by side reach 2400
+updates in about 2.5 h (the measured rates are in docs/study.md). The thread count is how a
+run was executed, not what it computes: it is recorded per line (``torch_threads``) and
+left out of the settings key.
+
+    resnmt-study curves                        # the whole study, one run at a time
+    resnmt-study curves --list                 # what is done, what is missing, what can resume
+    resnmt-study curves --only small:post_ln:1 # one run
+    resnmt-study curves --workers 2 --threads 1 --only deep:pre_ln:1,deep:sas:1   # a pair side by side
+    resnmt-study curves --device cuda --workers 8 --threads 1   # on a GPU: the study, plus the base size
+    resnmt-study curves --device cuda --sizes base,base12 --lr 7e-4 --warmup 2000 --save-every 100 \
+        --sdpa-backends flash,efficient,math --workers 2 --threads 1    # the papers' sizes (gpu_job.sh part 7)
+
+With ``--device cuda`` every run trains and decodes on the (first) GPU, several at once
+with ``--workers`` (these models are far too small to fill one), and the study adds the
+papers' sizes (base: 6+6 layers, d=512; base12: 12+12), which a CPU cannot train in a
+session. GPU lines record their device, are kept apart from the CPU lines (a GPU run never
+skips a milestone because the CPU run has it) and are plotted in panels of their own; fp32
+on both. Every line records its schedule; another schedule (the papers' sizes are trained
+under one of their own, chosen by ``--choose-schedule`` from a sweep of post-LN:
+benchmarks/gpu_job.sh part 6) gives another settings key, so its runs and their lines are
+others, tabulated and drawn apart.
+"""
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from resnmt.cli.common import OneLineErrorParser
+from resnmt.experiment.runtime import tool_env
+from resnmt.study import flags
+from resnmt.study.milestones import done_milestones, resume_point, run_dir_of, run_plan, study_settings
+from resnmt.study.plan import (GPU_ONLY_SIZES, PAIRS, PLANS, plan_order, planned, sweep_choice, updates_per_second,
+                               workers_for)
+from resnmt.study.records import cpu_description, cuda_description, settings_key
+from resnmt.study.rows import CURVES_ROWS, DEFAULT_MILESTONES, slug
+
+
+def parser() -> argparse.ArgumentParser:
+    """``resnmt-study curves``' command line; its defaults are the study's settings."""
+    p = OneLineErrorParser(prog="resnmt-study curves", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(command="curves", rows=CURVES_ROWS)  # what a progress line is named, the rows it trains
+    p.add_argument("--pair", default="en-de", choices=list(PAIRS),
+                   help="the Multi30k language pair, which picks the plan (the runs and milestones) and the "
+                   "prepared corpus (default: en-de; " + "; ".join(
+                       f"{pair}: resnmt-prepare {d.name} data/{d.name}" for pair, d in PAIRS.items()) + ")")
+    flags.add_data(p, binarized=False, default=None)
+    flags.add_reference(p)
+    p.add_argument("--milestones",
+                   help="comma-separated budgets in updates at which each run of every size is scored; the "
+                   "last is the run's length (default, per pair and size: " + "; ".join(
+                       f"{pair} {size} {','.join(map(str, ms))}" for pair, plan in PLANS.items()
+                       for size, ms in plan.milestones.items()) + ")")
+    p.add_argument("--only", help="comma-separated runs SIZE:ROW:SEED (e.g. small:post_ln:1,deep:sas:1)")
+    flags.add_schedule(p)
+    p.add_argument("--dropout", type=float, default=0.3,
+                   help="default: 0.3, the usual choice for Multi30k's 29k pairs trained this long")
+    flags.add_checkpoints(p)
+    p.add_argument("--analyze-sentences", type=int, default=500,
+                   help="validation sentences resnmt-analyze runs at each milestone (default: 500)")
+    flags.add_threads(p, 2, note="; not part of the settings key, recorded per line")
+    p.add_argument("--workers", type=int, default=1,
+                   help="runs at a time (copies of this command; default: 1, so that each run ends within a session)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where every run trains and decodes (default: cpu); cuda adds the base size (6+6, d=512)")
+    p.add_argument("--workdir", help="checkpoints and logs (default: runs/curves, runs/curves-cuda with --device cuda)")
+    flags.add_out(p, "curves.jsonl")
+    p.add_argument("--sizes", help="comma-separated sizes to plan, of " + ", ".join(DEFAULT_MILESTONES)
+                   + " (default: every size the device trains; the GPU study of benchmarks/gpu_job.sh plans "
+                   "base,base12)")
+    p.add_argument("--sdpa-backends", default="",
+                   help="the attention kernels torch may use (resnmt_translation's flag, e.g. flash,efficient,math: "
+                   "no cuDNN kernel planning every new batch shape on Hopper); recorded per line, not in the key")
+    p.add_argument("--fast-path", action="store_true",
+                   help="train on resnmt's fast path (resnmt_translation --fast-path: static batch shapes, CUDA "
+                   "graphs); its batches differ, so it is part of the settings key")
+    p.add_argument("--done-from", action="append", default=[], metavar="JSONL",
+                   help="more curves lines counted as done (read only; e.g. the committed results while --out is "
+                   "a fresh folder's), repeatable")
+    p.add_argument("--choose-schedule", action="store_true",
+                   help="print the GPU study's schedule as 'LR WARMUP', chosen by resnmt.study.plan.choose_schedule from the "
+                   "post-LN base runs (seed 1) of the schedule sweep (resnmt.study.plan.SWEEP_SCHEDULES) in --out and "
+                   "--done-from, the other settings as given; then exit")
+    p.add_argument("--throughput", action="store_true",
+                   help="print each run's updates per second in --workdir (fairseq's, its newest 10 intervals), "
+                   "their sum and the runs a GPU lease can train side by side to the last --milestones "
+                   "(resnmt.study.plan.workers_for; the last line is that number); then exit")
+    p.add_argument("--tiny", action="store_true", help="train every run at the tiny size (smoke tests)")
+    p.add_argument("--list", action="store_true",
+                   help="print the planned runs, the milestones each has recorded and, for an unfinished run, "
+                   "the update its checkpoints in --workdir reach; then exit")
+    return p
+
+
+def main(argv) -> int:
+    """``resnmt-study curves ARGV``: check the arguments, then list, choose, measure or train."""
+    p = parser()
+    a = p.parse_args(argv)
+    check_sizes_and_milestones(p, a)
+    check_only(p, a)
+    a.workdir = Path(a.workdir or ("runs/curves" if a.device == "cpu" else f"runs/curves-{a.device}"))
+    a.out = Path(a.out)
+    settings = study_settings(a)
+    key = settings_key(settings)
+    lines = [a.out, *map(Path, a.done_from)]
+    plan = planned(a, lines)
+
+    if a.choose_schedule:
+        (lr, warmup), why = sweep_choice(settings, lines, a.device)
+        print(why, file=sys.stderr)
+        print(f"{lr:g} {warmup}")
+        return 0
+    if a.throughput:
+        print_throughput(a)
+        return 0
+    if a.list:
+        print_plan(a, plan, lines, key)
+        return 0
+    a.bin_dir, a.ref = flags.scored_corpus(p, a.data, a.ref, PAIRS[a.pair])
+    if a.device == "cuda":
+        check_cuda(p)
+    if a.workers > 1:
+        return run_copies(argv, a.workers)
+    env = tool_env(threads=a.threads, cpu_only=a.device == "cpu")
+    device = cpu_description() if a.device == "cpu" else cuda_description()
+    return run_plan(a, settings, key, plan, lines, env, device)
+
+
+def check_cuda(p) -> None:
+    """--device cuda on a machine where torch sees no CUDA device: one error line."""
+    import torch
+
+    if not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
+
+
+def run_copies(argv, workers: int) -> int:
+    """``workers`` copies of this command (without --workers), side by side: they share the
+    plan through the run directories' locks. The highest exit status of them."""
+    argv = [c for i, c in enumerate(argv) if not (c == "--workers" or (i and argv[i - 1] == "--workers")
+                                                  or c.startswith("--workers="))]
+    child = [sys.executable, "-m", "resnmt.cli.study", "curves", *argv]
+    procs = [subprocess.Popen(child) for _ in range(workers)]
+    return max(proc.wait() for proc in procs)
+
+
+def check_sizes_and_milestones(p, a) -> None:
+    """--sizes (known; the GPU-only ones on a GPU) and --milestones (each a multiple of
+    --save-every, the first late enough for --average checkpoints), parsed into ``a``."""
+    a.sizes = [x.strip() for x in a.sizes.split(",") if x.strip()] if a.sizes else None
+    if a.sizes:
+        unknown = [x for x in a.sizes if x not in DEFAULT_MILESTONES]
+        if unknown:
+            p.error(f"--sizes {','.join(unknown)}: no such size; choose from {', '.join(DEFAULT_MILESTONES)}")
+        gpu_only = [x for x in a.sizes if x in GPU_ONLY_SIZES]
+        if gpu_only and a.device == "cpu" and not a.tiny:
+            p.error(f"--sizes {','.join(gpu_only)}: run only with --device cuda (or --tiny: the GPU job's rehearsal)")
+    a.data = a.data or str(flags.CORPUS.parent / PAIRS[a.pair].name)
+    if a.milestones is None:
+        a.milestones = {size: list(ms) for size, ms in PLANS[a.pair].milestones.items()}
+    else:
+        try:
+            ms = sorted({int(m) for m in a.milestones.split(",") if m.strip()})
+        except ValueError:
+            p.error(f"--milestones {a.milestones!r}: expected comma-separated numbers of updates")
+        a.milestones = {size: ms for size in DEFAULT_MILESTONES}
+    for size, ms in a.milestones.items():
+        if a.sizes and size not in a.sizes:
+            continue
+        bad = [m for m in ms if m <= 0 or m % a.save_every]
+        if not ms or bad:
+            p.error(f"--milestones {bad or ms}: each must be a positive multiple of --save-every {a.save_every}")
+        if ms[0] < a.average * a.save_every:
+            p.error(f"--milestones {ms[0]}: the first milestone needs {a.average} checkpoints "
+                    f"(--average) every {a.save_every} updates (--save-every), so at least {a.average * a.save_every}")
+
+
+def check_only(p, a) -> None:
+    """--only: runs of the study (SIZE:ROW:SEED), the GPU-only sizes on a GPU; a set in ``a``."""
+    a.only = set(x.strip() for x in a.only.split(",")) if a.only else None
+    if a.only:
+        order = plan_order(a, [Path(a.out), *map(Path, a.done_from)])
+        known = {f"{s}:{r}:{n}" for s, r, n in order} | {f"{s}:{slug(r)}:{n}" for s, r, n in order}
+        unknown = sorted(a.only - known)
+        if unknown:
+            p.error(f"--only {','.join(unknown)}: not in the {a.pair} study; choose SIZE:ROW:SEED from: "
+                    + ", ".join(f"{s}:{slug(r)}:{n}" for s, r, n in order))
+        gpu_only = sorted(x for x in a.only if x.split(":", 1)[0] in GPU_ONLY_SIZES)
+        if gpu_only and a.device == "cpu" and not a.tiny:
+            p.error(f"--only {','.join(gpu_only)}: the {'/'.join(GPU_ONLY_SIZES)} sizes run only with --device cuda "
+                    "(or --tiny: the GPU job's rehearsal)")
+
+
+def print_throughput(a) -> None:
+    """--throughput: each run's updates per second in --workdir, and the workers to run."""
+    rates = updates_per_second(a.workdir)
+    for run, ups in rates.items():
+        print(f"{run.relative_to(a.workdir)}: {ups:.2f} updates/s")
+    longest = max((a.milestones[size] for size in (a.sizes or a.milestones)), key=lambda ms: ms[-1])
+    print(f"{len(rates)} runs side by side: {sum(rates.values()):.2f} updates/s in all; each run to "
+          f"{longest[-1]} updates ({len(longest)} milestones) within a lease: workers")
+    print(workers_for(sum(rates.values()), longest[-1], len(longest)) if rates else 1)
+
+
+def print_plan(a, plan, lines, key) -> None:
+    """--list: each planned run, the milestones it has recorded, where an unfinished one resumes."""
+    done = done_milestones(lines, key, a.device)
+    width = max((len(row) for _, row, _ in plan), default=0)
+    for size, row, seed in plan:
+        have = sorted(done.get((size, row, seed), ()))
+        finished = set(a.milestones[size]) <= set(have)
+        state = "done   " if finished else ("partial" if have else "missing")
+        resumes = 0 if finished else resume_point(run_dir_of(a, key, size, row, seed) / "checkpoints")
+        where = f"  (checkpoints to update {resumes} in {a.workdir})" if resumes else ""
+        print(f"{state}  {size:5s} {row:{width}s} seed {seed}  milestones {have}{where}")

@@ -1,0 +1,142 @@
+"""Your connection kind under the study's protocol, beside the shipped rows: one command.
+
+    resnmt-study verdict layerscale                 # the study's CPU protocol, seed 1
+    resnmt-study verdict layerscale --quick         # a first look: 2+2 to 600 updates
+    resnmt-study verdict my_kind --connections my_kind.py --flags "--my-flag 2" --seeds 1,2
+    resnmt-study verdict layerscale --report        # the comparison from what is recorded
+    resnmt-study verdict layerscale --device cuda   # the GPU study's base size (6+6, d=512)
+
+It trains the kind (installed, or named with --connections) as the curves study trains
+every row (resnmt-study curves: Multi30k EN-DE, 2+2 layers to 2,400 updates and 6+6 to
+1,200 at d=128, the study's schedule, checkpoints averaged, test2016 decoded with beam 4,
+sacreBLEU), one run per size and seed, each milestone appended to --out with a progress
+line, so that a killed or repeated command resumes where it stopped. It then prints the
+kind's sacreBLEU beside the shipped rows' (from the committed study's lines, --reference,
+not retrained): post-LN, pre-LN and the best shipped row at each size's budget, and the
+study's verdicts, paired by seed: above post-LN at 2+2? above pre-LN at 6+6? level with
+the best (within the seed spread, 0.5 BLEU)? --quick trains 2+2 to 600 updates only and
+says on every verdict line that it is a first look, not the protocol.
+
+--device cuda trains the GPU study's base size (6+6, d=512, to 4,000 updates, a checkpoint
+every 100, under the schedule its sweep chose) and compares it with the study's base-size
+rows; where the study has none yet, it says so in one line. --tiny is a smoke test: the
+tiny model to 2 updates on any prepared corpus, set beside the shipped rows.
+"""
+import argparse
+import os
+from pathlib import Path
+
+from resnmt.cli import study_curves
+from resnmt.cli.common import OneLineErrorParser
+from resnmt.experiment.results import read_jsonl
+from resnmt.experiment.runtime import tool_env
+from resnmt.study import flags
+from resnmt.study.milestones import done_milestones, progress, study_settings, train_and_score
+from resnmt.study.plan import sweep_choice
+from resnmt.study.records import RESULTS, cpu_description, cuda_description, settings_key
+from resnmt.study.rows import CURVES_ROWS, Row
+from resnmt.study.verdict import PROTOCOLS, TINY_FLAGS, TINY_MILESTONES, report
+
+
+def parser() -> argparse.ArgumentParser:
+    p = OneLineErrorParser(prog="resnmt-study verdict", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(command="verdict")
+    p.add_argument("kind", help="the --residual name of your kind")
+    p.add_argument("--flags", default="", help="more fairseq-train flags of the kind, in one string")
+    p.add_argument("--connections", help="your kind's module or .py file, when it is not installed "
+                   "(passed to every tool as RESNMT_CONNECTIONS)")
+    p.add_argument("--seeds", default="1", help="comma-separated seeds (default: 1; the study's rows have 1-3)")
+    p.add_argument("--quick", action="store_true",
+                   help="a first look, not the protocol: 2+2 to 600 updates (--device cuda: base to 1000)")
+    p.add_argument("--device", default="cpu", choices=sorted(PROTOCOLS),
+                   help="cpu: the study's CPU protocol (default); cuda: the GPU study's base size")
+    p.add_argument("--data", default="data/multi30k", help="Multi30k EN-DE prepared by resnmt-prepare multi30k "
+                   "(default: %(default)s)")
+    flags.add_reference(p)
+    p.add_argument("--workdir", help="checkpoints and logs (default: runs/verdict, runs/verdict-cuda on a GPU)")
+    p.add_argument("--out", help="your runs' lines, appended per milestone (default: WORKDIR/curves.jsonl)")
+    p.add_argument("--reference", default=str(RESULTS / "curves.jsonl"),
+                   help="the study's lines the kind is compared with (default: benchmarks/results/curves.jsonl)")
+    flags.add_threads(p, 2)
+    p.add_argument("--report", action="store_true", help="print the comparison from --out only, training nothing")
+    p.add_argument("--tiny", action="store_true", help="a smoke test: the tiny model to 2 updates, set beside the "
+                   "shipped rows at the quick look's budget (every verdict line says so)")
+    return p
+
+
+def seeds_of(p, text: str) -> list:
+    try:
+        seeds = sorted({int(s) for s in text.split(",") if s.strip()})
+    except ValueError:
+        p.error(f"--seeds {text!r}: expected comma-separated integers, e.g. 1,2")
+    if not seeds or min(seeds) < 1:
+        p.error(f"--seeds {text!r}: expected seeds >= 1, e.g. 1,2")
+    return seeds
+
+
+def study_args(a, protocol, schedule=(), tiny: bool = False):
+    """``resnmt-study curves``' arguments for this protocol (its defaults: the study's
+    settings), this command's data, work directory and output; ``tiny``: the smoke test's."""
+    argv = ["--data", a.data, "--workdir", a.workdir, "--out", a.out, "--threads", str(a.threads),
+            "--remove-bpe", a.remove_bpe, *(["--ref", a.ref] if a.ref else []), *protocol.curves_flags, *schedule,
+            *(TINY_FLAGS if tiny else ())]
+    args = study_curves.parser().parse_args(argv)
+    args.command, args.workdir, args.out = "verdict", Path(args.workdir), Path(args.out)
+    return args
+
+
+def schedule_flags(protocol, reference) -> list:
+    """The GPU study's schedule (the sweep's choice among the reference lines) as flags; the
+    CPU study's is the defaults'."""
+    if protocol.device == "cpu":
+        return []
+    settings = study_settings(study_curves.parser().parse_args(list(protocol.curves_flags)))
+    (lr, warmup), _ = sweep_choice(settings, [reference], protocol.device)
+    return ["--lr", f"{lr:g}", "--warmup", str(warmup)]
+
+
+def train(p, a, args, row: str, seeds: list, milestones: dict) -> None:
+    """Each (size, seed) run of ``row`` to its milestones, resuming what is done."""
+    args.milestones = {s: list(m) for s, m in milestones.items()}
+    args.bin_dir, args.ref = flags.scored_corpus(p, args.data, args.ref)
+    if a.device == "cuda":
+        study_curves.check_cuda(p)
+    settings = study_settings(args)
+    key = settings_key(settings)
+    env = tool_env(threads=args.threads, cpu_only=a.device == "cpu")
+    if a.connections:
+        env["RESNMT_CONNECTIONS"] = a.connections
+    device = cpu_description() if a.device == "cpu" else cuda_description()
+    for size in milestones:
+        for seed in seeds:
+            done = done_milestones([args.out], key, a.device).get((size, row, seed), set())
+            if not train_and_score(args, settings, key, (size, row, seed), done, env, device):
+                progress(args, f"{size} {row} seed {seed}: another copy trains it")
+
+
+def main(argv=None) -> int:
+    p = parser()
+    a = p.parse_args(argv)
+    seeds = seeds_of(p, a.seeds)
+    protocol = PROTOCOLS[a.device]
+    a.workdir = a.workdir or ("runs/verdict" if a.device == "cpu" else f"runs/verdict-{a.device}")
+    a.out = a.out or str(Path(a.workdir) / "curves.jsonl")
+    if a.connections and Path(a.connections).suffix == ".py":
+        a.connections = os.path.abspath(a.connections)  # the tools run elsewhere
+    row = " ".join([a.kind, *a.flags.split()])
+    if row in CURVES_ROWS:
+        p.error(f"{a.kind}: a shipped row of the study has this name; its numbers are in {a.reference}")
+    if not Path(a.reference).is_file():
+        p.error(f"--reference {a.reference}: no such file; the study's lines are benchmarks/results/curves.jsonl "
+                "in resnmt's repository")
+    reference = read_jsonl(a.reference)
+    milestones = TINY_MILESTONES if a.tiny else protocol.quick if a.quick else protocol.milestones
+    schedule = schedule_flags(protocol, a.reference)
+    ours, theirs = study_args(a, protocol, schedule, tiny=a.tiny), study_args(a, protocol, schedule)
+    ours.rows = {row: Row("resnmt_transformer", ("--residual", a.kind, *a.flags.split()), seeds=len(seeds))}
+    if not a.report:
+        train(p, a, ours, row, seeds, milestones)
+    keys = (settings_key(study_settings(ours)), settings_key(study_settings(theirs)))
+    print("\n".join(report(read_jsonl(a.out), reference, row, protocol, milestones, keys, tiny=a.tiny)))
+    return 0

@@ -1,0 +1,18 @@
+"""The study's verdict rule on a claim, from the seeds of the curves study: ``claim_verdict``
+(yes, no or mixed), and ``LEVEL``, the gap one row's own seeds show.
+"""
+
+
+# A claim of matching (≥) holds for a seed within this many BLEU below its reference: the
+# spread of one row's own seeds at 2+2 (0.3-0.6), as the cross-layer table counts level.
+LEVEL = 0.5
+
+
+def claim_verdict(diffs: list, at_least: bool = False) -> str:
+    """``yes`` when every seed is ahead (a claim of matching: no seed more than
+    :data:`LEVEL` behind), ``no`` when every seed is behind (by more than :data:`LEVEL`),
+    else ``mixed``; ``(1 seed)`` where one seed is all there is."""
+    holds = [d >= -LEVEL if at_least else d > 0 for d in diffs]
+    fails = [d < -LEVEL if at_least else d < 0 for d in diffs]
+    word = "yes" if all(holds) else "no" if all(fails) else "mixed"
+    return word + (" (1 seed)" if len(diffs) == 1 else "")
