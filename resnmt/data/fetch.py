@@ -179,6 +179,18 @@ class Fetch:
         return input_changes(self.orig.parent, {f.name: self.source(f) for f in self.ds.files}, self.log)
 
 
+def compare_bytes(path: Path, st, size, mtime_ns, sha256) -> str:
+    """How ``path`` (stat ``st``) stands against a record of its bytes: "same" when its size and
+    mtime are the recorded ones (nothing read), "touched" when only they differ and its sha256 is
+    the recorded one, else "changed" (a file of another size, or with no sha256 recorded, is
+    not read)."""
+    if (st.st_size, st.st_mtime_ns) == (size, mtime_ns):
+        return "same"
+    if sha256 is None or (size is not None and st.st_size != size):
+        return "changed"
+    return "touched" if sha256_of(path) == sha256 else "changed"
+
+
 def read_record(outdir: Path) -> Dict[str, dict]:
     """OUTDIR's record of its inputs (NAME -> source, size, mtime_ns, sha256) as the last fetch
     step wrote it; {} when it recorded none."""
@@ -207,11 +219,12 @@ def input_changes(outdir: Path, sources: Dict[str, Path], log: Callable[[str], N
             continue
         if was is None:
             lines.append(f"input {path} ({name}) is not among the inputs the last run recorded")
-        elif (st.st_size, st.st_mtime_ns) != (was.get("size"), was.get("mtime_ns")):
-            if sha256_of(path) != was["sha256"]:
+        else:
+            how = compare_bytes(path, st, was.get("size"), was.get("mtime_ns"), was["sha256"])
+            if how == "changed":
                 size = f"size {was['size']} -> {st.st_size}, " if was.get("size", st.st_size) != st.st_size else ""
                 lines.append(f"input {path} ({name}) changed since it was prepared ({size}other sha256)")
-            else:
+            elif how == "touched":
                 touched[name] = path
     if touched and not lines and record_anew:
         for name, path in touched.items():

@@ -96,20 +96,19 @@ def data_changes(before: Dict[str, list], bin_dir: Path) -> tuple:
     nothing is read when nothing changed; a file with a new mtime and the same bytes keeps
     its place in the stamp now with its new mtime. A stamp without sha256 (written before
     they were recorded) counts any other mtime as a change."""
-    from resnmt.data.fetch import sha256_of
+    from resnmt.data.fetch import compare_bytes
 
-    now = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(Path(bin_dir).iterdir()) if p.is_file()}
+    files = {p.name: p for p in sorted(Path(bin_dir).iterdir()) if p.is_file()}
+    now = {name: [p.stat().st_size, p.stat().st_mtime_ns] for name, p in files.items()}
     changed = []
     for name in sorted(set(before) | set(now)):
         was, stat = before.get(name), now.get(name)
         if was is None or stat is None:
             changed.append(name)
-        elif was[:2] == stat:
-            stat.extend(was[2:])
-        elif len(was) > 2 and was[0] == stat[0] and sha256_of(Path(bin_dir) / name) == was[2]:
-            stat.append(was[2])  # touched: the same bytes
-        else:
+        elif compare_bytes(files[name], files[name].stat(), *was[:2], was[2] if len(was) > 2 else None) == "changed":
             changed.append(name)
+        else:  # the same bytes: recorded with its mtime now
+            stat.extend(was[2:])
     return changed, now
 
 
