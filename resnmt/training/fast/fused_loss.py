@@ -35,7 +35,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-MAX_BLOCK = 4096  # logits a program reads at once
+MAX_BLOCK = 4096  # logits of a row read at once
+INTERPRETED_ROWS = 32  # rows a program takes off CUDA
 
 try:
     import triton
@@ -48,39 +49,42 @@ except ImportError:  # fairseq's criterion serves (use_fused_loss)
 
 if triton is not None:
     @triton.jit
-    def _label_smoothed_rows(X, TARGET, LOSS, NLL, DX, stride, V, ignore_index, eps_i, confidence,
-                             WITH_GRAD: tl.constexpr, BF16: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        x_row = X + row * stride
-        target = tl.load(TARGET + row)
+    def _label_smoothed_rows(X, TARGET, LOSS, NLL, DX, n_rows, stride, V, ignore_index, eps_i, confidence,
+                             WITH_GRAD: tl.constexpr, BF16: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        real = rows < n_rows
+        read = tl.minimum(rows, n_rows - 1)  # rows past the last read it (nothing of theirs is stored)
+        target = tl.load(TARGET + read)
         kept = target != ignore_index
+        starts = X + read[:, None] * stride
         cols = tl.arange(0, BLOCK)
-        peak = tl.full((), float("-inf"), tl.float32)  # the largest logit so far
-        scaled = tl.zeros((), tl.float32)  # the sum of exp(x - peak)
-        total = tl.zeros((), tl.float32)   # the sum of x
+        peak = tl.full([ROWS], float("-inf"), tl.float32)  # each row's largest logit so far
+        scaled = tl.zeros([ROWS], tl.float32)  # its sum of exp(x - peak)
+        total = tl.zeros([ROWS], tl.float32)   # its sum of x
         for start in range(0, V, BLOCK):
-            inside = start + cols < V
-            x = tl.load(x_row + start + cols, mask=inside, other=float("-inf")).to(tl.float32)
-            new_peak = tl.maximum(peak, tl.max(x, axis=0))
-            scaled = scaled * tl.exp(peak - new_peak) + tl.sum(tl.exp(x - new_peak), axis=0)
-            total += tl.sum(tl.where(inside, x, 0.0), axis=0)
+            inside = (start + cols < V)[None, :]
+            x = tl.load(starts + start + cols[None, :], mask=inside, other=float("-inf")).to(tl.float32)
+            new_peak = tl.maximum(peak, tl.max(x, axis=1))
+            scaled = scaled * tl.exp(peak - new_peak) + tl.sum(tl.exp(x - new_peak[:, None]), axis=1)
+            total += tl.sum(tl.where(inside, x, 0.0), axis=1)
             peak = new_peak
         lse = peak + tl.log(scaled)
-        nll = lse - tl.load(x_row + tl.where(kept, target, 0)).to(tl.float32)
+        nll = lse - tl.load(X + read * stride + tl.where(kept, target, 0)).to(tl.float32)
         loss = confidence * nll + eps_i * (V * lse - total)
-        tl.store(LOSS + row, tl.where(kept, loss, 0.0))
-        tl.store(NLL + row, tl.where(kept, nll, 0.0))
+        tl.store(LOSS + rows, tl.where(kept, loss, 0.0), mask=real)
+        tl.store(NLL + rows, tl.where(kept, nll, 0.0), mask=real)
         if WITH_GRAD:
-            dx_row = DX + row * stride
+            grad_starts = DX + read[:, None] * stride
             for start in range(0, V, BLOCK):
-                inside = start + cols < V
-                x = tl.load(x_row + start + cols, mask=inside, other=0.0).to(tl.float32)
-                grad = tl.exp(x - lse) - eps_i - tl.where(start + cols == target, confidence, 0.0)
-                grad = tl.where(kept, grad, 0.0)
+                inside = real[:, None] & (start + cols < V)[None, :]
+                x = tl.load(starts + start + cols[None, :], mask=inside, other=0.0).to(tl.float32)
+                hit = (start + cols)[None, :] == target[:, None]
+                grad = tl.exp(x - lse[:, None]) - eps_i - tl.where(hit, confidence, 0.0)
+                grad = tl.where(kept[:, None], grad, 0.0)
                 if BF16:
-                    tl.store(dx_row + start + cols, _round_to_bf16(grad), mask=inside)
+                    tl.store(grad_starts + start + cols[None, :], _round_to_bf16(grad), mask=inside)
                 else:
-                    tl.store(dx_row + start + cols, grad, mask=inside)
+                    tl.store(grad_starts + start + cols[None, :], grad, mask=inside)
 
 
 def triton_available() -> bool:
@@ -95,7 +99,7 @@ def _kernel():
 
 class _LabelSmoothedLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, eps, ignore_index, with_grad, block):
+    def forward(ctx, logits, target, eps, ignore_index, with_grad, block, rows_per_program):
         x = logits.reshape(-1, logits.size(-1))
         if x.stride(-1) != 1:
             x = x.contiguous()
@@ -104,8 +108,9 @@ class _LabelSmoothedLoss(torch.autograd.Function):
         nlls = torch.empty_like(losses)
         grad = torch.empty_like(x) if with_grad else losses  # (not written without the gradient)
         eps_i = eps / (vocab - 1)
-        _kernel()[(rows,)](x, target.reshape(-1), losses, nlls, grad, x.stride(0), vocab, ignore_index, eps_i,
-                           1.0 - eps - eps_i, WITH_GRAD=with_grad, BF16=x.dtype == torch.bfloat16, BLOCK=block)
+        _kernel()[(triton.cdiv(rows, rows_per_program),)](
+            x, target.reshape(-1), losses, nlls, grad, rows, x.stride(0), vocab, ignore_index, eps_i, 1.0 - eps - eps_i,
+            WITH_GRAD=with_grad, BF16=x.dtype == torch.bfloat16, ROWS=rows_per_program, BLOCK=block)
         ctx.shape = logits.shape
         if with_grad:
             ctx.save_for_backward(grad)
@@ -116,16 +121,18 @@ class _LabelSmoothedLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _grad_nll):
         (grad,) = ctx.saved_tensors
-        return grad.mul_(grad_loss).view(ctx.shape), None, None, None, None, None  # in place: one backward pass
+        return grad.mul_(grad_loss).view(ctx.shape), None, None, None, None, None, None  # in place: one backward pass
 
 
 def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, eps: float, ignore_index: int,
-                                 block: int = None):
+                                 block: int = None, rows_per_program: int = None):
     """fairseq's ``label_smoothed_nll_loss(log_softmax(logits), target, eps, ignore_index,
     reduce=True)`` (module docstring): ``(loss, nll_loss)``, float32 sums; ``logits`` ``(...,
-    V)`` float32 or bfloat16, ``target`` of its leading shape. ``block``: logits read at once
-    (a power of 2; default ``V``'s, at most ``MAX_BLOCK``). The loss's gradient is computed
-    here, with the loss, where ``logits`` needs one."""
+    V)`` float32 or bfloat16, ``target`` of its leading shape. ``block``: logits of a row read
+    at once (a power of 2; default ``V``'s, at most ``MAX_BLOCK``); ``rows_per_program`` (a
+    power of 2): 1 on CUDA, ``INTERPRETED_ROWS`` elsewhere (Triton's interpreter, whose cost is
+    per operation). The loss's gradient is computed here, with the loss, where ``logits``
+    needs one."""
     if logits.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"fused cross-entropy: logits in {logits.dtype}; it takes float32 and bfloat16")
     if target.shape != logits.shape[:-1] or logits.size(-1) < 2:
@@ -133,8 +140,10 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, eps
                          "target per row of logits over at least 2 classes")
     vocab = logits.size(-1)
     block = block or min(MAX_BLOCK, 1 << (vocab - 1).bit_length())
+    rows_per_program = rows_per_program or (1 if logits.is_cuda else INTERPRETED_ROWS)
     with_grad = torch.is_grad_enabled() and logits.requires_grad
-    return _LabelSmoothedLoss.apply(logits, target.contiguous(), float(eps), int(ignore_index), with_grad, block)
+    return _LabelSmoothedLoss.apply(logits, target.contiguous(), float(eps), int(ignore_index), with_grad, block,
+                                    rows_per_program)
 
 
 def kernel_wanted(device) -> bool:
