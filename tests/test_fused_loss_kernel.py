@@ -119,9 +119,10 @@ def test_no_float32_tensor_over_the_vocabulary_is_made():
 # ------------------------------------------------------------------ on the fast path
 
 def criterion_on_the_fast_path(data, monkeypatch, *extra, drop=()):
-    """A fast-path trainer's model and criterion with the kernel (as on CUDA), and one fairseq batch."""
+    """A fast-path trainer (on CUDA where there is one) whose criterion has the kernel, and one
+    fairseq batch."""
     monkeypatch.setattr(fused_loss, "kernel_wanted", lambda device: True)
-    cfg = config(data, *extra, drop=drop)
+    cfg = config(data, *extra, drop=drop, cpu=DEVICE.type == "cpu")
     utils.set_torch_seed(cfg.common.seed)
     task = tasks.setup_task(cfg.task)
     trainer = FastPathTrainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
