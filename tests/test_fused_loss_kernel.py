@@ -221,7 +221,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from resnmt.training.fast.fused_loss import MAX_BLOCK, _label_smoothed_rows
 for logits, with_grad in (("bf16", True), ("fp32", True), ("bf16", False)):
-    sig = {"X": "*" + logits, "TARGET": "*i64", "LOSS": "*fp32", "NLL": "*fp32", "DX": "*" + logits,
+    sig = {"X": "*" + logits, "TARGET": "*i64", "LOSS": "*fp32", "NLL": "*fp32", "DX": "*" + (logits if with_grad
+                                                                                            else "fp32"),
            **{n: "i32" for n in ("n_rows", "stride", "V", "ignore_index")}, "eps_i": "fp32", "confidence": "fp32",
            **{n: "constexpr" for n in ("WITH_GRAD", "BF16", "ROWS", "BLOCK")}}
     source = ASTSource(fn=_label_smoothed_rows, signature=sig, constexprs={

@@ -12,14 +12,15 @@ and ``lse`` a row's log-sum-exp, a row of target ``t`` costs::
     loss   = (1 - eps - eps_i) nll + eps_i smooth
     d loss / d x[v] = softmax(x)[v] - eps_i - (1 - eps - eps_i) [v = t]
 
-(the softmax's coefficients add up to 1). A padding row (target ``--ignore-index``, the
-dictionary's pad) costs nothing and gets no gradient. The kernel gives each row one program:
-a first sweep over ``V`` in blocks keeps a running maximum, the sum of exponentials scaled to
-it (the online log-sum-exp) and the sum of the logits, all float32; a second sweep writes the
-gradient, in the logits' dtype (bf16 rounded to nearest even, as torch rounds), where the
-logits need one. :func:`label_smoothed_cross_entropy` returns the summed loss and ``nll_loss``
-as fairseq's criterion does; the backward pass multiplies the stored gradient by the incoming
-one (1 in fairseq's trainer; 0 for its dummy batches), with no read on the host.
+(the softmax's coefficients add up to 1). A padding row (its target the dictionary's pad,
+fairseq's ``ignore_index``) costs nothing and gets no gradient. On CUDA each row is a program
+of its own (under Triton's interpreter a program takes 32 rows): a first sweep over ``V`` in
+blocks keeps a running maximum, the sum of exponentials scaled to it (the online
+log-sum-exp) and the sum of the logits, all float32; a second sweep writes the gradient, in
+the logits' dtype (bf16 rounded to nearest even, as torch rounds), where the logits need one.
+:func:`label_smoothed_cross_entropy` returns the summed loss and ``nll_loss`` as fairseq's
+criterion does; the backward pass multiplies the stored gradient by the incoming one (1 in
+fairseq's trainer; 0 for its dummy batches), with no read on the host.
 
 :func:`use_fused_loss` gives a criterion this loss (its ``compute_loss``) on CUDA where Triton
 is installed; elsewhere, for a model whose log-probabilities are not a plain ``log_softmax``
@@ -100,9 +101,7 @@ def _kernel():
 class _LabelSmoothedLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, eps, ignore_index, with_grad, block, rows_per_program):
-        x = logits.reshape(-1, logits.size(-1))
-        if x.stride(-1) != 1:
-            x = x.contiguous()
+        x = logits.reshape(-1, logits.size(-1)).contiguous()  # (a copy only where it is not; the gradient's layout)
         rows, vocab = x.shape
         losses = torch.empty(rows, dtype=torch.float32, device=x.device)
         nlls = torch.empty_like(losses)
