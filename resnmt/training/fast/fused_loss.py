@@ -88,10 +88,6 @@ if triton is not None:
                     tl.store(grad_starts + start + cols[None, :], grad, mask=inside)
 
 
-def triton_available() -> bool:
-    return triton is not None
-
-
 def _kernel():
     if triton is None:
         raise RuntimeError("fused cross-entropy: Triton is not installed")
@@ -107,7 +103,7 @@ class _LabelSmoothedLoss(torch.autograd.Function):
         nlls = torch.empty_like(losses)
         grad = torch.empty_like(x) if with_grad else losses  # (not written without the gradient)
         eps_i = eps / (vocab - 1)
-        _kernel()[(triton.cdiv(rows, rows_per_program),)](
+        _kernel()[(-(-rows // rows_per_program),)](
             x, target.reshape(-1), losses, nlls, grad, rows, x.stride(0), vocab, ignore_index, eps_i, 1.0 - eps - eps_i,
             WITH_GRAD=with_grad, BF16=x.dtype == torch.bfloat16, ROWS=rows_per_program, BLOCK=block)
         ctx.shape = logits.shape
