@@ -22,7 +22,8 @@ updates (the first records every bucket's step and the update as CUDA graphs), t
 * ``kernel_launches`` (launched one by one by the host) and ``graph_launches``
   (``cudaGraphLaunch``: a replayed graph's kernels are launched by one call), host
   synchronisations, and the top kernels and host operations;
-* the graphs recorded, their seconds, the shapes that run eagerly and the Adam kernel.
+* the graphs recorded, their seconds, the shapes that run eagerly, the Adam kernel and the
+  loss's (``triton``: the fused cross-entropy; ``fairseq``: the criterion's own).
 
 On the CPU (``--cpu``) the steps run eagerly and there is no device time: the rehearsal
 checks the code path and the file, not the numbers.
@@ -114,6 +115,7 @@ def profile_fast_path(trainer, batches, warmup: int, updates: int, cpu: bool) ->
         "host_syncs": {k: per_update(rf"^{k}$") for k in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
                                                            "cudaEventSynchronize")},
         "adam_kernel": update.adam_kernel,
+        "loss_kernel": trainer.loss_kernel,
         "graphs": graphs.summary() if graphs is not None else None,
         "eager_shapes": {" ".join(map(str, k[1:])): why for k, why in graphs.failures.items()} if graphs else {},
         "top_kernels": [{"name": e.key[:160], "count": e.count / updates, "device_ms": device_time(e) / 1e3 / updates}
@@ -152,7 +154,8 @@ def main(argv=None):
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(result, indent=1))
     tmp.replace(out)
-    keys = ("wall_ms", "host_ms", "kernel_ms", "device_busy", "kernel_launches", "graph_launches", "adam_kernel")
+    keys = ("wall_ms", "host_ms", "kernel_ms", "device_busy", "kernel_launches", "graph_launches", "adam_kernel",
+            "loss_kernel")
     print(json.dumps({k: result[k] for k in keys}), flush=True)
 
 

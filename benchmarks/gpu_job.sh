@@ -67,7 +67,8 @@
 # Part 5 (default 500 s), the fast path (--fast-path, resnmt/training/fast/), the most
 #   decisive numbers first: the CUDA checks of tests/test_fast_path.py (the captured update equals
 #   the eager one; a step that cannot be captured runs eagerly; the fast path's losses equal
-#   fairseq's step; no host sync in an update; the update's Triton Adam kernel against fairseq's Adam;
+#   fairseq's step; no host sync in an update; the update's Triton Adam kernel against fairseq's Adam, the fused
+#   cross-entropy kernel against fairseq's label-smoothed loss;
 #   then, in a process of its own, captured training against eager) -> fast_path_tests*.txt; whole
 #   processes at base size, 4096 tokens, 200 updates
 #   (Multi30k's first epoch is about 135), 3 rounds ordered stock, fast, fast, stock (A B B A: the
@@ -78,7 +79,7 @@
 #   Then, where 75 s are left, the fast path's own profile (as part 10's, at most 60 s).
 # Part 10 (default 120 s): the fast path's own profile alone (benchmarks/fast_profile.py: base size,
 #   4096 tokens, bf16, 10 updates after 10: wall, host and kernel time per update, kernel and graph
-#   launches, syncs, top kernels) -> fast_path_profile.json, after the Triton Adam kernel's checks;
+#   launches, syncs, top kernels) -> fast_path_profile.json, after the Triton kernels' checks (Adam, the loss);
 #   timeout 150 bash benchmarks/gpu_job.sh 10 (where a lease has the time after part 5).
 # Part 8 (default 500 s): transformer-big at 16384 tokens, stock against the fast path (A B B A
 #   rounds; MFU against the measured bf16 peak).
@@ -164,8 +165,9 @@ elif [ "$PART" = 4 ]; then
         --rows transformer,transformer_prenorm,post_ln,pre_ln,peri_ln,b2t,resi_dual,dlcl,dlcl_post,pre_ln_rms_norm,post_ln_rms_norm,pre_ln_dyt,post_ln_dyt,hyper,mhc,mix_ln,ln_scaling,hybrid_norm,denseformer \
         --deadline $(( $(left) - 40 )) "${SMOKE[@]}"
 elif [ "$PART" = 5 ]; then
-    timeout 100 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_fast_path.py \
-        tests/test_fused_adam_kernel.py -k "on_cuda and not captured_training or kernel" 2>&1 | tail -n 40 \
+    timeout 120 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_fast_path.py \
+        tests/test_fused_adam_kernel.py tests/test_fused_loss_kernel.py -k "on_cuda and not captured_training or kernel" \
+        2>&1 | tail -n 40 \
         > "$OUT/fast_path_tests.txt"
     tail -n 3 "$OUT/fast_path_tests.txt"
     timeout 60 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
@@ -187,7 +189,8 @@ elif [ "$PART" = 5 ]; then
     echo "[gpu_job] base: the fast path against stock done at $((SECONDS - T0)) s"
     if [ "$(left)" -gt 75 ]; then fast_profile 60; fi  # the rounds first: the profile where time is left
 elif [ "$PART" = 10 ]; then
-    timeout 60 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_fused_adam_kernel.py 2>&1 \
+    timeout 60 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_fused_adam_kernel.py \
+        tests/test_fused_loss_kernel.py 2>&1 \
         | tail -n 20 > "$OUT/fast_path_tests.txt"
     tail -n 1 "$OUT/fast_path_tests.txt"
     fast_profile $(( $(left) - 10 ))

@@ -42,6 +42,7 @@ _STEPS_RE = re.compile(r"\[fast path\] the update on the \w+ \([^)]*\), (.*)")
 _CAPTURE_RE = re.compile(r"\[fast path\] captured \S+ .*? in ([\d.]+) s \(graph (\d+)\)")
 _PRIMED_RE = re.compile(r"\[fast path\] \d+ shapes and the update recorded before training in ([\d.]+) s")
 _ADAM_RE = re.compile(r"\[fast path\] (?:Adam: (.*)|the fused Adam kernel failed \((.*)\); Adam runs as)")
+_LOSS_RE = re.compile(r"\[fast path\] (?:loss: (.*)|the fused cross-entropy kernel failed \((.*)\); the loss runs as)")
 _FAILED_RE = re.compile(r"\[fast path\] (.*: its (?:warm-up|capture) failed .*); this shape runs eagerly from now on")
 
 
@@ -74,6 +75,9 @@ def fast_path_log(text: str, intervals: List[dict]) -> dict:
     adam = _ADAM_RE.findall(text)
     if adam:  # how Adam ran (the Triton kernel's failure, where it fell back)
         rec["adam"] = "; ".join(how or f"the Triton kernel failed ({why})" for how, why in adam)
+    loss = _LOSS_RE.findall(text)
+    if loss:  # how the loss ran (the Triton kernel's failure, where it fell back)
+        rec["loss"] = "; ".join(how or f"the Triton kernel failed ({why})" for how, why in loss)
     failed = _FAILED_RE.findall(text)
     if failed:  # shapes that run eagerly: which and why
         rec["eager_shapes"] = failed

@@ -654,6 +654,7 @@ def test_resnmt_train_and_fairseq_train_run_the_fast_path(tiny_bin, tmp_path):
                      "--save-dir", tmp_path / "fairseq"])
     assert "[fast path] the update on the cpu (float32)" in stock.stdout + stock.stderr
     assert "[fast path] Adam: multi-tensor operations" in stock.stdout + stock.stderr
+    assert "[fast path] loss: fairseq's criterion" in stock.stdout + stock.stderr
 
     refused = run_cli(["resnmt-train", tiny_bin, *args, "--fp16", "--save-dir", tmp_path / "no"], check=False)
     assert refused.returncode != 0

@@ -18,12 +18,14 @@ def test_smoke_profile_on_the_cpu(tiny_bin, tmp_path):
                     "--warmup", "1", "--updates", "2"])
     profile = json.loads(out.read_text())
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {k: profile[k] for k in (
-        "wall_ms", "host_ms", "kernel_ms", "device_busy", "kernel_launches", "graph_launches", "adam_kernel")}
+        "wall_ms", "host_ms", "kernel_ms", "device_busy", "kernel_launches", "graph_launches", "adam_kernel",
+        "loss_kernel")}
     assert profile["run"] == "resnmt_train_fast_bf16" and profile["device"] == "cpu"
     assert (profile["updates"], profile["warmup_updates"]) == (2, 1)
     assert 0 < profile["host_ms"] <= profile["host_ms_max"] and profile["wall_ms"] >= profile["host_ms"] * 0.99
     # the CPU: eager steps, the multi-tensor Adam, no device time, no launches
     assert profile["graphs"] is None and profile["adam_kernel"] == "foreach" and profile["device_busy"] is None
+    assert profile["loss_kernel"] == "fairseq"
     assert profile["kernel_ms"] == 0 and profile["kernel_launches"] == profile["graph_launches"] == 0
     # the update's host operations, the matrix products among them
     assert any(op["name"] == "aten::mm" and op["count"] > 0 for op in profile["top_host_ops"])

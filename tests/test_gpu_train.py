@@ -532,6 +532,9 @@ def test_a_fast_path_log_says_what_was_recorded_before_training_and_what_runs_ea
             "[fast path] Adam: one Triton kernel launch over every parameter\n"
             "[fast path] the fused Adam kernel failed (RuntimeError: PTX JIT compilation failed); Adam runs as "
             "multi-tensor operations\n"
+            "[fast path] loss: one Triton kernel from the logits (no float32 log-probabilities)\n"
+            "[fast path] the fused cross-entropy kernel failed (RuntimeError: out of resources); the loss runs as "
+            "fairseq's criterion\n"
             "[fast path] captured forward_backward 8 8x33 8 8x40 8x40 as a CUDA graph in 0.52 s (graph 1)\n"
             "[fast path] forward_backward 16 16x20 16 16x21 16x21: its capture failed (RuntimeError: operation not "
             "permitted when stream is capturing); this shape runs eagerly from now on\n"
@@ -542,6 +545,8 @@ def test_a_fast_path_log_says_what_was_recorded_before_training_and_what_runs_ea
     assert rec["recorded_before_training_s"] == 3.4
     assert rec["adam"] == ("one Triton kernel launch over every parameter; the Triton kernel failed (RuntimeError: PTX "
                            "JIT compilation failed)")
+    assert rec["loss"] == ("one Triton kernel from the logits (no float32 log-probabilities); the Triton kernel failed "
+                           "(RuntimeError: out of resources)")
     assert rec["eager_shapes"] == ["forward_backward 16 16x20 16 16x21 16x21: its capture failed (RuntimeError: "
                                    "operation not permitted when stream is capturing)"]
 

@@ -32,7 +32,9 @@ needs every step of the model free of host reads too: :func:`use_static_padding`
 the model's modules that offer it to always pass the padding masks. Every attention
 sublayer trains through ``scaled_dot_product_attention`` with the call pattern its fast
 kernels take (``attention.py``), and the decoder's causal-mask cache is built once at its
-longest (:func:`presize_future_masks`).
+longest (:func:`presize_future_masks`). On CUDA the criterion's loss and its gradient come
+from one Triton kernel reading the logits (``fused_loss.py``), with no float32
+log-probabilities over the vocabulary.
 
 What it supports: float32 and ``--bf16`` (resnmt-train's), ``--update-freq``, data
 parallel training (``--ddp-backend pytorch_ddp``/``legacy_ddp``; eager there), fairseq's
@@ -161,6 +163,9 @@ class FastPathTrainer(Trainer):
         self.sdpa_attention_modules = use_sdpa_attention(
             self._model, right_padded_targets=not getattr(task.cfg, "left_pad_target", False))
         presize_future_masks(self._model)
+        from resnmt.training.fast.fused_loss import use_fused_loss
+
+        use_fused_loss(self._criterion, self.device)
         self._graphs = graphs
         self._update: Optional[DeviceUpdate] = None
         self._checked_through = 0  # the updates up to here had finite gradient norms
@@ -200,9 +205,19 @@ class FastPathTrainer(Trainer):
                         else "steps run eagerly")
             logger.info("[fast path] Adam: %s", "one Triton kernel launch over every parameter"
                         if self._update.adam_kernel == "triton" else "multi-tensor operations")
+            logger.info("[fast path] loss: %s", "one Triton kernel from the logits (no float32 log-probabilities)"
+                        if self.loss_kernel == "triton" else "fairseq's criterion")
             if self._graphs is not None:
                 self.prime_graphs()
         return self._update
+
+    @property
+    def loss_kernel(self) -> str:
+        """``triton`` where the criterion's loss runs the fused kernel (``fused_loss.py``),
+        else ``fairseq``."""
+        from resnmt.training.fast.fused_loss import FusedCompute
+
+        return "triton" if isinstance(self._criterion.__dict__.get("compute_loss"), FusedCompute) else "fairseq"
 
     def prime_graphs(self) -> None:
         """Warm up and record every bucket's step and the update before the first counted
