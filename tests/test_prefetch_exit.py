@@ -54,3 +54,27 @@ def test_prefetch_thread_busy_at_exit_exits_cleanly_with_resnmt():
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip() == "torch.Size([50, 64])"
         assert "terminate called" not in proc.stderr
+
+
+def test_a_prefetch_thread_whose_last_put_was_waiting_ends_and_the_exit_goes_on():
+    """A run stopped in the last batches of its epoch: the prefetch thread has fetched them
+    all and waits for room to put the end-of-epoch marker. Emptying its queue lets that
+    last put through and the thread ends instead of arriving at another put; the exit
+    counts it as ended (it used to wait the full timeout for it)."""
+    import threading
+    import time
+
+    from fairseq.data.iterators import BufferedIterator
+
+    from resnmt.training.prefetch_exit import park
+
+    batches = BufferedIterator(2, [1, 2, 3])
+    assert next(batches) == 1  # the thread puts 2 and 3, then waits to put the marker
+    consumer = batches._consumer
+    for _ in range(6000):  # until then (a guard against a hang, not a timing)
+        if consumer.count == 3 and batches._queue.full():
+            break
+        time.sleep(0.01)
+    assert consumer.count == 3 and batches._queue.full() and consumer.is_alive()
+    assert park([consumer], timeout=600) == {"parked": 0, "ended": 1, "left": 0}
+    assert not consumer.is_alive() and consumer not in threading.enumerate()
