@@ -69,6 +69,46 @@ def run_cli(args, cwd=None, check=True, timeout=900, **env_extra):
     return proc
 
 
+# One process that imports torch and fairseq once, then forks a child per command: the
+# child's descriptors are the command's stdin (/dev/null), stdout and stderr files, its
+# directory the command's, and it calls the console script's entry point as the installed
+# script does (sys.exit(main()), its exit and atexit handlers its own).
+FORKED_CONSOLE_SCRIPTS = r"""
+import json, os, sys
+from importlib.metadata import entry_points
+import torch, fairseq
+
+for name, args, cwd, out, err in json.loads(sys.stdin.read()):
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.chdir(cwd)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        for fd, path in ((1, out), (2, err)):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        (script,) = entry_points(group="console_scripts", name=name)
+        sys.argv = [os.path.join(os.path.dirname(sys.executable), name), *args]
+        sys.exit(script.load()())
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+
+
+def run_console_scripts(commands, cwd, tmp_dir: Path) -> list:
+    """Each command (the name of one of the venv's console scripts, then its arguments) run
+    in a process of its own, as ``run_cli(..., check=False)`` runs it, for the tests of what
+    commands print (a bad flag's one line): the processes are forked from one that has
+    imported torch and fairseq, which each would otherwise import again. Their output
+    files are kept in ``tmp_dir``."""
+    import json
+
+    jobs = [[str(cmd[0]), [str(a) for a in cmd[1:]], str(cwd), str(tmp_dir / f"{i}.out"), str(tmp_dir / f"{i}.err")]
+            for i, cmd in enumerate(commands)]
+    codes = subprocess.run([sys.executable, "-c", FORKED_CONSOLE_SCRIPTS], input=json.dumps(jobs), cwd=str(cwd),
+                           env=cli_env(), capture_output=True, text=True, timeout=900, check=True).stdout.split()
+    return [subprocess.CompletedProcess(cmd, int(code), Path(out).read_text(), Path(err).read_text())
+            for cmd, code, (_, _, _, out, err) in zip(commands, codes, jobs)]
+
+
 def write_multi30k_subset(dest: Path, n_train=300, n_valid=60, n_test=60) -> Path:
     """First lines of the real Multi30k EN-DE splits, lower-cased, as fairseq text files."""
     src = shared_data_dir("multi30k")
