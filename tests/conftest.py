@@ -72,7 +72,8 @@ def run_cli(args, cwd=None, check=True, timeout=900, **env_extra):
 # One process that imports torch and fairseq once, then forks a child per command: the
 # child's descriptors are the command's stdin (/dev/null), stdout and stderr files, its
 # directory the command's, and it calls the console script's entry point as the installed
-# script does (sys.exit(main()), its exit and atexit handlers its own).
+# script does (sys.exit(main()), its exit and atexit handlers its own), or runs the code
+# of a "-c" command as `python -c` does.
 FORKED_CONSOLE_SCRIPTS = r"""
 import json, os, sys
 from importlib.metadata import entry_points
@@ -86,6 +87,10 @@ for name, args, cwd, out, err in json.loads(sys.stdin.read()):
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         for fd, path in ((1, out), (2, err)):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        if name == "-c":  # python -c CODE ARGS
+            sys.argv = ["-c", *args[1:]]
+            exec(compile(args[0], "<string>", "exec"), {"__name__": "__main__"})
+            sys.exit(0)
         (script,) = entry_points(group="console_scripts", name=name)
         sys.argv = [os.path.join(os.path.dirname(sys.executable), name), *args]
         sys.exit(script.load()())
@@ -94,7 +99,8 @@ for name, args, cwd, out, err in json.loads(sys.stdin.read()):
 
 
 def run_console_scripts(commands, cwd, tmp_dir: Path) -> list:
-    """Each command (the name of one of the venv's console scripts, then its arguments) run
+    """Each command (the name of one of the venv's console scripts, or "-c" and Python code,
+    then its arguments) run
     in a process of its own, as ``run_cli(..., check=False)`` runs it, for the tests of what
     commands print (a bad flag's one line): the processes are forked from one that has
     imported torch and fairseq, which each would otherwise import again. Their output
