@@ -1,4 +1,5 @@
 """Shared test fixtures: paths, a tiny real-data corpus binarized by fairseq, CLI runner."""
+import atexit
 import fcntl
 import gzip
 import os
@@ -51,42 +52,35 @@ def cli_env(**extra) -> dict:
     return env
 
 
-def run_cli(args, cwd=None, check=True, timeout=900, **env_extra):
-    """Run a command-line tool (list of str) with the venv's bin first on PATH."""
-    proc = subprocess.run(
-        [str(a) for a in args],
-        cwd=str(cwd or REPO_ROOT),
-        env=cli_env(**env_extra),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"command failed ({proc.returncode}): {' '.join(map(str, args))}\n"
-            f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
-        )
-    return proc
+# The venv's console scripts that import torch and fairseq, which run_cli starts from the fork
+# server below instead of a new interpreter (with no environment of their own: the server's
+# is the test process's).
+FORKED_SCRIPTS = ("fairseq-train", "fairseq-generate", "fairseq-interactive", "resnmt-train", "resnmt-average",
+                  "resnmt-analyze", "resnmt-evaluate")
 
-
-# One process that imports torch and fairseq once, then forks a child per command: the
-# child's descriptors are the command's stdin (/dev/null), stdout and stderr files, its
-# directory the command's, and it calls the console script's entry point as the installed
-# script does (sys.exit(main()), its exit and atexit handlers its own), or runs the code
-# of a "-c" command as `python -c` does.
-FORKED_CONSOLE_SCRIPTS = r"""
-import json, os, sys
+# A process that imports torch (with torch._dynamo, which every optimizer loads) and fairseq
+# once, then forks a child per command it reads (one JSON line: [name, args, cwd, env, stdout
+# file, stderr file, timeout]): the child's stdin is /dev/null, its stdout and stderr the
+# files, its directory and environment the command's, and it calls the console script's
+# entry point as the installed script does (sys.exit(main()); its exit and atexit handlers
+# its own), or runs the code of a "-c" command as `python -c` does; SIGALRM ends it after
+# the timeout. The server answers each with the child's exit status (negative: the signal).
+FORK_SERVER = r"""
+import json, os, signal, sys
 from importlib.metadata import entry_points
-import torch, fairseq
+import torch, torch._dynamo, fairseq
 
-for name, args, cwd, out, err in json.loads(sys.stdin.read()):
+for request in sys.stdin:
+    name, args, cwd, env, out, err, timeout = json.loads(request)
     sys.stdout.flush(); sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
         os.chdir(cwd)
+        os.environ.clear(); os.environ.update(env)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         for fd, path in ((1, out), (2, err)):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        signal.alarm(timeout)
         if name == "-c":  # python -c CODE ARGS
             sys.argv = ["-c", *args[1:]]
             exec(compile(args[0], "<string>", "exec"), {"__name__": "__main__"})
@@ -96,23 +90,55 @@ for name, args, cwd, out, err in json.loads(sys.stdin.read()):
         sys.exit(script.load()())
     print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """
+_fork_server = None
 
 
-def run_console_scripts(commands, cwd, tmp_dir: Path) -> list:
-    """Each command (the name of one of the venv's console scripts, or "-c" and Python code,
-    then its arguments) run
-    in a process of its own, as ``run_cli(..., check=False)`` runs it, for the tests of what
-    commands print (a bad flag's one line): the processes are forked from one that has
-    imported torch and fairseq, which each would otherwise import again. Their output
-    files are kept in ``tmp_dir``."""
+def stop_fork_server(server) -> None:
+    """End the fork server (its input closed, it ends its loop) and wait for it."""
+    server.stdin.close()
+    server.wait()
+
+
+def forked(args, cwd, timeout: int, env: dict) -> subprocess.CompletedProcess:
+    """``args`` (a FORKED_SCRIPTS name or "-c" and Python code, then the arguments) run as
+    subprocess.run(..., capture_output=True, text=True) runs it, in a process forked from this
+    worker's fork server (FORK_SERVER, started on first use): a process of its own, without a
+    new interpreter's imports of torch and fairseq."""
     import json
+    import signal
+    import tempfile
 
-    jobs = [[str(cmd[0]), [str(a) for a in cmd[1:]], str(cwd), str(tmp_dir / f"{i}.out"), str(tmp_dir / f"{i}.err")]
-            for i, cmd in enumerate(commands)]
-    codes = subprocess.run([sys.executable, "-c", FORKED_CONSOLE_SCRIPTS], input=json.dumps(jobs), cwd=str(cwd),
-                           env=cli_env(), capture_output=True, text=True, timeout=900, check=True).stdout.split()
-    return [subprocess.CompletedProcess(cmd, int(code), Path(out).read_text(), Path(err).read_text())
-            for cmd, code, (_, _, _, out, err) in zip(commands, codes, jobs)]
+    global _fork_server
+    if _fork_server is None or _fork_server.poll() is not None:
+        _fork_server = subprocess.Popen([sys.executable, "-c", FORK_SERVER], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, cwd=str(REPO_ROOT), env=cli_env(), text=True)
+        atexit.register(stop_fork_server, _fork_server)
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        request = [args[0], args[1:], str(cwd), env, str(out), str(err), int(timeout)]
+        _fork_server.stdin.write(json.dumps(request) + "\n")
+        _fork_server.stdin.flush()
+        code = int(_fork_server.stdout.readline())
+        if code == -signal.SIGALRM:
+            raise subprocess.TimeoutExpired(args, timeout, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess(args, code, out.read_text(), err.read_text())
+
+
+def run_cli(args, cwd=None, check=True, timeout=900, **env_extra):
+    """Run a command-line tool (list of str) with the venv's bin first on PATH; one of
+    FORKED_SCRIPTS without an environment of its own in a process forked from one that
+    imported torch and fairseq (``forked``)."""
+    args, cwd, env = [str(a) for a in args], str(cwd or REPO_ROOT), cli_env(**env_extra)
+    if args[0] in FORKED_SCRIPTS and not env_extra:
+        proc = forked(args, cwd, timeout, env)
+    else:
+        proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"command failed ({proc.returncode}): {' '.join(map(str, args))}\n"
+            f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+        )
+    return proc
 
 
 def write_multi30k_subset(dest: Path, n_train=300, n_valid=60, n_test=60) -> Path:

@@ -1,18 +1,17 @@
 """resnmt's console scripts: a bad flag is one error line on stderr (the last, naming the bad
 value and what is allowed), never buried under a usage block (fairseq's training parser
 prints ~185 lines of it); exit status 2. resnmt-train through its installed entry point
-(fairseq's parser, as a user runs it), each command in a process of its own; the others'
-main(argv) in-process."""
+(fairseq's parser, as a user runs it); the others' main(argv) in-process."""
 import importlib
 
 import pytest
 
-from conftest import REPO_ROOT, run_cli, run_console_scripts
+from conftest import REPO_ROOT, run_cli
 
 USER_DIR = str(REPO_ROOT / "resnmt")
 
 
-BAD_FLAGS = [
+@pytest.mark.parametrize("args, error", [
     (["--arch", "transformer_sas_base", "--residual", "bogus"],
      "resnmt-train: error: argument --residual: invalid choice: 'bogus' (choose from 'post_ln', 'pre_ln', "),
     ([],  # fairseq itself stops with a bare RuntimeError() here
@@ -22,59 +21,20 @@ BAD_FLAGS = [
      "resnmt-train: error: argument --arch/-a: invalid choice: 'transformer_rskip' (closest: transformer_rskip_big "
      "transformer_rskip_base transformer_xskip_big; resnmt's archs: python -m resnmt.cli.arch_table; all: "
      "fairseq-train --help) (see --help)"),
-]
-
-
-def late_cases(tiny_bin, root):
-    """(DATA, flags, the error line) of what fairseq-train finds late (see the test below)."""
-    import os
-
-    prepared = root / "data" / "m30k"
-    prepared.mkdir(parents=True)
-    os.symlink(tiny_bin, prepared / "bin")
-    text = tiny_bin.parent / "text"
-    return [
-        (root / "nowhere", ["--max-tokens", "1000"], f"data directory {root / 'nowhere'} not found"),
-        (prepared, ["--max-tokens", "1000"],
-         f"{prepared} is a directory prepared by resnmt-prepare: its binarized data is {prepared / 'bin'}"),
-        (text, ["--max-tokens", "1000"],
-         f"{text} holds no binarized data (no dict.*.txt; resnmt-prepare or fairseq-preprocess writes it)"),
-        (tiny_bin, [], "no batch size: pass --max-tokens N (tokens per batch, e.g. --max-tokens 4096) or "
-                       "--batch-size N (sentences per batch)"),
-    ]
-
-
-@pytest.fixture(scope="module")
-def outputs(tiny_bin, tmp_path_factory):
-    """Every command of the tests below run once, each in its own process (forked from one
-    that imported torch and fairseq: conftest.run_console_scripts), in one directory:
-    {"bad_flags": [...], "plugin": proc, "late": [(proc, save_dir, error), ...], "root": dir}."""
-    root = tmp_path_factory.mktemp("command_output")
-    (root / "outputs").mkdir()
-    late = late_cases(tiny_bin, root)
-    commands = [["resnmt-train", tiny_bin, *args] for args, _ in BAD_FLAGS]
-    commands.append(["fairseq-train", tiny_bin, "--user-dir", USER_DIR, "--arch", "transformer_sas_bas"])
-    commands += [["resnmt-train", data, "--arch", "transformer_sas_base", "--max-update", "1",
-                  "--save-dir", root / f"ckpt{i}", *extra] for i, (data, extra, _) in enumerate(late)]
-    procs = run_console_scripts(commands, root, root / "outputs")
-    n = len(BAD_FLAGS)
-    return {"bad_flags": procs[:n], "plugin": procs[n], "root": root,
-            "late": [(proc, root / f"ckpt{i}", error) for i, (proc, (_, _, error)) in enumerate(zip(procs[n + 1:], late))]}
-
-
-@pytest.mark.parametrize("case", range(len(BAD_FLAGS)))
-def test_a_bad_flag_of_resnmt_train_is_one_line_not_fairseqs_usage(case, outputs):
-    proc, error = outputs["bad_flags"][case], BAD_FLAGS[case][1]
+])
+def test_a_bad_flag_of_resnmt_train_is_one_line_not_fairseqs_usage(args, error, tiny_bin, tmp_path):
+    proc = run_cli(["resnmt-train", tiny_bin, *args], cwd=tmp_path, check=False)
     assert proc.returncode == 2
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(error), proc.stderr[-3000:]
     assert proc.stdout == ""  # not even fairseq's INFO line that the --user-dir is imported already
 
 
-def test_fairseq_trains_unknown_arch_with_the_plugin_is_one_line_naming_the_closest(outputs):
+def test_fairseq_trains_unknown_arch_with_the_plugin_is_one_line_naming_the_closest(tiny_bin, tmp_path):
     """fairseq-train --user-dir resnmt: the plugin shortens fairseq's own parser's error for a
     mistyped --arch (114 lines of usage and ~4,700 characters of choices) to one line."""
-    proc = outputs["plugin"]
+    proc = run_cli(["fairseq-train", tiny_bin, "--user-dir", USER_DIR, "--arch", "transformer_sas_bas"],
+                   cwd=tmp_path, check=False)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
         "fairseq-train: error: argument --arch/-a: invalid choice: 'transformer_sas_bas' (closest: transformer_sas_base "
@@ -87,17 +47,33 @@ def test_fairseq_trains_unknown_arch_with_the_plugin_is_one_line_naming_the_clos
         "argument --task: invalid choice: 'resnmt_translatoin' (closest: resnmt_translation translation; all 38: see --help)"
 
 
-def test_what_fairseq_train_finds_late_is_one_line_before_anything_runs(outputs):
+def test_what_fairseq_train_finds_late_is_one_line_before_anything_runs(tiny_bin, tmp_path):
     """A data directory that is not there, a prepared directory given instead of its bin/
     (named), a directory without binarized data, no batch size: fairseq-train stops on each
     with a traceback (FileNotFoundError, Exception, AssertionError), after making the save
     dir; resnmt-train with one line, exit status 2, nothing made."""
-    assert len(outputs["late"]) == 4
-    for proc, save_dir, error in outputs["late"]:
+    import os
+
+    prepared = tmp_path / "data" / "m30k"
+    prepared.mkdir(parents=True)
+    os.symlink(tiny_bin, prepared / "bin")
+    text = tiny_bin.parent / "text"
+    cases = [
+        (tmp_path / "nowhere", ["--max-tokens", "1000"], f"data directory {tmp_path / 'nowhere'} not found"),
+        (prepared, ["--max-tokens", "1000"],
+         f"{prepared} is a directory prepared by resnmt-prepare: its binarized data is {prepared / 'bin'}"),
+        (text, ["--max-tokens", "1000"],
+         f"{text} holds no binarized data (no dict.*.txt; resnmt-prepare or fairseq-preprocess writes it)"),
+        (tiny_bin, [], "no batch size: pass --max-tokens N (tokens per batch, e.g. --max-tokens 4096) or "
+                       "--batch-size N (sentences per batch)"),
+    ]
+    for data, extra, error in cases:
+        save_dir = tmp_path / "ckpt"
+        proc = run_cli(["resnmt-train", data, "--arch", "transformer_sas_base", "--max-update", "1",
+                        "--save-dir", save_dir, *extra], cwd=tmp_path, check=False)
         assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-3000:]
         assert proc.stderr.splitlines() == [f"resnmt-train: error: {error} (see --help)"]
         assert not save_dir.exists()
-    assert sorted(p.name for p in outputs["root"].iterdir()) == ["data", "outputs"]  # nothing else made
 
 
 @pytest.mark.parametrize("module, args, error", [

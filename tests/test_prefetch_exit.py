@@ -1,7 +1,7 @@
 """A process that stops reading fairseq's prefetched batches mid-epoch exits cleanly once
 resnmt is imported (resnmt.training.prefetch_exit); without it, the prefetch thread is caught in
 torch's C++ code at shutdown and the process aborts (the CI failure that led to it)."""
-from conftest import run_console_scripts
+from conftest import cli_env, forked
 
 # One batch from a BufferedIterator whose source collates slowly (many torch ops per
 # batch, as fairseq's collater does for large batches), then the interpreter exits with
@@ -31,8 +31,8 @@ print(next(batches).shape, flush=True)
 
 def stop_mid_epoch(mode: str, times: int, tmp_path) -> list:
     """``times`` processes that each stop mid-epoch (forked from one that imported torch and
-    fairseq: conftest.run_console_scripts; each exit is its own process's)."""
-    return run_console_scripts([["-c", STOP_MID_EPOCH, mode]] * times, tmp_path, tmp_path)
+    fairseq: conftest.forked; each exit is its own process's)."""
+    return [forked(["-c", STOP_MID_EPOCH, mode], tmp_path, 300, cli_env()) for _ in range(times)]
 
 
 def test_prefetch_thread_busy_at_exit_aborts_without_the_guard(tmp_path):
