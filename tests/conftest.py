@@ -78,8 +78,9 @@ for request in sys.stdin:
         os.chdir(cwd)
         os.environ.clear(); os.environ.update(env)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        files = {}  # stdout and stderr one file where they are one path
         for fd, path in ((1, out), (2, err)):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+            os.dup2(files.setdefault(path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)), fd)
         signal.alarm(timeout)
         if name == "-c":  # python -c CODE ARGS
             sys.argv = ["-c", *args[1:]]
@@ -99,11 +100,12 @@ def stop_fork_server(server) -> None:
     server.wait()
 
 
-def forked(args, cwd, timeout: int, env: dict) -> subprocess.CompletedProcess:
+def forked(args, cwd, timeout: int, env: dict, merge_stderr: bool = False) -> subprocess.CompletedProcess:
     """``args`` (a FORKED_SCRIPTS name or "-c" and Python code, then the arguments) run as
-    subprocess.run(..., capture_output=True, text=True) runs it, in a process forked from this
-    worker's fork server (FORK_SERVER, started on first use): a process of its own, without a
-    new interpreter's imports of torch and fairseq."""
+    subprocess.run(..., capture_output=True, text=True) runs it (``merge_stderr``: as with
+    stdout=PIPE, stderr=STDOUT), in a process forked from this worker's fork server
+    (FORK_SERVER, started on first use): a process of its own, without a new interpreter's
+    imports of torch and fairseq."""
     import json
     import signal
     import tempfile
@@ -114,14 +116,16 @@ def forked(args, cwd, timeout: int, env: dict) -> subprocess.CompletedProcess:
                                         stdout=subprocess.PIPE, cwd=str(REPO_ROOT), env=cli_env(), text=True)
         atexit.register(stop_fork_server, _fork_server)
     with tempfile.TemporaryDirectory() as tmp:
-        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        out = Path(tmp, "stdout")
+        err = out if merge_stderr else Path(tmp, "stderr")
         request = [args[0], args[1:], str(cwd), env, str(out), str(err), int(timeout)]
         _fork_server.stdin.write(json.dumps(request) + "\n")
         _fork_server.stdin.flush()
         code = int(_fork_server.stdout.readline())
+        stdout, stderr = out.read_text(), None if merge_stderr else err.read_text()
         if code == -signal.SIGALRM:
-            raise subprocess.TimeoutExpired(args, timeout, out.read_text(), err.read_text())
-        return subprocess.CompletedProcess(args, code, out.read_text(), err.read_text())
+            raise subprocess.TimeoutExpired(args, timeout, stdout, stderr)
+        return subprocess.CompletedProcess(args, code, stdout, stderr)
 
 
 def run_cli(args, cwd=None, check=True, timeout=900, **env_extra):
