@@ -54,21 +54,25 @@ def cli_env(**extra) -> dict:
 
 # The venv's console scripts that import torch and fairseq, which run_cli starts from the fork
 # server below instead of a new interpreter (with no environment of their own: the server's
-# is the test process's).
+# is the test process's), as it starts Python scripts (this Python, a .py file).
 FORKED_SCRIPTS = ("fairseq-train", "fairseq-generate", "fairseq-interactive", "resnmt-train", "resnmt-average",
                   "resnmt-analyze", "resnmt-evaluate")
 
-# A process that imports torch (with torch._dynamo, which every optimizer loads) and fairseq
-# once, then forks a child per command it reads (one JSON line: [name, args, cwd, env, stdout
+# A process that imports torch (with torch._dynamo, which every optimizer loads) and the
+# libraries fairseq imports (not fairseq: importing it configures logging, which fairseq-train
+# does itself when it starts, before it imports fairseq) once, then forks a child per command
+# it reads (one JSON line: [name, args, cwd, env, stdout
 # file, stderr file, timeout]): the child's stdin is /dev/null, its stdout and stderr the
 # files, its directory and environment the command's, and it calls the console script's
 # entry point as the installed script does (sys.exit(main()); its exit and atexit handlers
-# its own), or runs the code of a "-c" command as `python -c` does; SIGALRM ends it after
-# the timeout. The server answers each with the child's exit status (negative: the signal).
+# its own), or runs the code of a "-c" command as `python -c` does, a .py file as `python
+# FILE` does; SIGALRM ends it after the timeout. The server answers each with the child's
+# exit status (negative: the signal).
 FORK_SERVER = r"""
-import json, os, signal, sys
+import json, logging, os, runpy, signal, sys
 from importlib.metadata import entry_points
-import torch, torch._dynamo, fairseq
+import torch, torch._dynamo, numpy, scipy.stats, sklearn.metrics, omegaconf, hydra
+assert not logging.getLogger().handlers, "an import configured logging, which the commands do themselves"
 
 for request in sys.stdin:
     name, args, cwd, env, out, err, timeout = json.loads(request)
@@ -80,11 +84,17 @@ for request in sys.stdin:
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         files = {}  # stdout and stderr one file where they are one path
         for fd, path in ((1, out), (2, err)):
-            os.dup2(files.setdefault(path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)), fd)
+            if path not in files:
+                files[path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(files[path], fd)
         signal.alarm(timeout)
         if name == "-c":  # python -c CODE ARGS
             sys.argv = ["-c", *args[1:]]
             exec(compile(args[0], "<string>", "exec"), {"__name__": "__main__"})
+            sys.exit(0)
+        if name.endswith(".py"):  # python SCRIPT ARGS: the script's folder first on sys.path
+            sys.argv, sys.path[0] = [name, *args], os.path.dirname(os.path.abspath(name))
+            runpy.run_path(name, run_name="__main__")
             sys.exit(0)
         (script,) = entry_points(group="console_scripts", name=name)
         sys.argv = [os.path.join(os.path.dirname(sys.executable), name), *args]
@@ -101,11 +111,12 @@ def stop_fork_server(server) -> None:
 
 
 def forked(args, cwd, timeout: int, env: dict, merge_stderr: bool = False) -> subprocess.CompletedProcess:
-    """``args`` (a FORKED_SCRIPTS name or "-c" and Python code, then the arguments) run as
+    """``args`` (a FORKED_SCRIPTS name, a .py file, or "-c" and Python code, then the
+    arguments) run as
     subprocess.run(..., capture_output=True, text=True) runs it (``merge_stderr``: as with
     stdout=PIPE, stderr=STDOUT), in a process forked from this worker's fork server
     (FORK_SERVER, started on first use): a process of its own, without a new interpreter's
-    imports of torch and fairseq."""
+    imports of torch and fairseq's libraries."""
     import json
     import signal
     import tempfile
@@ -130,11 +141,11 @@ def forked(args, cwd, timeout: int, env: dict, merge_stderr: bool = False) -> su
 
 def run_cli(args, cwd=None, check=True, timeout=900, **env_extra):
     """Run a command-line tool (list of str) with the venv's bin first on PATH; one of
-    FORKED_SCRIPTS without an environment of its own in a process forked from one that
-    imported torch and fairseq (``forked``)."""
+    FORKED_SCRIPTS or a Python script, without an environment of its own, in a process
+    forked from one that imported torch and fairseq's libraries (``forked``)."""
     args, cwd, env = [str(a) for a in args], str(cwd or REPO_ROOT), cli_env(**env_extra)
-    if args[0] in FORKED_SCRIPTS and not env_extra:
-        proc = forked(args, cwd, timeout, env)
+    if not env_extra and (args[0] in FORKED_SCRIPTS or args[0] == sys.executable and args[1].endswith(".py")):
+        proc = forked(args if args[0] in FORKED_SCRIPTS else args[1:], cwd, timeout, env)
     else:
         proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:

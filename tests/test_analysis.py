@@ -259,7 +259,7 @@ def trained(tiny_bin, tmp_path_factory):
         "dyt": ("transformer_preln_base", "--normalization", "dyt"),
     }
 
-    def train_all(root):  # one after the other, each forked from a process that imported torch and fairseq
+    def train_all(root):  # one after the other, each forked (conftest.forked)
         for name, (arch, *extra) in jobs.items():
             cmd = [str(a) for a in train_cmd(tiny_bin, root / name, arch, *extra)]
             proc = forked(cmd, REPO_ROOT, 600, cli_env(), merge_stderr=True)

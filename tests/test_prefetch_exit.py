@@ -30,8 +30,8 @@ print(next(batches).shape, flush=True)
 
 
 def stop_mid_epoch(mode: str, times: int, tmp_path) -> list:
-    """``times`` processes that each stop mid-epoch (forked from one that imported torch and
-    fairseq: conftest.forked; each exit is its own process's)."""
+    """``times`` processes that each stop mid-epoch (forked from one that imported torch:
+    conftest.forked; each exit is its own process's)."""
     return [forked(["-c", STOP_MID_EPOCH, mode], tmp_path, 300, cli_env()) for _ in range(times)]
 
 
