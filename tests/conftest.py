@@ -53,8 +53,11 @@ def cli_env(**extra) -> dict:
 
 
 # The venv's console scripts that import torch and fairseq, which run_cli starts from the fork
-# server below instead of a new interpreter (with no environment of their own: the server's
-# is the test process's), as it starts Python scripts (this Python, a .py file).
+# server below instead of a new interpreter (with no environment of their own but RUN_TIME_ENV:
+# the server's is the test process's), as it starts Python scripts (this Python, a .py file).
+# The variables of the tests' own that a forked command may be given: read when it runs, not
+# when torch or a library is imported (the probe's output folder, test_distributed.PROBE).
+RUN_TIME_ENV = ("PROBE_OUT",)
 FORKED_SCRIPTS = ("fairseq-train", "fairseq-generate", "fairseq-interactive", "resnmt-train", "resnmt-average",
                   "resnmt-analyze", "resnmt-evaluate")
 
@@ -141,10 +144,11 @@ def forked(args, cwd, timeout: int, env: dict, merge_stderr: bool = False) -> su
 
 def run_cli(args, cwd=None, check=True, timeout=900, **env_extra):
     """Run a command-line tool (list of str) with the venv's bin first on PATH; one of
-    FORKED_SCRIPTS or a Python script, without an environment of its own, in a process
-    forked from one that imported torch and fairseq's libraries (``forked``)."""
+    FORKED_SCRIPTS or a Python script, without an environment of its own but RUN_TIME_ENV,
+    in a process forked from one that imported torch and fairseq's libraries (``forked``)."""
     args, cwd, env = [str(a) for a in args], str(cwd or REPO_ROOT), cli_env(**env_extra)
-    if not env_extra and (args[0] in FORKED_SCRIPTS or args[0] == sys.executable and args[1].endswith(".py")):
+    if set(env_extra) <= set(RUN_TIME_ENV) and (args[0] in FORKED_SCRIPTS or
+                                                 args[0] == sys.executable and len(args) > 1 and args[1].endswith(".py")):
         proc = forked(args if args[0] in FORKED_SCRIPTS else args[1:], cwd, timeout, env)
     else:
         proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
