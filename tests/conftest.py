@@ -147,9 +147,9 @@ def run_cli(args, cwd=None, check=True, timeout=900, **env_extra):
     FORKED_SCRIPTS or a Python script, without an environment of its own but RUN_TIME_ENV,
     in a process forked from one that imported torch and fairseq's libraries (``forked``)."""
     args, cwd, env = [str(a) for a in args], str(cwd or REPO_ROOT), cli_env(**env_extra)
-    if set(env_extra) <= set(RUN_TIME_ENV) and (args[0] in FORKED_SCRIPTS or
-                                                 args[0] == sys.executable and len(args) > 1 and args[1].endswith(".py")):
-        proc = forked(args if args[0] in FORKED_SCRIPTS else args[1:], cwd, timeout, env)
+    script = args[1:2] if args[0] == sys.executable and args[1:2] and args[1].endswith(".py") else []
+    if set(env_extra) <= set(RUN_TIME_ENV) and (args[0] in FORKED_SCRIPTS or script):
+        proc = forked(args[1:] if script else args, cwd, timeout, env)
     else:
         proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
