@@ -52,25 +52,24 @@ def cli_env(**extra) -> dict:
     return env
 
 
-# The venv's console scripts that import torch and fairseq, which run_cli starts from the fork
-# server below instead of a new interpreter (with no environment of their own but RUN_TIME_ENV:
-# the server's is the test process's), as it starts Python scripts (this Python, a .py file).
 # The variables of the tests' own that a forked command may be given: read when it runs, not
 # when torch or a library is imported (the probe's output folder, test_distributed.PROBE).
 RUN_TIME_ENV = ("PROBE_OUT",)
+# The venv's console scripts that import torch and fairseq, which run_cli starts from the fork
+# server below instead of a new interpreter (with no environment of their own but RUN_TIME_ENV:
+# the server's is the test process's), as it starts Python scripts (this Python, a .py file).
 FORKED_SCRIPTS = ("fairseq-train", "fairseq-generate", "fairseq-interactive", "resnmt-train", "resnmt-average",
                   "resnmt-analyze", "resnmt-evaluate")
 
 # A process that imports torch (with torch._dynamo, which every optimizer loads) and the
 # libraries fairseq imports (not fairseq: importing it configures logging, which fairseq-train
 # does itself when it starts, before it imports fairseq) once, then forks a child per command
-# it reads (one JSON line: [name, args, cwd, env, stdout
-# file, stderr file, timeout]): the child's stdin is /dev/null, its stdout and stderr the
-# files, its directory and environment the command's, and it calls the console script's
-# entry point as the installed script does (sys.exit(main()); its exit and atexit handlers
-# its own), or runs the code of a "-c" command as `python -c` does, a .py file as `python
-# FILE` does; SIGALRM ends it after the timeout. The server answers each with the child's
-# exit status (negative: the signal).
+# it reads (one JSON line: [name, args, cwd, env, stdout file, stderr file, timeout]): the
+# child's stdin is /dev/null, its stdout and stderr the files, its directory and environment
+# the command's, and it calls the console script's entry point as the installed script does
+# (sys.exit(main()); its exit and atexit handlers its own), or runs the code of a "-c"
+# command as `python -c` does, a .py file as `python FILE` does; SIGALRM ends it after the
+# timeout. The server answers each with the child's exit status (negative: the signal).
 FORK_SERVER = r"""
 import json, logging, os, runpy, signal, sys
 from importlib.metadata import entry_points
@@ -115,11 +114,10 @@ def stop_fork_server(server) -> None:
 
 def forked(args, cwd, timeout: int, env: dict, merge_stderr: bool = False) -> subprocess.CompletedProcess:
     """``args`` (a FORKED_SCRIPTS name, a .py file, or "-c" and Python code, then the
-    arguments) run as
-    subprocess.run(..., capture_output=True, text=True) runs it (``merge_stderr``: as with
-    stdout=PIPE, stderr=STDOUT), in a process forked from this worker's fork server
-    (FORK_SERVER, started on first use): a process of its own, without a new interpreter's
-    imports of torch and fairseq's libraries."""
+    arguments) run as subprocess.run(..., capture_output=True, text=True) runs it
+    (``merge_stderr``: as with stdout=PIPE, stderr=STDOUT), in a process forked from this
+    worker's fork server (FORK_SERVER, started on first use): a process of its own, without
+    a new interpreter's imports of torch and fairseq's libraries."""
     import json
     import signal
     import tempfile
