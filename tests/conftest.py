@@ -1,4 +1,5 @@
 """Shared test fixtures: paths, a tiny real-data corpus binarized by fairseq, CLI runner."""
+import atexit
 import fcntl
 import gzip
 import os
@@ -51,16 +52,104 @@ def cli_env(**extra) -> dict:
     return env
 
 
+# The variables of the tests' own that a forked command may be given: read when it runs, not
+# when torch or a library is imported (the probe's output folder, test_distributed.PROBE).
+RUN_TIME_ENV = ("PROBE_OUT",)
+# The venv's console scripts that import torch and fairseq, which run_cli starts from the fork
+# server below instead of a new interpreter (with no environment of their own but RUN_TIME_ENV:
+# the server's is the test process's), as it starts Python scripts (this Python, a .py file).
+FORKED_SCRIPTS = ("fairseq-train", "fairseq-generate", "fairseq-interactive", "resnmt-train", "resnmt-average",
+                  "resnmt-analyze", "resnmt-evaluate")
+
+# A process that imports torch (with torch._dynamo, which every optimizer loads) and the
+# libraries fairseq imports (not fairseq: importing it configures logging, which fairseq-train
+# does itself when it starts, before it imports fairseq) once, then forks a child per command
+# it reads (one JSON line: [name, args, cwd, env, stdout file, stderr file, timeout]): the
+# child's stdin is /dev/null, its stdout and stderr the files, its directory and environment
+# the command's, and it calls the console script's entry point as the installed script does
+# (sys.exit(main()); its exit and atexit handlers its own), or runs the code of a "-c"
+# command as `python -c` does, a .py file as `python FILE` does; SIGALRM ends it after the
+# timeout. The server answers each with the child's exit status (negative: the signal).
+FORK_SERVER = r"""
+import json, logging, os, runpy, signal, sys
+from importlib.metadata import entry_points
+import torch, torch._dynamo, numpy, scipy.stats, sklearn.metrics, omegaconf, hydra
+assert not logging.getLogger().handlers, "an import configured logging, which the commands do themselves"
+
+for request in sys.stdin:
+    name, args, cwd, env, out, err, timeout = json.loads(request)
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.chdir(cwd)
+        os.environ.clear(); os.environ.update(env)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        files = {}  # stdout and stderr one file where they are one path
+        for fd, path in ((1, out), (2, err)):
+            if path not in files:
+                files[path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(files[path], fd)
+        signal.alarm(timeout)
+        if name == "-c":  # python -c CODE ARGS
+            sys.argv = ["-c", *args[1:]]
+            exec(compile(args[0], "<string>", "exec"), {"__name__": "__main__"})
+            sys.exit(0)
+        if name.endswith(".py"):  # python SCRIPT ARGS: the script's folder first on sys.path
+            sys.argv, sys.path[0] = [name, *args], os.path.dirname(os.path.abspath(name))
+            runpy.run_path(name, run_name="__main__")
+            sys.exit(0)
+        (script,) = entry_points(group="console_scripts", name=name)
+        sys.argv = [os.path.join(os.path.dirname(sys.executable), name), *args]
+        sys.exit(script.load()())
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+_fork_server = None
+
+
+def stop_fork_server(server) -> None:
+    """End the fork server (its input closed, it ends its loop) and wait for it."""
+    server.stdin.close()
+    server.wait()
+
+
+def forked(args, cwd, timeout: int, env: dict, merge_stderr: bool = False) -> subprocess.CompletedProcess:
+    """``args`` (a FORKED_SCRIPTS name, a .py file, or "-c" and Python code, then the
+    arguments) run as subprocess.run(..., capture_output=True, text=True) runs it
+    (``merge_stderr``: as with stdout=PIPE, stderr=STDOUT), in a process forked from this
+    worker's fork server (FORK_SERVER, started on first use): a process of its own, without
+    a new interpreter's imports of torch and fairseq's libraries."""
+    import json
+    import signal
+    import tempfile
+
+    global _fork_server
+    if _fork_server is None or _fork_server.poll() is not None:
+        _fork_server = subprocess.Popen([sys.executable, "-c", FORK_SERVER], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, cwd=str(REPO_ROOT), env=cli_env(), text=True)
+        atexit.register(stop_fork_server, _fork_server)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp, "stdout")
+        err = out if merge_stderr else Path(tmp, "stderr")
+        request = [args[0], args[1:], str(cwd), env, str(out), str(err), int(timeout)]
+        _fork_server.stdin.write(json.dumps(request) + "\n")
+        _fork_server.stdin.flush()
+        code = int(_fork_server.stdout.readline())
+        stdout, stderr = out.read_text(), None if merge_stderr else err.read_text()
+        if code == -signal.SIGALRM:
+            raise subprocess.TimeoutExpired(args, timeout, stdout, stderr)
+        return subprocess.CompletedProcess(args, code, stdout, stderr)
+
+
 def run_cli(args, cwd=None, check=True, timeout=900, **env_extra):
-    """Run a command-line tool (list of str) with the venv's bin first on PATH."""
-    proc = subprocess.run(
-        [str(a) for a in args],
-        cwd=str(cwd or REPO_ROOT),
-        env=cli_env(**env_extra),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """Run a command-line tool (list of str) with the venv's bin first on PATH; one of
+    FORKED_SCRIPTS or a Python script, without an environment of its own but RUN_TIME_ENV,
+    in a process forked from one that imported torch and fairseq's libraries (``forked``)."""
+    args, cwd, env = [str(a) for a in args], str(cwd or REPO_ROOT), cli_env(**env_extra)
+    script = args[1:2] if args[0] == sys.executable and args[1:2] and args[1].endswith(".py") else []
+    if set(env_extra) <= set(RUN_TIME_ENV) and (args[0] in FORKED_SCRIPTS or script):
+        proc = forked(args[1:] if script else args, cwd, timeout, env)
+    else:
+        proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"command failed ({proc.returncode}): {' '.join(map(str, args))}\n"

@@ -3,14 +3,13 @@ papers' equations, gradient norms against plain autograd, the CLI's files and er
 and --log-connection-stats in a real fairseq-train JSON log."""
 import json
 import re
-import subprocess
 
 import pytest
 import torch
 import torch.nn.functional as F
 from fairseq import checkpoint_utils
 
-from conftest import BIN_DIR, REPO_ROOT, built_once, cli_env, run_cli
+from conftest import REPO_ROOT, built_once, cli_env, forked, run_cli
 from model_utils import TINY, block_output_gradients, build, move_connections_off_init, randomize_norms, sample_batch
 from resnmt.analysis.gradients import block_gradient_norms
 from resnmt.analysis.hooks import Accumulator, StatsCollector
@@ -236,7 +235,7 @@ def test_log_connection_stats_needs_the_task_that_attaches_them(tiny_bin, capsys
 
 def train_cmd(data, save_dir, arch, *extra):
     return [
-        BIN_DIR / "fairseq-train", data, "--user-dir", USER_DIR, "--arch", arch, *TINY,
+        "fairseq-train", data, "--user-dir", USER_DIR, "--arch", arch, *TINY,
         "--share-all-embeddings", "--optimizer", "adam", "--lr", "5e-4", "--max-tokens", "800",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--save-dir", save_dir, "--no-progress-bar", "--log-format", "json", "--log-interval", "1",
@@ -260,16 +259,12 @@ def trained(tiny_bin, tmp_path_factory):
         "dyt": ("transformer_preln_base", "--normalization", "dyt"),
     }
 
-    def train_all(root):
-        procs = {}
+    def train_all(root):  # one after the other, each forked (conftest.forked)
         for name, (arch, *extra) in jobs.items():
             cmd = [str(a) for a in train_cmd(tiny_bin, root / name, arch, *extra)]
-            procs[name] = subprocess.Popen(cmd, cwd=REPO_ROOT, env=cli_env(), stdout=subprocess.PIPE,
-                                           stderr=subprocess.STDOUT, text=True)
-        for name, proc in procs.items():
-            log, _ = proc.communicate(timeout=600)
-            assert proc.returncode == 0, log[-4000:]
-            (root / f"{name}.log").write_text(log, encoding="utf-8")
+            proc = forked(cmd, REPO_ROOT, 600, cli_env(), merge_stderr=True)
+            assert proc.returncode == 0, proc.stdout[-4000:]
+            (root / f"{name}.log").write_text(proc.stdout, encoding="utf-8")
 
     root = built_once(tmp_path_factory, "analysis_trained", train_all)
     return {name: (root / name, (root / f"{name}.log").read_text(encoding="utf-8")) for name in jobs}
@@ -372,7 +367,7 @@ def test_analyze_sas_checkpoint_matches_a_direct_computation(trained, tiny_bin, 
 def test_analyze_console_script_on_post_ln_writes_only_the_gradient_plot(trained, tiny_bin, tmp_path):
     save_dir, _ = trained["postln"]
     out = tmp_path / "out"
-    proc = run_cli([BIN_DIR / "resnmt-analyze", save_dir / "checkpoint_last.pt", "--data", tiny_bin, "--split",
+    proc = run_cli(["resnmt-analyze", save_dir / "checkpoint_last.pt", "--data", tiny_bin, "--split",
                     "test", "--num-sentences", "8", "--out", out])
     assert "no gates in this model (post_ln): skipping gate plots" in proc.stdout
     assert sorted(p.name for p in out.iterdir()) == ["analysis.json", "grad_norm.png"]
