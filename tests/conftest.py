@@ -133,7 +133,11 @@ def forked(args, cwd, timeout: int, env: dict, merge_stderr: bool = False) -> su
         request = [args[0], args[1:], str(cwd), env, str(out), str(err), int(timeout)]
         _fork_server.stdin.write(json.dumps(request) + "\n")
         _fork_server.stdin.flush()
-        code = int(_fork_server.stdout.readline())
+        answer = _fork_server.stdout.readline()
+        if not answer:  # the server itself ended (its traceback is on this worker's stderr)
+            raise RuntimeError(f"the tests' fork server ended (exit status {_fork_server.wait()}) before running "
+                               f"{' '.join(args)}")
+        code = int(answer)
         stdout, stderr = out.read_text(), None if merge_stderr else err.read_text()
         if code == -signal.SIGALRM:
             raise subprocess.TimeoutExpired(args, timeout, stdout, stderr)
