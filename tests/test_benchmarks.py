@@ -744,7 +744,8 @@ def test_recorded_paths_hold_no_machines_folders(tmp_path, monkeypatch):
 
 def test_pairs_table_and_second_seeds_from_handwritten_curves(monkeypatch):
     """A claim on two pairs: each pair's difference paired by seed at the size's verdict
-    budget, each pair's verdict and the verdict across them; seed 2 of a row and its
+    budget, each pair's verdict and the verdict across them (the table, and the README's lines
+    grouping the claims by it); seed 2 of a row and its
     reference is planned on EN-FR where seed 1's margin there is within 0.5 BLEU of zero or
     of the other sign than EN-DE's mean; the EN-FR lines are another setting, named."""
     monkeypatch.syspath_prepend(str(BENCH))
@@ -761,7 +762,8 @@ def test_pairs_table_and_second_seeds_from_handwritten_curves(monkeypatch):
              line(fr, "small", "post_ln", 1, 2400, 40.0), line(fr, "small", "hybrid_norm", 1, 2400, 39.5),
              line(fr, "small", "hyper", 1, 2400, 41.0), line(fr, "small", "hyper", 1, 1200, 30.0),
              line(de, "deep", "pre_ln", 1, 1200, 26.0), line(de, "deep", "mhc", 1, 1200, 27.0),
-             line(fr, "deep", "pre_ln", 1, 1200, 30.0), line(fr, "deep", "mhc", 1, 1200, 30.3)]
+             line(fr, "deep", "pre_ln", 1, 1200, 30.0), line(fr, "deep", "mhc", 1, 1200, 30.3),
+             line(de, "deep", "denseformer", 1, 1200, 27.5)]
     runs = study_tables.runs_of(lines)
     assert set(runs) == {("cpu", "small"), ("cpu, Multi30k EN-FR", "small"), ("cpu", "deep"),
                          ("cpu, Multi30k EN-FR", "deep")}
@@ -778,6 +780,13 @@ def test_pairs_table_and_second_seeds_from_handwritten_curves(monkeypatch):
     # HybridNorm flips sign, mHC is within 0.5 of zero: seed 2 of each row and its reference
     assert study_tables.second_seeds(runs) == [("small", "hybrid_norm", 2), ("small", "post_ln", 2),
                                                ("deep", "mhc", 2), ("deep", "pre_ln", 2)]
+    # the README's lines: each claim under its verdict across the pairs, DenseFormer not yet on EN-FR
+    assert study_tables.pairs_glance(runs).splitlines() == [
+        "Each claim on a second pair, Multi30k EN-FR (1 seed so far):", "",
+        "- Holds on EN-DE and EN-FR: Hyper-Connections > post-LN (2+2).",
+        "- Holds on EN-DE, level on EN-FR: mHC > pre-LN (6+6).",
+        "- Reverses: HybridNorm > post-LN (2+2).",
+        "- Not yet measured on EN-FR: DenseFormer > pre-LN (6+6)."]
     assert study_tables.across_pairs([0.3], []) == "not yet"
     assert study_tables.across_pairs([0.9, 0.8], [0.4, -0.1]) == "holds on one"  # level on the second
     assert study_tables.across_pairs([0.9, 0.8], [0.9, -0.2]) == "holds on one"  # mixed on the second

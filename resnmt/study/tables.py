@@ -23,6 +23,7 @@ MARKERS = {
     "cross-layer-table": ("<!-- cross-layer-table:begin -->", "<!-- cross-layer-table:end -->"),
     "gen2025-table": ("<!-- gen2025-table:begin -->", "<!-- gen2025-table:end -->"),
     "pairs-table": ("<!-- pairs-table:begin -->", "<!-- pairs-table:end -->"),
+    "pairs-glance": ("<!-- pairs-glance:begin -->", "<!-- pairs-glance:end -->"),
 }
 
 
@@ -420,9 +421,33 @@ def pairs_table(runs, claims=PAIR_CLAIMS, other: str = "en-fr") -> str:
     return "\n".join(lines)
 
 
+def pairs_glance(runs, claims=PAIR_CLAIMS, other: str = "en-fr") -> str:
+    """The README's lines on the claims across pairs (:func:`pairs_table`): the claims that
+    hold on both pairs, on one only (and what they do on the other), that reverse, and those
+    ``other`` has not reached yet, each with its size; the fewest seeds behind a difference
+    on ``other`` is said."""
+    settings, short = ("cpu", f"cpu, {pair_title(other)}"), (MAIN_PAIR.upper(), other.upper())
+    groups, seeds = defaultdict(list), []
+    for c in claims:
+        diffs = [pair_differences(runs, c, s) for s in settings]
+        if not diffs[0]:
+            continue
+        across, words = across_pairs(*diffs), [pair_verdict(d).split(" ")[0] if d else "" for d in diffs]
+        if across == "holds on one":
+            held = words.index("yes")
+            across = f"holds on {short[held]}, {words[1 - held]} on {short[1 - held]}"
+        groups[across].append(f"{c.claim} ({SIZE_SHORT[c.size].split(',')[0]})")
+        seeds += [len(diffs[1])] if diffs[1] else []
+    names = {"holds on both": f"Holds on {short[0]} and {short[1]}", "not yet": f"Not yet measured on {short[1]}"}
+    order = sorted(groups, key=lambda word: (word == "not yet", word != "holds on both", word))
+    lines = [f"- {names.get(word, word[0].upper() + word[1:])}: {', '.join(groups[word])}." for word in order]
+    fewest = f" ({min(seeds)} seed{'s' if min(seeds) != 1 else ''} so far)" if seeds else ""
+    return f"Each claim on a second pair, {pair_title(other)}{fewest}:\n\n" + "\n".join(lines)
+
+
 def tables(runs) -> dict:
     """The study's tables as the documents hold them, by marker name (:data:`MARKERS`)."""
     return {"curves-table": (bleu_table(runs) + "\n" + difference_table(runs)).strip() + "\n",
             "glance-table": glance_table(runs), "cross-layer-table": cross_layer_table(runs) + "\n",
             "gen2025-table": cross_layer_table(runs, rows=GEN2025_KINDS + GEN2025_VARIANTS) + "\n",
-            "pairs-table": pairs_table(runs) + "\n"}
+            "pairs-table": pairs_table(runs) + "\n", "pairs-glance": pairs_glance(runs) + "\n"}
