@@ -526,6 +526,7 @@ TABLE_HOMES = {
     "curves-table": "docs/study.md", "glance-table": "docs/study.md", "speed-glance": "README.md",
     "cross-layer-table": "docs/study.md",
     "gen2025-table": "docs/study.md", "gpu-train-table": "docs/benchmarks.md", "pairs-table": "docs/study.md",
+    "pairs-glance": "README.md",
 }
 
 
