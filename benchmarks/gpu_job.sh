@@ -102,7 +102,8 @@ case "$PART" in
     5|8|9) BUDGET=${GPU_JOB_SECONDS:-500} ;;
     10) BUDGET=${GPU_JOB_SECONDS:-120} ;;
     6|7) BUDGET=${GPU_JOB_SECONDS:-530} ;;
-    *) echo "gpu_job.sh: part '$PART': give 1, 2, 3, 4, 5, 6, 7, 8, 9 or 10"; exit 2 ;;
+    11) BUDGET=${GPU_JOB_SECONDS:-290} ;;
+    *) echo "gpu_job.sh: part '$PART': give 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 or 11"; exit 2 ;;
 esac
 T0=$SECONDS
 left() { echo $(( BUDGET - (SECONDS - T0) )); }
@@ -128,7 +129,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv 2>/dev/null || true
 echo "[gpu_job] part $PART set up in $((SECONDS - T0)) s"
 # every step ends by the part's budget, killed if need be (rows are written as rounds finish)
-if [ "$PART" = 6 ] || [ "$PART" = 7 ]; then  # the curves study
+if [ "$PART" = 6 ] || [ "$PART" = 7 ] || [ "$PART" = 11 ]; then  # the curves study
     . benchmarks/gpu_study.sh
     echo "[gpu_job] part $PART done in $((SECONDS - T0)) s"
     exit "$STUDY_RC"
