@@ -64,8 +64,9 @@ def test_a_runs_rate_is_the_median_ups_after_its_first_interval(tmp_path):
     assert line["total_ups"] == 6.5 and line["runs_measured"] == 1 and line["per_run_ups"] == [6.5, None]
 
 
-def step(n, total, device="cuda"):
-    return {"benchmark": "concurrency_sweep", "n_runs": n, "total_ups": total, "device": device}
+def step(n, total, device="cuda", measured=None):
+    return {"benchmark": "concurrency_sweep", "n_runs": n, "total_ups": total, "device": device,
+            "runs_measured": n if measured is None else measured}
 
 
 def test_workers_from_the_sweep_take_the_highest_total_that_fits_a_lease():
@@ -74,6 +75,7 @@ def test_workers_from_the_sweep_take_the_highest_total_that_fits_a_lease():
     n, why = plan.workers_from_sweep(lines, "cuda", 4000, 4)
     assert n == 4 and "the highest total within a lease" in why  # 8 at once: 4000 * 8 / 76 + 220 = 641 s
     assert plan.workers_from_sweep(lines + [step(8, 84.0)], "cuda", 4000, 4)[0] == 8  # a later line of N wins
+    assert plan.workers_from_sweep(lines + [step(8, 84.0, measured=7)], "cuda", 4000, 4)[0] == 4  # a run crashed
     slow = [step(1, 5.0), step(4, 16.0)]  # none fits: the fastest run, 5 updates/s alone
     assert plan.workers_from_sweep(slow, "cuda", 4000, 4)[0] == 1
     assert plan.workers_from_sweep(lines, "nowhere", 4000, 4)[0] is None
@@ -88,3 +90,23 @@ def test_bad_sweep_input_is_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
         curves.main(argv)
     assert stop.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_the_sweep_end_to_end_on_the_tiny_model_in_bf16(tiny_bin, tmp_path):
+    """1 and 2 pinned bf16 runs side by side, a short window each: a line per step with every
+    run's rate, a readable line per step, the last line the runs to train side by side."""
+    from conftest import REPO_ROOT, run_cli
+
+    sweep = tmp_path / "sweep.jsonl"
+    out = run_cli([sys.executable, REPO_ROOT / "benchmarks" / "curves.py", "--data", tiny_bin.parent,
+                   "--ref", tiny_bin.parent / "text" / "test.de", "--tiny", "--bf16", "--pin-cores", "--threads", "1",
+                   "--max-tokens", "300", "--concurrency-sweep", "1,2", "--sweep-seconds", "20",
+                   "--sweep-lines", sweep, "--workdir", tmp_path / "work"], timeout=300)
+    lines = [json.loads(x) for x in sweep.read_text(encoding="utf-8").splitlines()]
+    assert [(r["n_runs"], r["runs_measured"], r["dtype"], r["pinned"]) for r in lines] == [
+        (1, 1, "bf16", True), (2, 2, "bf16", True)]
+    assert all(r["total_ups"] == pytest.approx(sum(r["per_run_ups"]), abs=0.01) for r in lines)
+    assert lines[0]["execution_flags"] == ["--bf16", "--cpu"] and lines[0]["ended_early"] == [None]
+    printed = out.stdout.strip().splitlines()
+    assert printed[0].startswith("1 at once (bf16, pinned, MPS off): ") and printed[-1] in ("1", "2")

@@ -52,7 +52,7 @@ from resnmt.experiment.runtime import tool_env
 from resnmt.study import concurrency, flags, runs
 from resnmt.study.cores import start_side_by_side
 from resnmt.study.milestones import (done_milestones, execution_flags, resume_point, run_dir_of, run_plan,
-                                     study_settings, trainer)
+                                     schedule_of, study_settings, trainer)
 from resnmt.study.plan import (GPU_ONLY_SIZES, PAIRS, PLANS, plan_order, planned, sweep_choice, updates_per_second,
                                workers_for, workers_from_sweep)
 from resnmt.study.records import cpu_description, cuda_description, run_id, settings_key
@@ -203,7 +203,8 @@ def run_sweep(a, settings, key, env, device) -> int:
             "--log-interval", str(concurrency.SWEEP_LOG_INTERVAL)]
 
     recorded = {"size": size, "row": "post_ln", "settings": settings, "settings_key": key,
-                "dtype": "bf16" if a.bf16 else "fp32", "execution_flags": execution_flags(a), **device,
+                "schedule": schedule_of(settings), "dtype": "bf16" if a.bf16 else "fp32",
+                "execution_flags": execution_flags(a), **device, "cuda": torch_cuda_version(),
                 "torch_threads": a.threads, "finished": None}
     lines = []
     for line in concurrency.measure(a.concurrency_sweep, a.sweep_seconds, argv_of, a.workdir / "concurrency-sweep",
@@ -212,6 +213,8 @@ def run_sweep(a, settings, key, env, device) -> int:
         append_jsonl(a.sweep_lines[0], line)
         lines.append(line)
         rates = ", ".join("-" if r is None else f"{r:.2f}" for r in line["per_run_ups"])
+        crashed = [e for e in line["ended_early"] if e]
+        rates += f"; {len(crashed)} ended early, exit {crashed[0]}: see {a.workdir / 'concurrency-sweep'}" if crashed else ""
         print(f"{line['n_runs']} at once ({line['dtype']}, {'pinned' if line['pinned'] else 'not pinned'}, MPS "
               f"{'on' if line['mps'] else 'off'}): {line['total_ups']:.2f} updates/s in all (each: {rates})", flush=True)
     print_sweep_workers(a, lines)
@@ -282,6 +285,13 @@ def check_only(p, a) -> None:
         if gpu_only and a.device == "cpu" and not a.tiny:
             p.error(f"--only {','.join(gpu_only)}: the {'/'.join(GPU_ONLY_SIZES)} sizes run only with --device cuda "
                     "(or --tiny: the GPU job's rehearsal)")
+
+
+def torch_cuda_version():
+    """The CUDA version torch was built with (None: a CPU build)."""
+    import torch
+
+    return torch.version.cuda
 
 
 def longest_milestones(a) -> list:

@@ -33,15 +33,17 @@ def run_rate(log: Path, skip: int = SWEEP_SKIP_INTERVALS) -> Optional[float]:
     return statistics.median(ups) if ups else None
 
 
-def run_window(argvs, logs, seconds: float, pin: bool, env) -> None:
+def run_window(argvs, logs, seconds: float, pin: bool, env) -> list:
     """``argvs`` started side by side (``pin``: each on its own cores), each writing its log,
-    stopped after ``seconds`` (those still training)."""
+    stopped after ``seconds`` (those still training). Each one's exit status where it ended
+    by itself within the window (a crash, e.g. out of memory), else None."""
     files = [open(log, "w", encoding="utf-8") for log in logs]
     try:
         procs = start_side_by_side(argvs, pin, files, env=env)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
             time.sleep(0.5)
+        ended = [p.poll() for p in procs]
         for p in procs:
             if p.poll() is None:
                 p.terminate()
@@ -54,6 +56,7 @@ def run_window(argvs, logs, seconds: float, pin: bool, env) -> None:
     finally:
         for f in files:
             f.close()
+    return ended
 
 
 def sweep_line(n: int, rates: list, **recorded) -> dict:
@@ -72,6 +75,6 @@ def measure(counts, seconds: float, argv_of, workdir: Path, pin: bool, env, **re
         step = Path(workdir) / f"n{n}"
         step.mkdir(parents=True, exist_ok=True)
         logs = [step / f"run{i}.log" for i in range(n)]
-        run_window([argv_of(step / f"run{i}") for i in range(n)], logs, seconds, pin, env)
+        ended = run_window([argv_of(step / f"run{i}") for i in range(n)], logs, seconds, pin, env)
         yield sweep_line(n, [run_rate(log) for log in logs], pinned=pin, mps=mps_running(), window_seconds=seconds,
-                         **recorded)
+                         ended_early=ended, **recorded)
