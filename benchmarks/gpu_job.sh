@@ -20,7 +20,7 @@
 #   timeout 300 bash benchmarks/gpu_job.sh 4
 # The curves study at the papers' sizes (parts 11, 6 and 7, in benchmarks/gpu_study.sh):
 #   timeout 330 bash benchmarks/gpu_job.sh 11  # its first lease: the concurrency sweep (1, 4, 8, 12 runs at once)
-#   GPU_JOB_SECONDS=400 timeout 440 bash benchmarks/gpu_job.sh 6  # at once after: the schedule sweep
+#   GPU_JOB_SECONDS=370 timeout 410 bash benchmarks/gpu_job.sh 6  # at once after: the schedule sweep
 #   GPU_JOB_SECONDS=150 GPU_STUDY_WORKERS=1 GPU_STUDY_ONLY=base:post_ln:1 timeout 200 bash benchmarks/gpu_job.sh 7  # where time is left: post-LN on
 #   timeout 570 bash benchmarks/gpu_job.sh 7   # every later lease: the study
 #   GPU_JOB_SECONDS=150 timeout 200 bash benchmarks/gpu_job.sh 7  # at once after
@@ -91,7 +91,7 @@
 # Part 8 (default 500 s): transformer-big at 16384 tokens, stock against the fast path (A B B A
 #   rounds; MFU against the measured bf16 peak).
 # Part 9 (default 500 s): base at 32768 tokens, stock against the fast path (A B B A rounds).
-# Parts 11, 6 and 7 (defaults 290, 530 and 530 s): the curves study, described above and in
+# Parts 11, 6 and 7 (defaults 300, 530 and 530 s): the curves study, described above and in
 #   benchmarks/gpu_study.sh (sweep.jsonl, throughput.txt, curves.jsonl, schedule.txt,
 #   study-list.txt, logs.tar.gz).
 # Each step stops starting new work at its deadline; whatever finished is under $OUT:
@@ -112,7 +112,7 @@ case "$PART" in
     5|8|9) BUDGET=${GPU_JOB_SECONDS:-500} ;;
     10) BUDGET=${GPU_JOB_SECONDS:-120} ;;
     6|7) BUDGET=${GPU_JOB_SECONDS:-530} ;;
-    11) BUDGET=${GPU_JOB_SECONDS:-290} ;;
+    11) BUDGET=${GPU_JOB_SECONDS:-300} ;;
     *) echo "gpu_job.sh: part '$PART': give 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 or 11"; exit 2 ;;
 esac
 T0=$SECONDS

@@ -51,17 +51,25 @@ STUDY+=(--bf16 --pin-cores --sdpa-backends flash,efficient,math --data .gpu/mult
 SWEEPS=(--sweep-lines "$STUDY_WORK/sweep.jsonl" --sweep-lines benchmarks/results/concurrency_sweep.jsonl)
 # NVIDIA MPS (kernels of several processes on the GPU at once) where its daemon starts; not in a rehearsal
 MPS=0
+mps_up() { "$PY" -c "from resnmt.study.concurrency import mps_running; exit(0 if mps_running() else 1)"; }
+mps_stop() { if [ "$MPS" = 1 ]; then echo quit | nvidia-cuda-mps-control; MPS=0; echo "[gpu_job] MPS: stopped"; fi; }
 if [ "${GPU_JOB_SMOKE:-0}" = 1 ]; then
     echo "[gpu_job] MPS: not in a rehearsal (CPU)"
 elif ! command -v nvidia-cuda-mps-control > /dev/null; then
     echo "[gpu_job] MPS: no nvidia-cuda-mps-control on this machine; the runs share the GPU without it"
+elif mps_up; then
+    MPS=1; echo "[gpu_job] MPS: already running (left by an earlier part); used, and stopped at this part's end"
 elif nvidia-cuda-mps-control -d; then
     MPS=1; echo "[gpu_job] MPS: started (nvidia-cuda-mps-control -d)"
 else
     echo "[gpu_job] MPS: nvidia-cuda-mps-control -d failed (exit $?); the runs share the GPU without it"
 fi
-mps_stop() { if [ "$MPS" = 1 ]; then echo quit | nvidia-cuda-mps-control; echo "[gpu_job] MPS: stopped"; fi; }
+# a daemon whose server cannot open the GPU would fail every run: one CUDA tensor first, else without MPS
+if [ "$MPS" = 1 ] && ! err=$(timeout 90 "$PY" -c "import torch; torch.ones(1, device='cuda').sum().item()" 2>&1); then
+    mps_stop; echo "[gpu_job] MPS: CUDA failed under it (${err##*$'\n'}); the runs share the GPU without it"
+fi
 trap mps_stop EXIT  # at the part's end, whichever way it ends
+trap 'exit 143' TERM INT
 [ "$PART" = 7 ] && [ "${GPU_STUDY_FAST_PATH:-0}" = 1 ] && STUDY+=(--fast-path)  # the sweep: stock path only
 curves() { "$PY" benchmarks/curves.py "${STUDY[@]}" "$@"; }
 study_done() {  # what this part leaves: its lines for the next part, the logs, the plan's state
@@ -75,9 +83,14 @@ study_done() {  # what this part leaves: its lines for the next part, the logs, 
 STUDY_RC=0
 if [ "$PART" = 11 ]; then
     counts=${GPU_SWEEP_COUNTS:-1,4,8,12}
-    echo "[gpu_job] concurrency sweep: post-LN base, bf16, $counts runs side by side, ${GPU_SWEEP_SECONDS:-60} s each"
+    # each step's window: GPU_SWEEP_SECONDS (default 60), shortened so that every step ends within the budget
+    # (each step also waits up to 10 s for its runs to stop)
+    steps=$(echo "$counts" | tr ',' '\n' | grep -c .)
+    window=$(( ($(left) - 45) / steps - 10 ))
+    [ "$window" -gt "${GPU_SWEEP_SECONDS:-60}" ] && window=${GPU_SWEEP_SECONDS:-60}
+    echo "[gpu_job] concurrency sweep: post-LN base, bf16, $counts runs side by side, $window s each"
     timeout -k 10 $(( $(left) - 20 )) "$PY" benchmarks/curves.py "${STUDY[@]}" --sizes base,base12 "${STUDY_MILESTONES[@]}" \
-        --concurrency-sweep "$counts" --sweep-seconds "${GPU_SWEEP_SECONDS:-60}" --sweep-lines "$OUT/sweep.jsonl" \
+        --concurrency-sweep "$counts" --sweep-seconds "$window" --sweep-lines "$OUT/sweep.jsonl" \
         | tee "$OUT/throughput.txt" || STUDY_RC=$?
     [ -s "$OUT/sweep.jsonl" ] && cat "$OUT/sweep.jsonl" >> "$STUDY_WORK/sweep.jsonl"
     grep -qx '[0-9][0-9]*' <(tail -n 1 "$OUT/throughput.txt") && tail -n 1 "$OUT/throughput.txt" > "$STUDY_WORK/workers.txt"

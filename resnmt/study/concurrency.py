@@ -49,7 +49,7 @@ def run_window(argvs, logs, seconds: float, pin: bool, env) -> list:
                 p.terminate()
         for p in procs:
             try:
-                p.wait(timeout=20)
+                p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
