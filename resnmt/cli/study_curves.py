@@ -204,7 +204,7 @@ def run_sweep(a, settings, key, env, device) -> int:
 
     recorded = {"size": size, "row": "post_ln", "settings": settings, "settings_key": key,
                 "schedule": schedule_of(settings), "dtype": "bf16" if a.bf16 else "fp32",
-                "execution_flags": execution_flags(a), **device, "cuda": torch_cuda_version(),
+                "execution_flags": execution_flags(a), **device,
                 "torch_threads": a.threads, "finished": None}
     lines = []
     for line in concurrency.measure(a.concurrency_sweep, a.sweep_seconds, argv_of, a.workdir / "concurrency-sweep",
@@ -285,13 +285,6 @@ def check_only(p, a) -> None:
         if gpu_only and a.device == "cpu" and not a.tiny:
             p.error(f"--only {','.join(gpu_only)}: the {'/'.join(GPU_ONLY_SIZES)} sizes run only with --device cuda "
                     "(or --tiny: the GPU job's rehearsal)")
-
-
-def torch_cuda_version():
-    """The CUDA version torch was built with (None: a CPU build)."""
-    import torch
-
-    return torch.version.cuda
 
 
 def longest_milestones(a) -> list:
