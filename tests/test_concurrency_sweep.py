@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from resnmt.cli import study_curves as curves
-from resnmt.study import concurrency, milestones, plan
+from resnmt.study import concurrency, milestones, plan, tables
 from resnmt.study.cores import core_sets, start_side_by_side
 from resnmt.study.records import settings_key
 
@@ -27,6 +27,11 @@ def test_bf16_has_a_settings_key_of_its_own_and_trains_with_resnmt_train():
     cpu = curves.parser().parse_args(["--bf16"])
     assert milestones.execution_flags(cpu) == ["--bf16", "--cpu"]
     assert milestones.trainer(curves.parser().parse_args([])) == ["fairseq-train"]
+    gpu = ["--device", "cuda", "--lr", "7e-4", "--warmup", "2000"]
+    line = {"device": "cuda", "settings": milestones.study_settings(curves.parser().parse_args([*gpu, "--bf16"]))}
+    fp32 = dict(line, settings=milestones.study_settings(curves.parser().parse_args(gpu)))
+    assert tables.setting_of(line) == "cuda, lr 0.0007, warm-up 2000, bf16"  # tabulated apart from fp32's
+    assert tables.setting_of(fp32) == "cuda, lr 0.0007, warm-up 2000"
 
 
 def test_core_sets_split_the_cores_and_wrap_when_too_few():
