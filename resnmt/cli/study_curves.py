@@ -28,18 +28,22 @@ left out of the settings key.
     resnmt-study curves --only small:post_ln:1 # one run
     resnmt-study curves --workers 2 --threads 1 --only deep:pre_ln:1,deep:sas:1   # a pair side by side
     resnmt-study curves --device cuda --workers 8 --threads 1   # on a GPU: the study, plus the base size
-    resnmt-study curves --device cuda --sizes base,base12 --lr 7e-4 --warmup 2000 --save-every 100 \
-        --sdpa-backends flash,efficient,math --workers 2 --threads 1    # the papers' sizes (gpu_job.sh part 7)
+    resnmt-study curves --device cuda --sizes base,base12 --lr 7e-4 --warmup 2000 --save-every 100 --bf16 \
+        --sdpa-backends flash,efficient,math --workers 4 --pin-cores --threads 1  # the papers' sizes (gpu_job.sh part 7)
+    resnmt-study curves --device cuda --bf16 --pin-cores --threads 1 --concurrency-sweep 1,4,8,12 \
+        --sweep-lines sweep.jsonl        # how many runs share the GPU best (gpu_job.sh part 11)
 
 With ``--device cuda`` every run trains and decodes on the (first) GPU, several at once
 with ``--workers`` (these models are far too small to fill one), and the study adds the
 papers' sizes (base: 6+6 layers, d=512; base12: 12+12), which a CPU cannot train in a
 session. GPU lines record their device, are kept apart from the CPU lines (a GPU run never
 skips a milestone because the CPU run has it) and are plotted in panels of their own; fp32
-on both. Every line records its schedule; another schedule (the papers' sizes are trained
+on both unless ``--bf16`` (resnmt-train's bf16, which the papers' sizes train in: another
+settings key). Every line records its schedule; another schedule (the papers' sizes are trained
 under one of their own, chosen by ``--choose-schedule`` from a sweep of post-LN:
 benchmarks/gpu_job.sh part 6) gives another settings key, so its runs and their lines are
-others, tabulated and drawn apart.
+others, tabulated and drawn apart. ``--concurrency-sweep`` measures how many runs side by side
+give the GPU's highest total updates per second (resnmt.study.concurrency).
 """
 import argparse
 import sys
