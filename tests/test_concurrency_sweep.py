@@ -80,7 +80,9 @@ def test_workers_from_the_sweep_take_the_highest_total_that_fits_a_lease():
     n, why = plan.workers_from_sweep(lines, "cuda", 4000, 4)
     assert n == 4 and "the highest total within a lease" in why  # 8 at once: 4000 * 8 / 76 + 220 = 641 s
     assert plan.workers_from_sweep(lines + [step(8, 84.0)], "cuda", 4000, 4)[0] == 8  # a later line of N wins
-    assert plan.workers_from_sweep(lines + [step(8, 84.0, measured=7)], "cuda", 4000, 4)[0] == 4  # a run crashed
+    assert plan.workers_from_sweep(lines + [step(8, 84.0, measured=7)], "cuda", 4000, 4)[0] == 4  # a run logged none
+    crashed = dict(step(8, 84.0), ended_early=[None] * 7 + [1])
+    assert plan.workers_from_sweep(lines + [crashed], "cuda", 4000, 4)[0] == 4
     slow = [step(1, 5.0), step(4, 16.0)]  # none fits: the fastest run, 5 updates/s alone
     assert plan.workers_from_sweep(slow, "cuda", 4000, 4)[0] == 1
     assert plan.workers_from_sweep(lines, "nowhere", 4000, 4)[0] is None

@@ -184,10 +184,12 @@ def workers_from_sweep(lines, device: str, updates: int, milestones: int):
     concurrency sweep's ``lines`` (dicts; resnmt.study.concurrency) on ``device``, among
     those where each run reaches ``updates`` within a lease (as :func:`workers_for`: its
     share of the total, plus ``milestones`` * MILESTONE_SECONDS); where none does, the N whose
-    runs each go fastest. A step where a run logged no rate (it crashed, or had not started
-    training within the window) is not taken. None when the lines hold no such step on ``device``."""
+    runs each go fastest. A step where a run ended early (a crash: out of memory) or logged no
+    rate (it had not started training within the window) is not taken. None when the lines
+    hold no such step on ``device``."""
     steps = {r["n_runs"]: r for r in lines if r.get("benchmark") == "concurrency_sweep" and r.get("device") == device
-             and r["total_ups"] > 0 and r.get("runs_measured", r["n_runs"]) == r["n_runs"]}  # a later step of N wins
+             and r["total_ups"] > 0 and r.get("runs_measured", r["n_runs"]) == r["n_runs"]
+             and not any(e is not None for e in r.get("ended_early", ()))}  # a later step of N wins
     if not steps:
         return None, f"no concurrency sweep line on {device}"
     seconds = {n: updates * n / r["total_ups"] + milestones * MILESTONE_SECONDS for n, r in steps.items()}
