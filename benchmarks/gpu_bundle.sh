@@ -22,7 +22,7 @@ PY=${PYTHON:-python3}
 BUNDLE=.gpu
 LIMIT_MIB=64
 MIRROR=${MULTI30K_MIRROR:-../shared/data/multi30k}
-PARTS=${GPU_BUNDLE_PARTS-1 2 3 4 5 5b 6 7 8 9 10}  # 5b: part 5's plan B
+PARTS=${GPU_BUNDLE_PARTS-1 2 3 4 5 5b 11 6 7 8 9 10}  # 5b: part 5's plan B
 say() { echo "[gpu-bundle] $*"; }
 die() { echo "gpu-bundle: $*" >&2; exit 1; }
 
@@ -58,12 +58,12 @@ say "travels: working tree $(( tree_kib / 1024 )) MiB + $BUNDLE $(( bundle_kib /
 [ "$total_mib" -le "$LIMIT_MIB" ] || die "what travels is ${total_mib} MiB, over the device tool's ${LIMIT_MIB} MiB: shrink $BUNDLE or the working tree"
 
 # 4. the rehearsal: every part of the job on the CPU, tiny model, with this bundle's data
-# (the study's parts 6 and 7 share one GPU_STUDY_WORK, as one warm machine's calls do)
+# (the study's parts 11, 6 and 7 share one GPU_STUDY_WORK, as one warm machine's calls do)
 study_work=$(mktemp -d)
 for part in $PARTS; do
     out=$(mktemp -d)
     lines="$out/gpu_train.jsonl"
-    case "$part" in 6|7) lines="$out/curves.jsonl" ;; 10) lines="$out/fast_path_profile.json" ;; esac
+    case "$part" in 6|7) lines="$out/curves.jsonl" ;; 11) lines="$out/sweep.jsonl" ;; 10) lines="$out/fast_path_profile.json" ;; esac
     say "rehearsing part $part (GPU_JOB_SMOKE=1, results in $out)"
     plan_b=0 && [ "$part" = 5b ] && plan_b=1
     OUT="$out" GPU_JOB_SMOKE=1 GPU_JOB_PLAN_B=$plan_b GPU_STUDY_WORK="$study_work" PYTHON="$PY" \

@@ -10,32 +10,39 @@
 #   timeout 540 bash benchmarks/gpu_job.sh 8
 #   timeout 540 bash benchmarks/gpu_job.sh 9
 #   timeout 150 bash benchmarks/gpu_job.sh 10  # the fast path's own profile, where a lease has the time
-#   the lease after: the study's schedule sweep and post-LN continued (parts 6 and 7, below)
+#   the lease after: the study's concurrency sweep, its schedule sweep and post-LN continued
+#   (parts 11, 6 and 7, below)
 #   later leases: part 7 (with GPU_STUDY_FAST_PATH=1 where part 5 passed), or parts 1-4 again
 #   where a lever of part 5's profile needs them:
 #   timeout 340 bash benchmarks/gpu_job.sh 2
 #   GPU_JOB_SECONDS=380 timeout 420 bash benchmarks/gpu_job.sh 3
 #   timeout 540 bash benchmarks/gpu_job.sh 1
 #   timeout 300 bash benchmarks/gpu_job.sh 4
-# The curves study at the papers' sizes (parts 6 and 7, in benchmarks/gpu_study.sh):
-#   timeout 570 bash benchmarks/gpu_job.sh 6   # its first lease: the sweep
-#   GPU_JOB_SECONDS=150 GPU_STUDY_WORKERS=1 GPU_STUDY_ONLY=base:post_ln:1 timeout 200 bash benchmarks/gpu_job.sh 7  # at once after: post-LN on
+# The curves study at the papers' sizes (parts 11, 6 and 7, in benchmarks/gpu_study.sh):
+#   timeout 330 bash benchmarks/gpu_job.sh 11  # its first lease: the concurrency sweep (1, 4, 8, 12 runs at once)
+#   GPU_JOB_SECONDS=370 timeout 410 bash benchmarks/gpu_job.sh 6  # at once after: the schedule sweep
+#   GPU_JOB_SECONDS=150 GPU_STUDY_WORKERS=1 GPU_STUDY_ONLY=base:post_ln:1 timeout 200 bash benchmarks/gpu_job.sh 7  # where time is left: post-LN on
 #   timeout 570 bash benchmarks/gpu_job.sh 7   # every later lease: the study
 #   GPU_JOB_SECONDS=150 timeout 200 bash benchmarks/gpu_job.sh 7  # at once after
-# Estimate (fp32, as the CPU study; not yet measured under these settings): base-size runs
-# side by side on the H100 shared about 20 updates/s (3.3-3.9 each with five to six at once,
-# checkpoints every 40 updates; the GPU lines of 2026-11-24/25 in curves.jsonl), and one
-# process alone is bound by the host at about 13 updates/s (H200, fp16, 46.5k target tokens/s
-# at 3439 per update; docs/benchmarks.md). A run cannot outlive its lease: about 620 s are
-# left for training and scoring after the start (~150 s) and two set-ups, and its 4
-# milestones cost about 55 s each beside training, so W runs of 4000 updates fit where
-# 4000 / (20 / W) + 220 <= 620 s: W = 2 base runs per lease, or one 12+12 run (twice a base
-# run's cost per update), if one alone makes ~13 updates/s. The 17 runs (12 base, 5 at 12+12)
-# then take about 11 leases after the sweep's (6 for base, 5 for 12+12); the sweep's lease
-# gives post-LN under three schedules to 2000 updates. Part 6 measures the shared rate
-# (throughput.txt) and part 7 takes resnmt.study.plan.workers_for's count from it on the same machine;
-# later leases pass GPU_STUDY_WORKERS. The fast path (GPU_STUDY_FAST_PATH=1, once its own part
-# has passed on a GPU) is what can shorten this.
+# Estimate (to be recomputed from part 11's sweep.jsonl): every study run trains in bf16
+# (resnmt-train --bf16, as the papers trained in half precision), each run side by side on its own
+# CPU cores (--pin-cores; the machine has 16), under NVIDIA MPS where `nvidia-cuda-mps-control -d`
+# starts it, and parts 6 and 7 train as many runs at once as the sweep's highest total updates per
+# second allows with each run ending within its lease (resnmt.study.plan.workers_from_sweep). What was
+# measured before, in fp32 without pinning or MPS: base-size runs side by side on the H100 shared
+# about 20 updates/s (3.3-3.9 each with five to six at once, checkpoints every 40 updates; the GPU
+# lines of curves.jsonl), and one process alone is bound by the host at about 13 updates/s (H200,
+# fp16, 46.5k target tokens/s at 3439 per update; docs/benchmarks.md). A run cannot outlive its
+# lease: about 620 s are left for training and scoring after the start (~150 s) and two set-ups, and
+# its 4 milestones cost about 55 s each beside training, so W runs of 4000 updates fit where
+# 4000 / (T_W / W) + 220 <= 620 s, T_W the sweep's total with W at once: at fp32's 20 updates/s,
+# W = 2 base runs per lease, and the 14 runs (9 base, 5 at 12+12) take about 10 leases after the
+# sweep's. The target, every base row in 2 leases and every 12+12 row in 2 more, needs W >= 5 base
+# runs at once, a total T_5 >= 50 updates/s (a 12+12 run costs about twice a base run per update:
+# 3 at once need about 60 in base updates). The sweep's lease gives the sweep and post-LN under three schedules to
+# 2000 updates. Part 11 leaves the count on the machine for parts 6 and 7; later leases read it from
+# the committed benchmarks/results/concurrency_sweep.jsonl (or take GPU_STUDY_WORKERS). The fast
+# path (GPU_STUDY_FAST_PATH=1, once its own part has passed on a GPU) is what can shorten this further.
 #
 # .gpu/ (ignored by git; `make gpu-bundle` builds it and rehearses every part on the CPU) holds
 #   whl/        ve-fairseq 0.12.3 cp312 and the dependencies the machine lacks
@@ -84,6 +91,9 @@
 # Part 8 (default 500 s): transformer-big at 16384 tokens, stock against the fast path (A B B A
 #   rounds; MFU against the measured bf16 peak).
 # Part 9 (default 500 s): base at 32768 tokens, stock against the fast path (A B B A rounds).
+# Parts 11, 6 and 7 (defaults 300, 530 and 530 s): the curves study, described above and in
+#   benchmarks/gpu_study.sh (sweep.jsonl, throughput.txt, curves.jsonl, schedule.txt,
+#   study-list.txt, logs.tar.gz).
 # Each step stops starting new work at its deadline; whatever finished is under $OUT:
 # job.log, gpu_tests*.txt and fast_path_tests*.txt (the CUDA checks of parts 1-3 and 5),
 # gpu_train.jsonl (a line per finished whole process, as it ends), profile.json (part 1),
@@ -102,7 +112,8 @@ case "$PART" in
     5|8|9) BUDGET=${GPU_JOB_SECONDS:-500} ;;
     10) BUDGET=${GPU_JOB_SECONDS:-120} ;;
     6|7) BUDGET=${GPU_JOB_SECONDS:-530} ;;
-    *) echo "gpu_job.sh: part '$PART': give 1, 2, 3, 4, 5, 6, 7, 8, 9 or 10"; exit 2 ;;
+    11) BUDGET=${GPU_JOB_SECONDS:-300} ;;
+    *) echo "gpu_job.sh: part '$PART': give 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 or 11"; exit 2 ;;
 esac
 T0=$SECONDS
 left() { echo $(( BUDGET - (SECONDS - T0) )); }
@@ -128,7 +139,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv 2>/dev/null || true
 echo "[gpu_job] part $PART set up in $((SECONDS - T0)) s"
 # every step ends by the part's budget, killed if need be (rows are written as rounds finish)
-if [ "$PART" = 6 ] || [ "$PART" = 7 ]; then  # the curves study
+if [ "$PART" = 6 ] || [ "$PART" = 7 ] || [ "$PART" = 11 ]; then  # the curves study
     . benchmarks/gpu_study.sh
     echo "[gpu_job] part $PART done in $((SECONDS - T0)) s"
     exit "$STUDY_RC"

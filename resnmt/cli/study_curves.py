@@ -28,31 +28,38 @@ left out of the settings key.
     resnmt-study curves --only small:post_ln:1 # one run
     resnmt-study curves --workers 2 --threads 1 --only deep:pre_ln:1,deep:sas:1   # a pair side by side
     resnmt-study curves --device cuda --workers 8 --threads 1   # on a GPU: the study, plus the base size
-    resnmt-study curves --device cuda --sizes base,base12 --lr 7e-4 --warmup 2000 --save-every 100 \
-        --sdpa-backends flash,efficient,math --workers 2 --threads 1    # the papers' sizes (gpu_job.sh part 7)
+    resnmt-study curves --device cuda --sizes base,base12 --lr 7e-4 --warmup 2000 --save-every 100 --bf16 \
+        --sdpa-backends flash,efficient,math --workers 4 --pin-cores --threads 1  # the papers' sizes (gpu_job.sh part 7)
+    resnmt-study curves --device cuda --bf16 --pin-cores --threads 1 --concurrency-sweep 1,4,8,12 \
+        --sweep-lines sweep.jsonl        # how many runs share the GPU best (gpu_job.sh part 11)
 
 With ``--device cuda`` every run trains and decodes on the (first) GPU, several at once
 with ``--workers`` (these models are far too small to fill one), and the study adds the
 papers' sizes (base: 6+6 layers, d=512; base12: 12+12), which a CPU cannot train in a
 session. GPU lines record their device, are kept apart from the CPU lines (a GPU run never
 skips a milestone because the CPU run has it) and are plotted in panels of their own; fp32
-on both. Every line records its schedule; another schedule (the papers' sizes are trained
+on both unless ``--bf16`` (resnmt-train's bf16, which the papers' sizes train in: another
+settings key). Every line records its schedule; another schedule (the papers' sizes are trained
 under one of their own, chosen by ``--choose-schedule`` from a sweep of post-LN:
 benchmarks/gpu_job.sh part 6) gives another settings key, so its runs and their lines are
-others, tabulated and drawn apart.
+others, tabulated and drawn apart. ``--concurrency-sweep`` measures how many runs side by side
+give the GPU's highest total updates per second (resnmt.study.concurrency).
 """
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
 from resnmt.cli.common import OneLineErrorParser
+from resnmt.experiment.presets import SIZES
+from resnmt.experiment.results import append_jsonl, read_jsonl
 from resnmt.experiment.runtime import tool_env
-from resnmt.study import flags
-from resnmt.study.milestones import done_milestones, resume_point, run_dir_of, run_plan, study_settings
+from resnmt.study import concurrency, flags, runs
+from resnmt.study.cores import start_side_by_side
+from resnmt.study.milestones import (done_milestones, execution_flags, resume_point, run_dir_of, run_plan,
+                                     schedule_of, study_settings, trainer)
 from resnmt.study.plan import (GPU_ONLY_SIZES, PAIRS, PLANS, plan_order, planned, sweep_choice, updates_per_second,
-                               workers_for)
-from resnmt.study.records import cpu_description, cuda_description, settings_key
+                               workers_for, workers_from_sweep)
+from resnmt.study.records import cpu_description, cuda_description, run_id, settings_key
 from resnmt.study.rows import CURVES_ROWS, DEFAULT_MILESTONES, slug
 
 
@@ -95,6 +102,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fast-path", action="store_true",
                    help="train on resnmt's fast path (resnmt_translation --fast-path: static batch shapes, CUDA "
                    "graphs); its batches differ, so it is part of the settings key")
+    p.add_argument("--bf16", action="store_true",
+                   help="train in bf16 (resnmt-train's --bf16: float32 master weights; fairseq 0.12's own --bf16 "
+                   "asks for a TPU); other arithmetic, so part of the settings key")
+    p.add_argument("--pin-cores", action="store_true",
+                   help="with --workers N (and --concurrency-sweep): each copy on its own share of this process's "
+                   "CPU cores (os.sched_setaffinity), so runs side by side do not take turns on a core")
+    p.add_argument("--concurrency-sweep", metavar="N,N,...",
+                   help="measure instead of training: for each N, N post-LN runs (base size; --tiny: tiny) side by "
+                   "side for --sweep-seconds, each one's updates per second from fairseq's log; one line per N "
+                   "appended to the first --sweep-lines, a readable line per N printed, the last line the runs "
+                   "to train side by side (resnmt.study.plan.workers_from_sweep); then exit")
+    p.add_argument("--sweep-seconds", type=float, default=60.0,
+                   help="each step's window of --concurrency-sweep, start-up included (default: 60)")
+    p.add_argument("--sweep-lines", action="append", default=[], metavar="JSONL",
+                   help="the concurrency sweep's lines: the first is written by --concurrency-sweep; every one that "
+                   "exists is read by --throughput, whose worker count then comes from the sweep (repeatable)")
     p.add_argument("--done-from", action="append", default=[], metavar="JSONL",
                    help="more curves lines counted as done (read only; e.g. the committed results while --out is "
                    "a fresh folder's), repeatable")
@@ -119,6 +142,7 @@ def main(argv) -> int:
     a = p.parse_args(argv)
     check_sizes_and_milestones(p, a)
     check_only(p, a)
+    check_sweep(p, a)
     a.workdir = Path(a.workdir or ("runs/curves" if a.device == "cpu" else f"runs/curves-{a.device}"))
     a.out = Path(a.out)
     settings = study_settings(a)
@@ -141,9 +165,11 @@ def main(argv) -> int:
     if a.device == "cuda":
         check_cuda(p)
     if a.workers > 1:
-        return run_copies(argv, a.workers)
+        return run_copies(argv, a.workers, a.pin_cores)
     env = tool_env(threads=a.threads, cpu_only=a.device == "cpu")
     device = cpu_description() if a.device == "cpu" else cuda_description()
+    if a.concurrency_sweep:
+        return run_sweep(a, settings, key, env, device)
     return run_plan(a, settings, key, plan, lines, env, device)
 
 
@@ -155,14 +181,48 @@ def check_cuda(p) -> None:
         p.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
 
 
-def run_copies(argv, workers: int) -> int:
-    """``workers`` copies of this command (without --workers), side by side: they share the
-    plan through the run directories' locks. The highest exit status of them."""
+def run_copies(argv, workers: int, pin: bool = False) -> int:
+    """``workers`` copies of this command (without --workers), side by side (``pin``: each
+    on its own CPU cores, which its trainings inherit): they share the plan through the run
+    directories' locks. The highest exit status of them."""
     argv = [c for i, c in enumerate(argv) if not (c == "--workers" or (i and argv[i - 1] == "--workers")
                                                   or c.startswith("--workers="))]
     child = [sys.executable, "-m", "resnmt.cli.study", "curves", *argv]
-    procs = [subprocess.Popen(child) for _ in range(workers)]
+    procs = start_side_by_side([child] * workers, pin)
     return max(proc.wait() for proc in procs)
+
+
+def run_sweep(a, settings, key, env, device) -> int:
+    """--concurrency-sweep: each step's line appended to the first --sweep-lines and printed
+    readably; the last line printed is the runs to train side by side."""
+    size = "tiny" if a.tiny else "base"
+    row = CURVES_ROWS["post_ln"]
+
+    def argv_of(save_dir):
+        return runs.benchmark_train_argv(
+            a.bin_dir, row.arch, list(row.flags), SIZES[size], seed=1, max_tokens=a.max_tokens, lr=a.lr,
+            warmup=a.warmup, dropout=a.dropout, save_every=a.save_every, keep=1, validate=False,
+            program=trainer(a)) + execution_flags(a) + [
+            "--no-save", "--save-dir", save_dir, "--max-update", "1000000",
+            "--log-interval", str(concurrency.SWEEP_LOG_INTERVAL)]
+
+    recorded = {"size": size, "row": "post_ln", "settings": settings, "settings_key": key,
+                "schedule": schedule_of(settings), "dtype": "bf16" if a.bf16 else "fp32",
+                "execution_flags": execution_flags(a), **device,
+                "torch_threads": a.threads, "finished": None}
+    lines = []
+    for line in concurrency.measure(a.concurrency_sweep, a.sweep_seconds, argv_of, a.workdir / "concurrency-sweep",
+                                    a.pin_cores, env, **recorded):
+        line["finished"] = run_id()
+        append_jsonl(a.sweep_lines[0], line)
+        lines.append(line)
+        rates = ", ".join("-" if r is None else f"{r:.2f}" for r in line["per_run_ups"])
+        crashed = [e for e in line["ended_early"] if e]
+        rates += f"; {len(crashed)} ended early, exit {crashed[0]}: see {a.workdir / 'concurrency-sweep'}" if crashed else ""
+        print(f"{line['n_runs']} at once ({line['dtype']}, {'pinned' if line['pinned'] else 'not pinned'}, MPS "
+              f"{'on' if line['mps'] else 'off'}): {line['total_ups']:.2f} updates/s in all (each: {rates})", flush=True)
+    print_sweep_workers(a, lines)
+    return 0
 
 
 def check_sizes_and_milestones(p, a) -> None:
@@ -196,6 +256,25 @@ def check_sizes_and_milestones(p, a) -> None:
                     f"(--average) every {a.save_every} updates (--save-every), so at least {a.average * a.save_every}")
 
 
+def check_sweep(p, a) -> None:
+    """--concurrency-sweep: positive run counts, parsed into a list in ``a``; a file to write
+    them to (--sweep-lines) and a positive --sweep-seconds."""
+    if a.concurrency_sweep is None:
+        return
+    try:
+        counts = [int(x) for x in a.concurrency_sweep.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        p.error(f"--concurrency-sweep {a.concurrency_sweep!r}: expected comma-separated positive run counts, "
+                "e.g. 1,4,8,12")
+    if not a.sweep_lines:
+        p.error("--concurrency-sweep needs --sweep-lines JSONL, the file its lines are appended to")
+    if a.sweep_seconds <= 0:
+        p.error(f"--sweep-seconds {a.sweep_seconds:g}: give a positive number of seconds")
+    a.concurrency_sweep = counts
+
+
 def check_only(p, a) -> None:
     """--only: runs of the study (SIZE:ROW:SEED), the GPU-only sizes on a GPU; a set in ``a``."""
     a.only = set(x.strip() for x in a.only.split(",")) if a.only else None
@@ -212,15 +291,35 @@ def check_only(p, a) -> None:
                     "(or --tiny: the GPU job's rehearsal)")
 
 
+def longest_milestones(a) -> list:
+    """The milestones of the planned size that trains longest."""
+    return max((a.milestones[size] for size in (a.sizes or a.milestones)), key=lambda ms: ms[-1])
+
+
+def print_sweep_workers(a, lines) -> bool:
+    """The runs side by side the concurrency sweep's ``lines`` give on --device (a line of
+    why, then the number); False, printing nothing, where they hold no step on it."""
+    longest = longest_milestones(a)
+    n, why = workers_from_sweep(lines, a.device, longest[-1], len(longest))
+    if n is None:
+        return False
+    print(f"the concurrency sweep: {why}")
+    print(n)
+    return True
+
+
 def print_throughput(a) -> None:
-    """--throughput: each run's updates per second in --workdir, and the workers to run."""
+    """--throughput: each run's updates per second in --workdir, and the workers to run (from
+    the concurrency sweep's lines where --sweep-lines holds some)."""
     rates = updates_per_second(a.workdir)
     for run, ups in rates.items():
         print(f"{run.relative_to(a.workdir)}: {ups:.2f} updates/s")
-    longest = max((a.milestones[size] for size in (a.sizes or a.milestones)), key=lambda ms: ms[-1])
+    longest = longest_milestones(a)
     print(f"{len(rates)} runs side by side: {sum(rates.values()):.2f} updates/s in all; each run to "
           f"{longest[-1]} updates ({len(longest)} milestones) within a lease: workers")
-    print(workers_for(sum(rates.values()), longest[-1], len(longest)) if rates else 1)
+    sweep = [r for path in a.sweep_lines if Path(path).is_file() for r in read_jsonl(path)]
+    if not print_sweep_workers(a, sweep):
+        print(workers_for(sum(rates.values()), longest[-1], len(longest)) if rates else 1)
 
 
 def print_plan(a, plan, lines, key) -> None:

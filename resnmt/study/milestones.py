@@ -25,8 +25,8 @@ def schedule_of(settings: dict) -> dict:
 
 def execution_flags(a) -> list:
     """fairseq-train flags of how a run executes (recorded per line): the attention kernels,
-    which compute the same (out of the settings key); and the fast path, whose static batch
-    shapes make other batches (in the key: ``"fast_path"``)."""
+    which compute the same (out of the settings key); the fast path, whose static batch
+    shapes make other batches (in the key: ``"fast_path"``); and bf16 (in the key: ``"dtype"``)."""
     flags = []
     if a.sdpa_backends or a.fast_path:
         flags += ["--task", "resnmt_translation"]
@@ -34,7 +34,16 @@ def execution_flags(a) -> list:
         flags += ["--sdpa-backends", a.sdpa_backends]
     if a.fast_path:
         flags += ["--fast-path"]
+    if a.bf16:  # resnmt-train's bf16 (fairseq 0.12's --bf16 alone asks for a TPU); the CPU's needs --cpu
+        flags += ["--bf16", *(["--cpu"] if a.device == "cpu" else [])]
     return flags
+
+
+def trainer(a) -> list:
+    """The training program: fairseq-train, or resnmt-train's module for bf16 (fairseq 0.12's
+    --bf16 trains on TPUs only), run by this Python so that a source tree without console
+    scripts (the GPU job's) runs it too."""
+    return [sys.executable, "-m", "resnmt.cli.train"] if a.bf16 else ["fairseq-train"]
 
 
 def done_milestones(lines, key: str, device: str):
@@ -87,6 +96,7 @@ def study_settings(a) -> dict:
         "beam": 4, "lenpen": 0.6, "lenpen_form": "gnmt", "max_len_a": 1, "max_len_b": 50,
         **({"every_size": "tiny"} if a.tiny else {}),
         **({"fast_path": True} if a.fast_path else {}),  # other batches (static shapes): other runs
+        **({"dtype": "bf16"} if a.bf16 else {}),  # other arithmetic: other runs (fp32 lines have no key)
     }
 
 
@@ -125,7 +135,8 @@ def score_milestone(a, settings, key, size, row, seed, updates, env, device) -> 
     model_size = SIZES["tiny" if a.tiny else size]
     train_argv = runs.benchmark_train_argv(
         a.bin_dir, arch, row_flags, model_size, seed=seed, max_tokens=a.max_tokens, lr=a.lr, warmup=a.warmup,
-        dropout=a.dropout, save_every=a.save_every, keep=a.average, validate=True) + execution_flags(a)
+        dropout=a.dropout, save_every=a.save_every, keep=a.average, validate=True,
+        program=trainer(a)) + execution_flags(a)
     total = runs.train_to(updates, train_argv, ckpt_dir, log, env)  # seconds over the whole run
     ckpts = runs.checkpoints_until(ckpt_dir, a.average, updates)
     avg = run_dir / f"checkpoint.avg{a.average}.upd{updates}.pt"

@@ -179,6 +179,29 @@ def workers_for(total_ups: float, updates: int, milestones: int) -> int:
     return max(1, int(total_ups * (LEASE_SECONDS - milestones * MILESTONE_SECONDS) / updates))
 
 
+def workers_from_sweep(lines, device: str, updates: int, milestones: int):
+    """(N, why): the runs side by side with the highest total updates per second in the
+    concurrency sweep's ``lines`` (dicts; resnmt.study.concurrency) on ``device``, among
+    those where each run reaches ``updates`` within a lease (as :func:`workers_for`: its
+    share of the total, plus ``milestones`` * MILESTONE_SECONDS); where none does, the N whose
+    runs each go fastest. A step where a run ended early (a crash: out of memory) or logged no
+    rate (it had not started training within the window) is not taken. None when the lines
+    hold no such step on ``device``."""
+    steps = {r["n_runs"]: r for r in lines if r.get("benchmark") == "concurrency_sweep" and r.get("device") == device
+             and r["total_ups"] > 0 and r.get("runs_measured", r["n_runs"]) == r["n_runs"]
+             and not any(e is not None for e in r.get("ended_early", ()))}  # a later step of N wins
+    if not steps:
+        return None, f"no concurrency sweep line on {device}"
+    seconds = {n: updates * n / r["total_ups"] + milestones * MILESTONE_SECONDS for n, r in steps.items()}
+    fits = [n for n in steps if seconds[n] <= LEASE_SECONDS]
+    n = (max(fits, key=lambda n: steps[n]["total_ups"]) if fits
+         else max(steps, key=lambda n: steps[n]["total_ups"] / n))
+    why = "; ".join(f"{m} at once: {steps[m]['total_ups']:.2f} updates/s in all, a run to {updates} updates in "
+                    f"{seconds[m]:.0f} s" for m in sorted(steps))
+    rule = "the highest total within a lease" if fits else "no N fits a lease: the fastest run"
+    return n, f"{why}; {rule} ({LEASE_SECONDS} s): {n}"
+
+
 def plan_order(a, lines) -> list:
     """The runs of ``a.pair``'s plan in priority order; on another pair than the study's own,
     then the second seeds its verdicts ask for (tables.second_seeds, from the curves

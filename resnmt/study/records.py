@@ -58,11 +58,13 @@ def cpu_description() -> Dict[str, str]:
 
 
 def cuda_description() -> Dict[str, str]:
-    """The GPU the numbers were measured on (the first visible one), for the JSON records."""
+    """The GPU the numbers were measured on (the first visible one) and the CUDA version torch
+    was built with, for the JSON records."""
     import torch
 
     return {"device": "cuda", "device_name": f"{torch.cuda.get_device_name(0)} "
-                                              f"({torch.cuda.device_count()} visible, torch {torch.__version__})"}
+                                              f"({torch.cuda.device_count()} visible, torch {torch.__version__})",
+            "cuda": torch.version.cuda}
 
 
 def machine_description(device: str) -> dict:

@@ -18,14 +18,15 @@ from resnmt.experiment.runtime import USER_DIR, run_logged
 
 def benchmark_train_argv(bin_dir: Path, arch: str, flags: Sequence[str], size: ModelSize, *, seed: int,
                          max_tokens: int, lr: float, warmup: int, dropout: float, save_every: int,
-                         keep: int, validate: bool) -> List[str]:
+                         keep: int, validate: bool, program: Sequence[str] = ("fairseq-train",)) -> List[str]:
     """``fairseq-train`` for the CPU benchmarks: ``size``, the papers' optimizer (Adam
     0.9/0.98, inverse-sqrt warm-up, label smoothing 0.1, shared embeddings), a checkpoint
     every ``save_every`` updates of which the newest ``keep`` are kept, and validation at
     each epoch end when ``validate``. A row's ``flags`` come last, so a row may also
-    override a shared setting (argparse keeps the last value)."""
+    override a shared setting (argparse keeps the last value). ``program``: the trainer's
+    command (e.g. resnmt-train's module, for bf16 off TPUs)."""
     argv = [
-        "fairseq-train", bin_dir, "--user-dir", USER_DIR, "--arch", arch, *size.fairseq_flags(),
+        *program, bin_dir, "--user-dir", USER_DIR, "--arch", arch, *size.fairseq_flags(),
         "--share-all-embeddings", "--dropout", dropout,
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
         "--lr", lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", warmup,

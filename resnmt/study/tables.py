@@ -51,15 +51,16 @@ def pair_title(pair: str) -> str:
 
 def setting_of(record) -> str:
     """Where and how a curves line was trained, as its panels and tables name it: the device
-    (cpu, cuda), and where they are not the CPU study's, the schedule, the fast path and the
-    language pair (``"cuda, lr 0.0007, warm-up 2000"``, ``"cpu, Multi30k EN-FR"``): lines of
-    another schedule or pair are other runs."""
+    (cpu, cuda), and where they are not the CPU study's, the schedule, the fast path, bf16 and
+    the language pair (``"cuda, lr 0.0007, warm-up 2000, bf16"``, ``"cpu, Multi30k EN-FR"``):
+    lines of another schedule, precision or pair are other runs."""
     s = record.get("settings", {})
     where = record.get("device", "cpu")
     if (s.get("lr", STUDY_LR), s.get("warmup_updates", STUDY_WARMUP)) != (STUDY_LR, STUDY_WARMUP):
         where += f", lr {s['lr']:g}, warm-up {s['warmup_updates']}"
     pair = pair_of(record)
-    return where + (", fast path" if s.get("fast_path") else "") + (f", {pair_title(pair)}" if pair != MAIN_PAIR else "")
+    where += (", fast path" if s.get("fast_path") else "") + (f", {s['dtype']}" if s.get("dtype") else "")
+    return where + (f", {pair_title(pair)}" if pair != MAIN_PAIR else "")
 
 
 def titled(setting: str) -> str:
