@@ -144,6 +144,17 @@ def forked(args, cwd, timeout: int, env: dict, merge_stderr: bool = False) -> su
         return subprocess.CompletedProcess(args, code, stdout, stderr)
 
 
+def compiled_for_sm90(code: str, cache_dir) -> list:
+    """The lines ``code`` prints, run in a Python process of its own with Triton compiling for
+    real (TRITON_INTERPRET unset) into ``cache_dir`` (compiled here, not found in a cache):
+    the kernels' check for the H100/H200's architecture, sm_90, on a machine without one."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(cache_dir), TRITON_DEFAULT_FP_FUSION="1")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.split("\n")
+
+
 def run_cli(args, cwd=None, check=True, timeout=900, **env_extra):
     """Run a command-line tool (list of str) with the venv's bin first on PATH; one of
     FORKED_SCRIPTS or a Python script, without an environment of its own but RUN_TIME_ENV,

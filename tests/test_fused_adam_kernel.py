@@ -18,8 +18,6 @@ interpreter on the CPU (TRITON_INTERPRET=1) and compiled where a GPU is.
 """
 import logging
 import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -33,6 +31,7 @@ from fairseq.optim.adam import Adam  # noqa: E402
 from resnmt.training.fast import fused_adam, update as fast_update  # noqa: E402
 from resnmt.training.fast.fused_adam import BLOCK, FusedAdam  # noqa: E402
 from resnmt.training.fast.update import DeviceUpdate, adam_kernel_for  # noqa: E402
+from conftest import compiled_for_sm90  # noqa: E402
 from test_fast_path import probe_fairseq_losses, run_both  # noqa: E402,F401  (the fixture)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -201,9 +200,4 @@ for grads, out, has_out in ((tl.bfloat16, tl.bfloat16, True), (tl.float32, tl.fl
 
 
 def test_the_kernel_compiles_for_the_h100s_architecture(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")  # compiled here, not cached
-    proc = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], capture_output=True, text=True, env=env,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split("\n")[:2] == ["bf16 cubin True True", "fp32 cubin True True"]
+    assert compiled_for_sm90(COMPILE_FOR_SM90, tmp_path)[:2] == ["bf16 cubin True True", "fp32 cubin True True"]

@@ -18,8 +18,6 @@ interpreter on the CPU (TRITON_INTERPRET=1) and compiled where a GPU is.
 """
 import logging
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -34,6 +32,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_l
 from resnmt.training.fast import fused_loss  # noqa: E402
 from resnmt.training.fast.fused_loss import FusedCompute, label_smoothed_cross_entropy, use_fused_loss  # noqa: E402
 from resnmt.training.fast.step import FastPathTrainer  # noqa: E402
+from conftest import compiled_for_sm90  # noqa: E402
 from test_fast_path import build, config, epoch_batches, probe_fairseq_losses, run_both  # noqa: E402,F401
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -233,10 +232,5 @@ for logits, with_grad in (("bf16", True), ("fp32", True), ("bf16", False)):
 
 
 def test_the_kernel_compiles_for_the_h100s_architecture(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")  # compiled here, not cached
-    proc = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], capture_output=True, text=True, env=env,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split("\n")[:3] == ["bf16 True cubin True True", "fp32 True cubin True True",
+    assert compiled_for_sm90(COMPILE_FOR_SM90, tmp_path)[:3] == ["bf16 True cubin True True", "fp32 True cubin True True",
                                            "bf16 False cubin True True"]
