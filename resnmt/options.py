@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 KINDS = ("switch", "int", "number", "choice", "path", "str")
-NARGS = (None, "?", "*", "+")
+NARGS = (None, "?", "*", "+", argparse.REMAINDER)
 NO_DEFAULT = object()  # Option.add_to without a default: the parser's own (fairseq's SUPPRESS)
 _INTEGER_RE = re.compile(r"[+-]?\d+")
 
@@ -55,9 +55,13 @@ def _bound(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def allowed(kind: str, minimum: Optional[float] = None, above: Optional[float] = None) -> str:
-    """What an ``int`` or ``number`` option takes: "an integer >= 1", "a real number > 0", ..."""
-    what = "an integer" if kind == "int" else "a real number"
+def allowed(kind: str, minimum: Optional[float] = None, above: Optional[float] = None, listed: bool = False) -> str:
+    """What an ``int`` or ``number`` option takes: "an integer >= 1", "a real number > 0", ...;
+    ``listed``: "comma-separated integers >= 1", ..."""
+    if listed:
+        what = "comma-separated integers" if kind == "int" else "comma-separated real numbers"
+    else:
+        what = "an integer" if kind == "int" else "a real number"
     if minimum is not None:
         return f"{what} >= {_bound(minimum)}"
     return f"{what} > {_bound(above)}" if above is not None else what
@@ -85,6 +89,23 @@ def bounded(kind: str, value: Any, minimum: Optional[float] = None, above: Optio
     return result
 
 
+def listed_values(kind: str, value: Any, minimum: Optional[float] = None, above: Optional[float] = None) -> list:
+    """``value`` (comma-separated text, or a list) as a list of ``kind`` values within the
+    bound, in the order given, each once; else a ValueError "'VALUE': must be comma-separated
+    ...". Nothing but commas and spaces is no value, and refused alike."""
+    items = [x.strip() for x in value.split(",")] if isinstance(value, str) else list(value)
+    values = []
+    try:
+        for item in items:
+            if item != "":
+                values.append(bounded(kind, item, minimum, above))
+    except ValueError:
+        values = []
+    if not values:
+        raise ValueError(f"'{value}': must be {allowed(kind, minimum, above, listed=True)}")
+    return list(dict.fromkeys(values))
+
+
 def one_of(value: Any, choices: Sequence[str]):
     """``value`` if it is one of ``choices``, else a ValueError "'VALUE' is not one of: A B"."""
     if value not in choices:
@@ -98,7 +119,8 @@ class Option:
     ``dest`` when its request is read: :func:`field_options`).
 
     ``kind`` is one of :data:`KINDS`; an ``int`` or ``number`` may be bounded below,
-    ``minimum`` (>=) or ``above`` (>); a ``choice`` takes one of ``choices``.
+    ``minimum`` (>=) or ``above`` (>), and ``listed``: comma-separated values (``1,4,8``),
+    a list in the order given; a ``choice`` takes one of ``choices``.
     ``owners_only`` (a connection kind's flag): setting it with a connection kind that does
     not declare it is an error (``hint`` says why).
 
@@ -106,8 +128,9 @@ class Option:
     ``--flag``; ``required``, a flag that must be given; ``nargs``, argparse's (``"?"``,
     ``"*"``, ``"+"``); ``const``, the value of the flag given alone (with ``nargs`` "?");
     ``parse``, a check of the option's own for a ``str`` no kind describes (the text in,
-    the value out, a ValueError naming the value and what is allowed); ``env``, an
-    environment variable whose value, set and not empty, replaces the default
+    the value out, a ValueError naming the value and what is allowed); ``repeat``, a flag
+    that may be given again, each value appended to a list (the default: a list); ``env``,
+    an environment variable whose value, set and not empty, replaces the default
     (:meth:`command_default`).
     """
 
@@ -126,6 +149,8 @@ class Option:
     nargs: Optional[str] = None
     const: Any = None
     parse: Optional[Callable[[str], Any]] = None
+    repeat: bool = False
+    listed: bool = False
     env: str = ""
 
     def __post_init__(self):
@@ -135,6 +160,9 @@ class Option:
             raise ValueError(f"option nargs {self.nargs!r}: choose one of {', '.join(map(str, NARGS))}")
         if self.parse is not None and self.kind != "str":
             raise ValueError(f"option {self.dest!r}: a check of its own (parse) takes a str, not a {self.kind}")
+        if self.listed and self.kind not in ("int", "number"):
+            raise ValueError(f"option {self.dest!r}: a comma-separated list (listed) holds an int or a number, "
+                             f"not a {self.kind}")
         object.__setattr__(self, "choices", tuple(self.choices))
 
     @property
@@ -143,11 +171,13 @@ class Option:
 
     @property
     def allowed(self) -> str:
-        return allowed(self.kind, self.minimum, self.above)
+        return allowed(self.kind, self.minimum, self.above, self.listed)
 
     def check(self, value: Any) -> Any:
         """``value`` (command-line text or a typed value) checked and converted as declared,
         else a ValueError naming the value and what is allowed (not the flag)."""
+        if self.listed:
+            return listed_values(self.kind, value, self.minimum, self.above)
         if self.kind in ("int", "number"):
             return bounded(self.kind, value, self.minimum, self.above)
         if self.kind == "choice":
@@ -174,8 +204,10 @@ class Option:
             kwargs["choices"] = self.choices
         elif checked and (self.kind != "str" or self.parse is not None):
             kwargs["type"] = self._argparse_type
+        if self.repeat:
+            kwargs["action"] = "append"
         if default is not NO_DEFAULT:
-            kwargs["default"] = default
+            kwargs["default"] = list(default) if self.repeat and default is not None else default
         if self.required:
             kwargs["required"] = True
         names = (self.dest,) if self.positional else (self.flag,)

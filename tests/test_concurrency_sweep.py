@@ -89,9 +89,9 @@ def test_workers_from_the_sweep_take_the_highest_total_that_fits_a_lease():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--concurrency-sweep", "1,0", "--sweep-lines", "x"], "--concurrency-sweep '1,0': expected comma-separated"),
+    (["--concurrency-sweep", "1,0", "--sweep-lines", "x"], "argument --concurrency-sweep: invalid value '1,0': must be comma-separated integers >= 1"),
     (["--concurrency-sweep", "1,4"], "--concurrency-sweep needs --sweep-lines JSONL"),
-    (["--concurrency-sweep", "1", "--sweep-lines", "x", "--sweep-seconds", "0"], "--sweep-seconds 0: give a positive"),
+    (["--concurrency-sweep", "1", "--sweep-lines", "x", "--sweep-seconds", "0"], "argument --sweep-seconds: invalid value '0': must be a real number > 0"),
 ])
 def test_bad_sweep_input_is_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:

@@ -138,3 +138,34 @@ def test_a_help_line_names_the_default_and_the_environment_variable():
 
     out = Option("out", "runs/demo", "runs and tables", metavar="DIR", env="DEMO_OUT")
     assert options_help([out], indent=20) == "  --out DIR         runs and tables (default runs/demo) [DEMO_OUT]"
+
+
+def test_a_comma_separated_list_is_checked_item_by_item_and_keeps_its_order(capsys):
+    """``listed``: "4,1,4" is [4, 1] (order kept, each once); a bad item, a bound broken or
+    no item at all refuses the whole value with the list's words."""
+    option = Option("counts", kind="int", listed=True, minimum=1, metavar="N,N,...")
+    assert option.check("4, 1,4,") == [4, 1]
+    assert Option("rates", kind="number", listed=True, above=0).check("0.5,2") == [0.5, 2.0]
+    for text in ("1,x", "1,0", ",", ""):
+        with pytest.raises(ValueError, match=rf"^'{text}': must be comma-separated integers >= 1$"):
+            option.check(text)
+    assert parse_error(option, ["--counts", "2,-1"], capsys) == (
+        "p: error: argument --counts: invalid value '2,-1': must be comma-separated integers >= 1")
+    with pytest.raises(ValueError, match="holds an int or a number"):
+        Option("names", listed=True)
+
+
+def test_a_repeated_flag_appends_to_a_fresh_list_each_parse():
+    option = Option("done_from", [], repeat=True, metavar="JSONL")
+    parser = argparse.ArgumentParser()
+    add_to_command(parser, (option,))
+    assert parser.parse_args(["--done-from", "a", "--done-from", "b"]).done_from == ["a", "b"]
+    assert parser.parse_args([]).done_from == [] and option.default == []  # the declaration's list untouched
+
+
+def test_an_operand_takes_the_rest_of_the_command_line():
+    parser = argparse.ArgumentParser()
+    add_to_command(parser, (Option("command", kind="choice", choices=("a", "b"), positional=True),
+                            Option("args", nargs=argparse.REMAINDER, positional=True)))
+    args = parser.parse_args(["a", "--x", "1", "y"])
+    assert (args.command, args.args) == ("a", ["--x", "1", "y"])

@@ -88,7 +88,7 @@ def test_on_a_gpu_without_reference_rows_at_base_size_it_says_so_in_one_line(tmp
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["mine", "--seeds", "one"], "--seeds 'one': expected comma-separated integers"),
+    (["mine", "--seeds", "one"], "argument --seeds: invalid value 'one': must be comma-separated integers >= 1"),
     (["post_ln"], "post_ln: a shipped row of the study has this name"),
     (["mine", "--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
     (["mine", "--reference", "/nonexistent.jsonl"], "--reference /nonexistent.jsonl: no such file"),

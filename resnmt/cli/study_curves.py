@@ -53,6 +53,7 @@ from resnmt.cli.common import OneLineErrorParser
 from resnmt.experiment.presets import SIZES
 from resnmt.experiment.results import append_jsonl, read_jsonl
 from resnmt.experiment.runtime import tool_env
+from resnmt.options import Option, add_to_command
 from resnmt.study import concurrency, flags, runs
 from resnmt.study.cores import start_side_by_side
 from resnmt.study.milestones import (done_milestones, execution_flags, resume_point, run_dir_of, run_plan,
@@ -63,76 +64,95 @@ from resnmt.study.records import cpu_description, cuda_description, run_id, sett
 from resnmt.study.rows import CURVES_ROWS, DEFAULT_MILESTONES, slug
 
 
+PAIR = Option("pair", "en-de", kind="choice", choices=tuple(PAIRS), help=(
+    "the Multi30k language pair, which picks the plan (the runs and milestones) and the prepared corpus (default: "
+    "%(default)s; " + "; ".join(f"{pair}: resnmt-prepare {d.name} data/{d.name}" for pair, d in PAIRS.items()) + ")"))
+MILESTONES = Option("milestones", kind="int", listed=True, minimum=1, metavar="N,N,...", help=(
+    "comma-separated budgets in updates at which each run of every size is scored; the last is the run's length "
+    "(default, per pair and size: " + "; ".join(f"{pair} {size} {','.join(map(str, ms))}"
+                                                for pair, plan in PLANS.items() for size, ms in plan.milestones.items())
+    + ")"))
+ONLY = Option("only", metavar="SIZE:ROW:SEED,...",
+              help="comma-separated runs SIZE:ROW:SEED (e.g. small:post_ln:1,deep:sas:1)")
+TRAINING = (
+    Option("dropout", 0.3, "default: %(default)s, the usual choice for Multi30k's 29k pairs trained this long",
+           kind="number", minimum=0, metavar="P"),
+)
+ANALYSIS = Option("analyze_sentences", 500, "validation sentences resnmt-analyze runs at each milestone (default: "
+                  "%(default)s)", kind="int", minimum=1, metavar="N")
+EXECUTION = (
+    Option("workers", 1, "runs at a time (copies of this command; default: %(default)s, so that each run ends within "
+           "a session)", kind="int", minimum=1, metavar="N"),
+    Option("device", "cpu", "where every run trains and decodes (default: %(default)s); cuda adds the base size "
+           "(6+6, d=512)", kind="choice", choices=("cpu", "cuda")),
+    Option("workdir", help="checkpoints and logs (default: runs/curves, runs/curves-cuda with --device cuda)",
+           metavar="DIR"),
+)
+PLANNING = (
+    Option("sizes", metavar="SIZE,...", help=(
+        "comma-separated sizes to plan, of " + ", ".join(DEFAULT_MILESTONES) + " (default: every size the device "
+        "trains; the GPU study of benchmarks/gpu_job.sh plans base,base12)")),
+    Option("sdpa_backends", "", metavar="B,B,...", help=(
+        "the attention kernels torch may use (resnmt_translation's flag, e.g. flash,efficient,math: no cuDNN kernel "
+        "planning every new batch shape on Hopper); recorded per line, not in the key")),
+    Option("fast_path", False, kind="switch", help=(
+        "train on resnmt's fast path (resnmt_translation --fast-path: static batch shapes, CUDA graphs); its batches "
+        "differ, so it is part of the settings key")),
+    Option("bf16", False, kind="switch", help=(
+        "train in bf16 (resnmt-train's --bf16: float32 master weights; fairseq 0.12's own --bf16 asks for a TPU); "
+        "other arithmetic, so part of the settings key")),
+    Option("pin_cores", False, kind="switch", help=(
+        "with --workers N (and --concurrency-sweep): each copy on its own share of this process's CPU cores "
+        "(os.sched_setaffinity), so runs side by side do not take turns on a core")),
+)
+SWEEP = (
+    Option("concurrency_sweep", kind="int", listed=True, minimum=1, metavar="N,N,...", help=(
+        "measure instead of training: for each N, N post-LN runs (base size; --tiny: tiny) side by side for "
+        "--sweep-seconds, each one's updates per second from fairseq's log; one line per N appended to the first "
+        "--sweep-lines, a readable line per N printed, the last line the runs to train side by side "
+        "(resnmt.study.plan.workers_from_sweep); then exit")),
+    Option("sweep_seconds", 60.0, "each step's window of --concurrency-sweep, start-up included (default: "
+           "%(default)g)", kind="number", above=0, metavar="S"),
+    Option("sweep_lines", [], repeat=True, metavar="JSONL", help=(
+        "the concurrency sweep's lines: the first is written by --concurrency-sweep; every one that exists is read "
+        "by --throughput, whose worker count then comes from the sweep (repeatable)")),
+    Option("done_from", [], repeat=True, metavar="JSONL", help=(
+        "more curves lines counted as done (read only; e.g. the committed results while --out is a fresh folder's), "
+        "repeatable")),
+)
+ACTIONS = (
+    Option("choose_schedule", False, kind="switch", help=(
+        "print the GPU study's schedule as 'LR WARMUP', chosen by resnmt.study.plan.choose_schedule from the post-LN "
+        "base runs (seed 1) of the schedule sweep (resnmt.study.plan.SWEEP_SCHEDULES) in --out and --done-from, the "
+        "other settings as given; then exit")),
+    Option("throughput", False, kind="switch", help=(
+        "print each run's updates per second in --workdir (fairseq's, its newest 10 intervals), their sum and the "
+        "runs a GPU lease can train side by side to the last --milestones (resnmt.study.plan.workers_for; the last "
+        "line is that number); then exit")),
+    Option("tiny", False, "train every run at the tiny size (smoke tests)", kind="switch"),
+    Option("list", False, kind="switch", help=(
+        "print the planned runs, the milestones each has recorded and, for an unfinished run, the update its "
+        "checkpoints in --workdir reach; then exit")),
+)
+
+
 def parser() -> argparse.ArgumentParser:
     """``resnmt-study curves``' command line; its defaults are the study's settings."""
     p = OneLineErrorParser(prog="resnmt-study curves", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(command="curves", rows=CURVES_ROWS)  # what a progress line is named, the rows it trains
-    p.add_argument("--pair", default="en-de", choices=list(PAIRS),
-                   help="the Multi30k language pair, which picks the plan (the runs and milestones) and the "
-                   "prepared corpus (default: en-de; " + "; ".join(
-                       f"{pair}: resnmt-prepare {d.name} data/{d.name}" for pair, d in PAIRS.items()) + ")")
+    add_to_command(p, [PAIR])
     flags.add_data(p, binarized=False, default=None)
     flags.add_reference(p)
-    p.add_argument("--milestones",
-                   help="comma-separated budgets in updates at which each run of every size is scored; the "
-                   "last is the run's length (default, per pair and size: " + "; ".join(
-                       f"{pair} {size} {','.join(map(str, ms))}" for pair, plan in PLANS.items()
-                       for size, ms in plan.milestones.items()) + ")")
-    p.add_argument("--only", help="comma-separated runs SIZE:ROW:SEED (e.g. small:post_ln:1,deep:sas:1)")
+    add_to_command(p, [MILESTONES, ONLY])
     flags.add_schedule(p)
-    p.add_argument("--dropout", type=float, default=0.3,
-                   help="default: 0.3, the usual choice for Multi30k's 29k pairs trained this long")
+    add_to_command(p, TRAINING)
     flags.add_checkpoints(p)
-    p.add_argument("--analyze-sentences", type=int, default=500,
-                   help="validation sentences resnmt-analyze runs at each milestone (default: 500)")
+    add_to_command(p, [ANALYSIS])
     flags.add_threads(p, 2, note="; not part of the settings key, recorded per line")
-    p.add_argument("--workers", type=int, default=1,
-                   help="runs at a time (copies of this command; default: 1, so that each run ends within a session)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                   help="where every run trains and decodes (default: cpu); cuda adds the base size (6+6, d=512)")
-    p.add_argument("--workdir", help="checkpoints and logs (default: runs/curves, runs/curves-cuda with --device cuda)")
+    add_to_command(p, EXECUTION)
     flags.add_out(p, "curves.jsonl")
-    p.add_argument("--sizes", help="comma-separated sizes to plan, of " + ", ".join(DEFAULT_MILESTONES)
-                   + " (default: every size the device trains; the GPU study of benchmarks/gpu_job.sh plans "
-                   "base,base12)")
-    p.add_argument("--sdpa-backends", default="",
-                   help="the attention kernels torch may use (resnmt_translation's flag, e.g. flash,efficient,math: "
-                   "no cuDNN kernel planning every new batch shape on Hopper); recorded per line, not in the key")
-    p.add_argument("--fast-path", action="store_true",
-                   help="train on resnmt's fast path (resnmt_translation --fast-path: static batch shapes, CUDA "
-                   "graphs); its batches differ, so it is part of the settings key")
-    p.add_argument("--bf16", action="store_true",
-                   help="train in bf16 (resnmt-train's --bf16: float32 master weights; fairseq 0.12's own --bf16 "
-                   "asks for a TPU); other arithmetic, so part of the settings key")
-    p.add_argument("--pin-cores", action="store_true",
-                   help="with --workers N (and --concurrency-sweep): each copy on its own share of this process's "
-                   "CPU cores (os.sched_setaffinity), so runs side by side do not take turns on a core")
-    p.add_argument("--concurrency-sweep", metavar="N,N,...",
-                   help="measure instead of training: for each N, N post-LN runs (base size; --tiny: tiny) side by "
-                   "side for --sweep-seconds, each one's updates per second from fairseq's log; one line per N "
-                   "appended to the first --sweep-lines, a readable line per N printed, the last line the runs "
-                   "to train side by side (resnmt.study.plan.workers_from_sweep); then exit")
-    p.add_argument("--sweep-seconds", type=float, default=60.0,
-                   help="each step's window of --concurrency-sweep, start-up included (default: 60)")
-    p.add_argument("--sweep-lines", action="append", default=[], metavar="JSONL",
-                   help="the concurrency sweep's lines: the first is written by --concurrency-sweep; every one that "
-                   "exists is read by --throughput, whose worker count then comes from the sweep (repeatable)")
-    p.add_argument("--done-from", action="append", default=[], metavar="JSONL",
-                   help="more curves lines counted as done (read only; e.g. the committed results while --out is "
-                   "a fresh folder's), repeatable")
-    p.add_argument("--choose-schedule", action="store_true",
-                   help="print the GPU study's schedule as 'LR WARMUP', chosen by resnmt.study.plan.choose_schedule from the "
-                   "post-LN base runs (seed 1) of the schedule sweep (resnmt.study.plan.SWEEP_SCHEDULES) in --out and "
-                   "--done-from, the other settings as given; then exit")
-    p.add_argument("--throughput", action="store_true",
-                   help="print each run's updates per second in --workdir (fairseq's, its newest 10 intervals), "
-                   "their sum and the runs a GPU lease can train side by side to the last --milestones "
-                   "(resnmt.study.plan.workers_for; the last line is that number); then exit")
-    p.add_argument("--tiny", action="store_true", help="train every run at the tiny size (smoke tests)")
-    p.add_argument("--list", action="store_true",
-                   help="print the planned runs, the milestones each has recorded and, for an unfinished run, "
-                   "the update its checkpoints in --workdir reach; then exit")
+    add_to_command(p, (*PLANNING, *SWEEP, *ACTIONS))
     return p
 
 
@@ -240,11 +260,7 @@ def check_sizes_and_milestones(p, a) -> None:
     if a.milestones is None:
         a.milestones = {size: list(ms) for size, ms in PLANS[a.pair].milestones.items()}
     else:
-        try:
-            ms = sorted({int(m) for m in a.milestones.split(",") if m.strip()})
-        except ValueError:
-            p.error(f"--milestones {a.milestones!r}: expected comma-separated numbers of updates")
-        a.milestones = {size: ms for size in DEFAULT_MILESTONES}
+        a.milestones = {size: sorted(a.milestones) for size in DEFAULT_MILESTONES}
     for size, ms in a.milestones.items():
         if a.sizes and size not in a.sizes:
             continue
@@ -257,22 +273,10 @@ def check_sizes_and_milestones(p, a) -> None:
 
 
 def check_sweep(p, a) -> None:
-    """--concurrency-sweep: positive run counts, parsed into a list in ``a``; a file to write
-    them to (--sweep-lines) and a positive --sweep-seconds."""
-    if a.concurrency_sweep is None:
-        return
-    try:
-        counts = [int(x) for x in a.concurrency_sweep.split(",") if x.strip()]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
-        p.error(f"--concurrency-sweep {a.concurrency_sweep!r}: expected comma-separated positive run counts, "
-                "e.g. 1,4,8,12")
-    if not a.sweep_lines:
+    """--concurrency-sweep (its run counts checked by the parser) needs a file to write its
+    lines to (--sweep-lines)."""
+    if a.concurrency_sweep is not None and not a.sweep_lines:
         p.error("--concurrency-sweep needs --sweep-lines JSONL, the file its lines are appended to")
-    if a.sweep_seconds <= 0:
-        p.error(f"--sweep-seconds {a.sweep_seconds:g}: give a positive number of seconds")
-    a.concurrency_sweep = counts
 
 
 def check_only(p, a) -> None:

@@ -30,6 +30,7 @@ from resnmt.cli import study_curves
 from resnmt.cli.common import OneLineErrorParser
 from resnmt.experiment.results import read_jsonl
 from resnmt.experiment.runtime import tool_env
+from resnmt.options import Option, add_to_command
 from resnmt.study import flags
 from resnmt.study.milestones import done_milestones, progress, study_settings, train_and_score
 from resnmt.study.plan import sweep_choice
@@ -38,41 +39,44 @@ from resnmt.study.rows import CURVES_ROWS, Row
 from resnmt.study.verdict import PROTOCOLS, TINY_FLAGS, TINY_MILESTONES, report
 
 
+KIND = (
+    Option("kind", positional=True, help="the --residual name of your kind"),
+    Option("flags", "", "more fairseq-train flags of the kind, in one string", metavar="FLAGS"),
+    Option("connections", metavar="MODULE", help=(
+        "your kind's module or .py file, when it is not installed (passed to every tool as RESNMT_CONNECTIONS)")),
+    Option("seeds", [1], "comma-separated seeds (default: 1; the study's rows have 1-3)", kind="int", listed=True,
+           minimum=1, metavar="N,N,..."),
+    Option("quick", False, "a first look, not the protocol: 2+2 to 600 updates (--device cuda: base to 1000)",
+           kind="switch"),
+    Option("device", "cpu", "cpu: the study's CPU protocol (default); cuda: the GPU study's base size",
+           kind="choice", choices=tuple(sorted(PROTOCOLS))),
+    Option("data", "data/multi30k", "Multi30k EN-DE prepared by resnmt-prepare multi30k (default: %(default)s)",
+           metavar="DIR"),
+)
+FILES = (
+    Option("workdir", help="checkpoints and logs (default: runs/verdict, runs/verdict-cuda on a GPU)", metavar="DIR"),
+    Option("out", help="your runs' lines, appended per milestone (default: WORKDIR/curves.jsonl)", metavar="JSONL"),
+    Option("reference", str(RESULTS / "curves.jsonl"), metavar="JSONL", help=(
+        "the study's lines the kind is compared with (default: benchmarks/results/curves.jsonl)")),
+)
+MODES = (
+    Option("report", False, "print the comparison from --out only, training nothing", kind="switch"),
+    Option("tiny", False, kind="switch", help=(
+        "a smoke test: the tiny model to 2 updates, set beside the shipped rows at the quick look's budget (every "
+        "verdict line says so)")),
+)
+
+
 def parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog="resnmt-study verdict", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(command="verdict")
-    p.add_argument("kind", help="the --residual name of your kind")
-    p.add_argument("--flags", default="", help="more fairseq-train flags of the kind, in one string")
-    p.add_argument("--connections", help="your kind's module or .py file, when it is not installed "
-                   "(passed to every tool as RESNMT_CONNECTIONS)")
-    p.add_argument("--seeds", default="1", help="comma-separated seeds (default: 1; the study's rows have 1-3)")
-    p.add_argument("--quick", action="store_true",
-                   help="a first look, not the protocol: 2+2 to 600 updates (--device cuda: base to 1000)")
-    p.add_argument("--device", default="cpu", choices=sorted(PROTOCOLS),
-                   help="cpu: the study's CPU protocol (default); cuda: the GPU study's base size")
-    p.add_argument("--data", default="data/multi30k", help="Multi30k EN-DE prepared by resnmt-prepare multi30k "
-                   "(default: %(default)s)")
+    add_to_command(p, KIND)
     flags.add_reference(p)
-    p.add_argument("--workdir", help="checkpoints and logs (default: runs/verdict, runs/verdict-cuda on a GPU)")
-    p.add_argument("--out", help="your runs' lines, appended per milestone (default: WORKDIR/curves.jsonl)")
-    p.add_argument("--reference", default=str(RESULTS / "curves.jsonl"),
-                   help="the study's lines the kind is compared with (default: benchmarks/results/curves.jsonl)")
+    add_to_command(p, FILES)
     flags.add_threads(p, 2)
-    p.add_argument("--report", action="store_true", help="print the comparison from --out only, training nothing")
-    p.add_argument("--tiny", action="store_true", help="a smoke test: the tiny model to 2 updates, set beside the "
-                   "shipped rows at the quick look's budget (every verdict line says so)")
+    add_to_command(p, MODES)
     return p
-
-
-def seeds_of(p, text: str) -> list:
-    try:
-        seeds = sorted({int(s) for s in text.split(",") if s.strip()})
-    except ValueError:
-        p.error(f"--seeds {text!r}: expected comma-separated integers, e.g. 1,2")
-    if not seeds or min(seeds) < 1:
-        p.error(f"--seeds {text!r}: expected seeds >= 1, e.g. 1,2")
-    return seeds
 
 
 def study_args(a, protocol, schedule=(), tiny: bool = False):
@@ -118,7 +122,7 @@ def train(p, a, args, row: str, seeds: list, milestones: dict) -> None:
 def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
-    seeds = seeds_of(p, a.seeds)
+    seeds = sorted(a.seeds)
     protocol = PROTOCOLS[a.device]
     a.workdir = a.workdir or ("runs/verdict" if a.device == "cpu" else f"runs/verdict-{a.device}")
     a.out = a.out or str(Path(a.workdir) / "curves.jsonl")

@@ -1,5 +1,6 @@
-"""The command-line flags the benchmarks share, each declared once, and their checks: a bad
-value ends the command with one error line naming it and what is allowed (exit status 2).
+"""The command-line flags the benchmarks share, each declared once (a
+:class:`resnmt.options.Option`), and their checks: a bad value ends the command with one
+error line naming it and what is allowed (exit status 2).
 
 ``--data`` means one of two folders: the binarized corpus (fairseq's ``dict.*.txt`` and
 splits; speed.py, malloc.py, profile_ops.py, gpu_train.py) or the prepared corpus
@@ -11,12 +12,13 @@ from typing import Dict, List, Optional, Tuple
 
 from resnmt.data.corpora import MULTI30K
 from resnmt.experiment.presets import SIZES
+from resnmt.options import Option, add_to_command
 from resnmt.study.records import REPO_ROOT, RESULTS
 
 CORPUS = REPO_ROOT / "data" / "multi30k"  # resnmt-prepare multi30k's OUTDIR (benchmarks/run_all.sh prepares it)
 
 
-def add_data(p: argparse.ArgumentParser, binarized: bool, required: bool = False, default: Optional[str] = "") -> None:
+def data_option(binarized: bool, required: bool = False, default: Optional[str] = "") -> Option:
     """``--data``: the binarized corpus (``binarized``) or the prepared one; ``default`` None:
     the command picks it (and says so in its own help)."""
     if binarized:
@@ -24,11 +26,14 @@ def add_data(p: argparse.ArgumentParser, binarized: bool, required: bool = False
     else:
         what, folder = "prepared corpus (OUTDIR of resnmt-prepare multi30k: OUTDIR/bin, OUTDIR/raw/test.de)", CORPUS
     if required:
-        p.add_argument("--data", required=True, help=what)
-    elif default is None:
-        p.add_argument("--data", help=f"{what} (default: data/DATASET, the --pair's Multi30k)")
-    else:
-        p.add_argument("--data", default=str(folder), help=f"{what} (default: {folder.relative_to(REPO_ROOT)})")
+        return Option("data", help=what, required=True, metavar="DIR")
+    if default is None:
+        return Option("data", help=f"{what} (default: data/DATASET, the --pair's Multi30k)", metavar="DIR")
+    return Option("data", str(folder), f"{what} (default: {folder.relative_to(REPO_ROOT)})", metavar="DIR")
+
+
+def add_data(p: argparse.ArgumentParser, binarized: bool, required: bool = False, default: Optional[str] = "") -> None:
+    add_to_command(p, [data_option(binarized, required, default)])
 
 
 def binarized_folder(p: argparse.ArgumentParser, data, prepared: bool = False, dataset=MULTI30K) -> Path:
@@ -47,17 +52,23 @@ def add_out(p: argparse.ArgumentParser, name: Optional[str] = None) -> None:
     """``--out``: the JSON lines a run appends to (``benchmarks/results/NAME`` by default;
     without ``name``, required)."""
     if name is None:
-        p.add_argument("--out", required=True, help="JSON lines, appended as each row finishes")
+        out = Option("out", help="JSON lines, appended as each row finishes", required=True, metavar="JSONL")
     else:
-        p.add_argument("--out", default=str(RESULTS / name),
-                       help=f"JSON lines appended here (default: benchmarks/results/{name})")
+        out = Option("out", str(RESULTS / name), f"JSON lines appended here (default: benchmarks/results/{name})",
+                     metavar="JSONL")
+    add_to_command(p, [out])
+
+
+REFERENCE = (
+    Option("ref", help="reference file (default: DATA/raw/test.de)", metavar="FILE"),
+    Option("remove_bpe", "sentencepiece", "passed to resnmt-evaluate (default: %(default)s)", kind="choice",
+           choices=("none", "subword_nmt", "sentencepiece")),
+)
 
 
 def add_reference(p: argparse.ArgumentParser) -> None:
     """``--ref`` and ``--remove-bpe``: what the decoded test set is scored against."""
-    p.add_argument("--ref", help="reference file (default: DATA/raw/test.de)")
-    p.add_argument("--remove-bpe", default="sentencepiece", choices=["none", "subword_nmt", "sentencepiece"],
-                   help="passed to resnmt-evaluate (default: sentencepiece)")
+    add_to_command(p, REFERENCE)
 
 
 def scored_corpus(p: argparse.ArgumentParser, data, ref, dataset=MULTI30K) -> Tuple[Path, Path]:
@@ -77,13 +88,13 @@ def scored_corpus(p: argparse.ArgumentParser, data, ref, dataset=MULTI30K) -> Tu
 
 
 def add_threads(p: argparse.ArgumentParser, default: int = 1, per: str = "run", note: str = "") -> None:
-    p.add_argument("--threads", type=int, default=default,
-                   help=f"torch threads per {per} (default: {default}{note})")
+    add_to_command(p, [Option("threads", default, f"torch threads per {per} (default: {default}{note})", kind="int",
+                              minimum=1, metavar="N")])
 
 
 def add_size(p: argparse.ArgumentParser, default: Optional[str], what: str) -> None:
     """``--size``: a model size of resnmt's presets; ``what`` says the default and the sizes."""
-    p.add_argument("--size", default=default, choices=sorted(SIZES), help=f"model size: {what}")
+    add_to_command(p, [Option("size", default, f"model size: {what}", kind="choice", choices=sorted(SIZES))])
 
 
 # The CPU study's schedule (the benchmarks' default): peak learning rate, warm-up updates.
@@ -92,25 +103,35 @@ STUDY_LR, STUDY_WARMUP = 1e-3, 300
 
 def add_schedule(p: argparse.ArgumentParser, what: str = "") -> None:
     """``--max-tokens``, ``--lr``, ``--warmup``: the study's batches and learning-rate schedule."""
-    p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch (default: 4096)")
-    p.add_argument("--lr", type=float, default=STUDY_LR, help=f"peak learning rate (default: {STUDY_LR:g}{what})")
-    p.add_argument("--warmup", type=int, default=STUDY_WARMUP,
-                   help=f"inverse-sqrt warm-up updates (default: {STUDY_WARMUP}{what})")
+    add_to_command(p, [
+        Option("max_tokens", 4096, "tokens per batch (default: %(default)s)", kind="int", minimum=1, metavar="N"),
+        Option("lr", STUDY_LR, f"peak learning rate (default: {STUDY_LR:g}{what})", kind="number", above=0,
+               metavar="LR"),
+        Option("warmup", STUDY_WARMUP, f"inverse-sqrt warm-up updates (default: {STUDY_WARMUP}{what})", kind="int",
+               minimum=0, metavar="N")])
+
+
+CHECKPOINTS = (
+    Option("save_every", 40, "checkpoint interval in updates (default: %(default)s)", kind="int", minimum=1,
+           metavar="N"),
+    Option("average", 5, "average the newest N checkpoints (default: %(default)s)", kind="int", minimum=1,
+           metavar="N"),
+    Option("keep_checkpoints", False, "keep each run's checkpoints when it ends", kind="switch"),
+)
 
 
 def add_checkpoints(p: argparse.ArgumentParser) -> None:
     """How often a run writes a checkpoint, how many it averages, and whether it keeps them."""
-    p.add_argument("--save-every", type=int, default=40, help="checkpoint interval in updates (default: 40)")
-    p.add_argument("--average", type=int, default=5, help="average the newest N checkpoints (default: 5)")
-    p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's checkpoints when it ends")
+    add_to_command(p, CHECKPOINTS)
 
 
 def add_rows(p: argparse.ArgumentParser, rows: Dict, default=None, what: str = "rows") -> None:
-    """``--rows``: a comma-separated choice among ``rows`` (default: ``default``, else all)."""
+    """``--rows``: a comma-separated choice among ``rows`` (default: ``default``, else all),
+    checked after parsing (:func:`chosen_rows`: a row may have a second name)."""
     default = list(rows) if default is None else list(default)
-    p.add_argument("--rows", default=",".join(default),
-                   help=f"comma-separated {what} (default: {'all' if default == list(rows) else ', '.join(default)}): "
-                   + "; ".join(rows))
+    add_to_command(p, [Option("rows", ",".join(default), metavar="ROW,ROW,...", help=(
+        f"comma-separated {what} (default: {'all' if default == list(rows) else ', '.join(default)}): "
+        + "; ".join(rows)))])
 
 
 def chosen_rows(p: argparse.ArgumentParser, text: str, rows: Dict, slug=None) -> List[str]:
