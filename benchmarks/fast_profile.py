@@ -42,6 +42,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # resnmt, where it is not installed (the GPU machine)
     sys.path.insert(0, str(REPO_ROOT))
 
+from resnmt.options import Option, add_to_command  # noqa: E402
 from resnmt.study import flags  # noqa: E402
 from fairseq_trainer import device_time, fairseq_training, kernels_and_ranges, synchronize  # noqa: E402
 from eager_training import training_batches  # noqa: E402
@@ -126,23 +127,24 @@ def profile_fast_path(trainer, batches, warmup: int, updates: int, cpu: bool) ->
     }
 
 
+OPTIONS = (
+    Option("out", required=True, help="the profile, a JSON file", metavar="JSON"),
+    Option("run", FAST_RUNS[0], "whose command line (default: %(default)s)", kind="choice", choices=FAST_RUNS),
+    Option("tokens", 4096, "--max-tokens per batch (default: %(default)s)", kind="int", minimum=1, metavar="N"),
+    Option("warmup", 10, "updates before the profile (default: %(default)s)", kind="int", minimum=1, metavar="N"),
+    Option("updates", 10, "profiled updates (default: %(default)s)", kind="int", minimum=1, metavar="N"),
+    Option("smoke", False, "tiny model (2+2, d=64) for a quick check", kind="switch"),
+    Option("cpu", False, "run on the CPU (the rehearsal: float32, no graphs)", kind="switch"),
+)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     flags.add_data(p, binarized=True, required=True)
-    p.add_argument("--out", required=True, help="the profile, a JSON file")
-    p.add_argument("--run", default=FAST_RUNS[0], choices=FAST_RUNS,
-                   help=f"whose command line (default: {FAST_RUNS[0]})")
-    p.add_argument("--tokens", type=int, default=4096, help="--max-tokens per batch (default: 4096)")
-    p.add_argument("--warmup", type=int, default=10, help="updates before the profile (default: 10)")
-    p.add_argument("--updates", type=int, default=10, help="profiled updates (default: 10)")
-    p.add_argument("--smoke", action="store_true", help="tiny model (2+2, d=64) for a quick check")
-    p.add_argument("--cpu", action="store_true", help="run on the CPU (the rehearsal: float32, no graphs)")
+    add_to_command(p, OPTIONS)
     a = p.parse_args(argv)
     flags.binarized_folder(p, a.data)
-    for name in ("warmup", "updates", "tokens"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name} {getattr(a, name)}: give at least 1")
     import torch
 
     if not a.cpu and not torch.cuda.is_available():

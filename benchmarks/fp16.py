@@ -45,6 +45,7 @@ from resnmt.experiment.presets import SIZES, fairseq_bf16_problem
 from resnmt.experiment.results import append_jsonl
 from resnmt.experiment.runtime import tool_env
 from resnmt.experiment.steps import FairseqLog
+from resnmt.options import Option, add_to_command
 from resnmt.study import flags, runs
 from resnmt.study.records import cuda_description, run_id
 from resnmt.study.rows import QUALITY_ROWS, slug
@@ -75,24 +76,32 @@ def train_in_half_precision(a, row, work: Path, env) -> dict:
     return rec
 
 
+UPDATES = Option("updates", 300, "updates per kind (default: %(default)s)", kind="int", minimum=1, metavar="N")
+TRAINING = (
+    Option("log_interval", 50, "default: %(default)s", kind="int", minimum=1, metavar="N"),
+    Option("bf16", False, "--bf16 instead of --fp16 (fairseq 0.12: TPUs only; needs torch_xla)", kind="switch"),
+    Option("workers", 4, "runs at a time on the GPU (default: %(default)s)", kind="int", minimum=1, metavar="N"),
+    Option("workdir", "runs/fp16", "logs (default: %(default)s)", metavar="DIR"),
+)
+HEADROOM = (
+    Option("headroom", False, kind="switch", help=(
+        "no training and no GPU: the first training step of each kind in float32 on the CPU (or of each "
+        "--checkpoint), and the largest values fp16 would have to hold")),
+    Option("checkpoint", [], repeat=True, metavar="PT", help=(
+        "with --headroom: a trained checkpoint to measure instead of the kinds at initialization (repeatable)")),
+)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     flags.add_data(p, binarized=False)
     flags.add_rows(p, QUALITY_ROWS, what="kinds")
     flags.add_size(p, "base", "default: base (6+6, d=512)")
-    p.add_argument("--updates", type=int, default=300, help="updates per kind (default: 300)")
+    add_to_command(p, [UPDATES])
     flags.add_schedule(p, what=", the study's: resnmt-study curves")
-    p.add_argument("--log-interval", type=int, default=50, help="default: 50")
-    p.add_argument("--bf16", action="store_true", help="--bf16 instead of --fp16 (fairseq 0.12: TPUs only; needs torch_xla)")
-    p.add_argument("--workers", type=int, default=4, help="runs at a time on the GPU (default: 4)")
-    p.add_argument("--workdir", default="runs/fp16", help="logs (default: runs/fp16)")
+    add_to_command(p, TRAINING)
     flags.add_out(p, "fp16.jsonl")
-    p.add_argument("--headroom", action="store_true",
-                   help="no training and no GPU: the first training step of each kind in float32 on the CPU "
-                        "(or of each --checkpoint), and the largest values fp16 would have to hold")
-    p.add_argument("--checkpoint", action="append", default=[],
-                   help="with --headroom: a trained checkpoint to measure instead of the kinds at "
-                        "initialization (repeatable)")
+    add_to_command(p, HEADROOM)
     flags.add_threads(p, note="; with --headroom")
     a = p.parse_args(argv)
 

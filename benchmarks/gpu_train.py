@@ -75,8 +75,61 @@ from rows import (CROSS_LAYER_ROWS, DEFAULT_RECIPES, RECIPES, TRAINER_DEFAULT_RO
 from trainer_rounds import configs_at, measure_setting, record  # noqa: E402
 from whole_processes import time_whole_processes  # noqa: E402
 
+from resnmt.options import Option, add_to_command  # noqa: E402
 from resnmt.study import flags  # noqa: E402
 from resnmt.study.records import portable_path  # noqa: E402
+
+
+OPTIONS = (
+    Option("dtypes", "bf16,fp16", "comma-separated precisions of the rows (default: %(default)s)", metavar="D,D"),
+    Option("dtype_rows", "", metavar="DTYPE:ROW,...;...", help=(
+        "limits a precision to some rows (e.g. 'fp16:transformer,post_ln,transformer_prenorm,pre_ln'); default: "
+        "every row at every dtype")),
+    Option("tokens", "4096,16384", "comma-separated --max-tokens settings (default: %(default)s)", metavar="N,N"),
+    Option("tokens_rows", "", "limits a token setting to some rows", metavar="TOKENS:ROW,...;..."),
+    Option("no_recipe", False, "leave out stock fp16 and the recipes", kind="switch"),
+    Option("recipes", DEFAULT_RECIPES, metavar="R,R,...", help=(
+        "comma-separated recipes measured against stock fp16: recipe (bf16 + adam_fused), recipe_compiled (also "
+        "--compile-layers), recipe_graphs (also --compile-mode reduce-overhead: CUDA graphs), recipe_flash (the "
+        "recipe with --sdpa-backends flash,efficient,math), recipe_fused (the recipe with --fused-master-weights) "
+        f"(default: {DEFAULT_RECIPES})")),
+    Option("compile_backend", "inductor", kind="choice", choices=("inductor", "aot_eager", "eager"), help=(
+        "torch.compile backend of the compiled recipe (default: %(default)s; the smoke test: eager)")),
+    Option("warmup", 20, "updates before timing, per configuration (default: %(default)s)", kind="int", minimum=0,
+           metavar="N"),
+    Option("updates", 100, "timed updates per configuration per round (default: %(default)s)", kind="int",
+           minimum=1, metavar="N"),
+    Option("rounds", 3, "interleaved rounds (default: %(default)s)", kind="int", minimum=1, metavar="N"),
+    Option("batches", 64, "distinct training batches, cycled (default: %(default)s)", kind="int", minimum=1,
+           metavar="N"),
+    Option("matmul_size", 8192, "side of the products timed for the card's rate in each dtype measured (default: "
+           "%(default)s)", kind="int", minimum=1, metavar="N"),
+    Option("profile", help="write a torch.profiler summary of one update (stock fp16, the recipes) to this JSON file",
+           metavar="JSON"),
+    Option("whole_process", False, "also time whole fairseq-train processes", kind="switch"),
+    Option("whole_runs", WHOLE_RUNS, metavar="RUN,RUN,...", help=(
+        f"comma-separated whole-process runs, of {', '.join(WHOLE_RUN_NAMES)}, in the order given; a run named again "
+        f"is repeated, and the repeats' difference is the noise floor of the ratios (default: {WHOLE_RUNS})")),
+    Option("whole_rounds", 1, kind="int", minimum=1, metavar="N", help=(
+        "interleaved rounds of --whole-runs, the order reversed every other round (default: %(default)s; a ratio "
+        "from one round never resolves)")),
+    Option("whole_timeout", 300, "seconds a whole-process run may take (default: %(default)s)", kind="number",
+           above=0, metavar="S"),
+    Option("whole_updates", 300, "updates per whole-process run (default: %(default)s)", kind="int", minimum=1,
+           metavar="N"),
+    Option("whole_tokens", 4096, "--max-tokens of the whole-process runs (default: %(default)s)", kind="int",
+           minimum=1, metavar="N"),
+    Option("whole_interval", 10, kind="int", minimum=1, metavar="N", help=(
+        "fairseq's --log-interval in the whole-process runs (default: %(default)s; each logged wps and loss covers "
+        "that many updates)")),
+    Option("whole_skip", 20, "updates left out of the whole-process wps as warm-up (default: %(default)s)",
+           kind="int", minimum=0, metavar="N"),
+    Option("deadline", None, kind="number", metavar="S", help=(
+        "seconds after which no new run or round starts (the first round of each token setting always runs; "
+        "default: none; 0 or less: only those)")),
+    Option("smoke", False, "tiny model (2+2, d=64) for a quick check", kind="switch"),
+    Option("cpu", False, "run on the CPU (with --smoke: the test suite's check; fp32)", kind="switch"),
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -87,44 +140,7 @@ def parser() -> argparse.ArgumentParser:
     flags.add_rows(p, TRAINER_ROWS, default=TRAINER_DEFAULT_ROWS,
                    what=f"rows (the rows after {TRAINER_DEFAULT_ROWS[-1]}, {', '.join(CROSS_LAYER_ROWS)}, need their "
                    "references in the same run)")
-    p.add_argument("--dtypes", default="bf16,fp16", help="comma-separated precisions of the rows (default: bf16,fp16)")
-    p.add_argument("--dtype-rows", default="", help="DTYPE:ROW,ROW;... limits a precision to some rows "
-                   "(e.g. 'fp16:transformer,post_ln,transformer_prenorm,pre_ln'); default: every row at every dtype")
-    p.add_argument("--tokens", default="4096,16384", help="comma-separated --max-tokens settings (default: 4096,16384)")
-    p.add_argument("--tokens-rows", default="", help="TOKENS:ROW,ROW;... limits a token setting to some rows")
-    p.add_argument("--no-recipe", action="store_true", help="leave out stock fp16 and the recipes")
-    p.add_argument("--recipes", default=DEFAULT_RECIPES, help="comma-separated recipes measured against stock fp16: "
-                   "recipe (bf16 + adam_fused), recipe_compiled (also --compile-layers), recipe_graphs (also "
-                   "--compile-mode reduce-overhead: CUDA graphs), recipe_flash (the recipe with --sdpa-backends "
-                   "flash,efficient,math), recipe_fused (the recipe with --fused-master-weights) "
-                   f"(default: {DEFAULT_RECIPES})")
-    p.add_argument("--compile-backend", default="inductor", choices=("inductor", "aot_eager", "eager"),
-                   help="torch.compile backend of the compiled recipe (default: inductor; the smoke test: eager)")
-    p.add_argument("--warmup", type=int, default=20, help="updates before timing, per configuration (default: 20)")
-    p.add_argument("--updates", type=int, default=100, help="timed updates per configuration per round (default: 100)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: 3)")
-    p.add_argument("--batches", type=int, default=64, help="distinct training batches, cycled (default: 64)")
-    p.add_argument("--matmul-size", type=int, default=8192, help="side of the products timed for the card's "
-                   "rate in each dtype measured (default: 8192)")
-    p.add_argument("--profile", help="write a torch.profiler summary of one update (stock fp16, the recipes) to this "
-                   "JSON file")
-    p.add_argument("--whole-process", action="store_true", help="also time whole fairseq-train processes")
-    p.add_argument("--whole-runs", default=WHOLE_RUNS, help=f"comma-separated whole-process runs, of "
-                   f"{', '.join(WHOLE_RUN_NAMES)}, in the order given; a run named again is repeated, and the "
-                   f"repeats' difference is the noise floor of the ratios (default: {WHOLE_RUNS})")
-    p.add_argument("--whole-rounds", type=int, default=1, help="interleaved rounds of --whole-runs, the order "
-                   "reversed every other round (default: 1; a ratio from one round never resolves)")
-    p.add_argument("--whole-timeout", type=float, default=300, help="seconds a whole-process run may take (default: 300)")
-    p.add_argument("--whole-updates", type=int, default=300, help="updates per whole-process run (default: 300)")
-    p.add_argument("--whole-tokens", type=int, default=4096, help="--max-tokens of the whole-process runs (default: 4096)")
-    p.add_argument("--whole-interval", type=int, default=10, help="fairseq's --log-interval in the whole-process runs "
-                   "(default: 10; each logged wps and loss covers that many updates)")
-    p.add_argument("--whole-skip", type=int, default=20, help="updates left out of the whole-process wps as warm-up "
-                   "(default: 20)")
-    p.add_argument("--deadline", type=float, default=None, help="seconds after which no new run or round starts "
-                   "(the first round of each token setting always runs; default: none)")
-    p.add_argument("--smoke", action="store_true", help="tiny model (2+2, d=64) for a quick check")
-    p.add_argument("--cpu", action="store_true", help="run on the CPU (with --smoke: the test suite's check; fp32)")
+    add_to_command(p, OPTIONS)
     return p
 
 
@@ -159,8 +175,6 @@ def parse(argv=None):
     bad = [r for r in a.whole_runs.split(",") if r not in WHOLE_RUN_NAMES]
     if bad:
         p.error(f"--whole-runs {','.join(bad)}: unknown; choose from {', '.join(WHOLE_RUN_NAMES)}")
-    if a.whole_rounds < 1:
-        p.error(f"--whole-rounds {a.whole_rounds}: at least 1")
     if a.cpu:
         dtypes = ["fp32"]  # bf16 on the CPU is tested in tests/test_bf16.py; timing here is only the smoke check
     return a, rows, dtypes, tokens, limits

@@ -30,19 +30,25 @@ from result_tables import (fp16_tables, gpu_tables, headroom_tables, quality_tab
                            speed_tables)
 
 from resnmt.experiment.results import read_jsonl
+from resnmt.options import Option, add_to_command
 from resnmt.study import tables as study_tables
 from resnmt.study.records import RESULTS
 
 MARKERS = {**result_tables.MARKERS, **study_tables.MARKERS}  # table name -> the comments around it in a document
 
 
+OPTIONS = (
+    Option("results", str(RESULTS), "directory of *.jsonl (default: benchmarks/results)", metavar="DIR"),
+    Option("quality_settings", metavar="KEY",
+           help="settings key of the quality runs to tabulate (default: the key with the most runs)"),
+    Option("write", [], "replace each table whose marker comments this file holds (repeatable)", repeat=True,
+           metavar="MD"),
+)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default=str(RESULTS), help="directory of *.jsonl (default: benchmarks/results)")
-    p.add_argument("--quality-settings", metavar="KEY",
-                   help="settings key of the quality runs to tabulate (default: the key with the most runs)")
-    p.add_argument("--write", metavar="MD", action="append", default=[],
-                   help="replace each table whose marker comments this file holds (repeatable)")
+    add_to_command(p, OPTIONS)
     a = p.parse_args(argv)
     records = []
     for path in sorted(Path(a.results).glob("*.jsonl")):

@@ -34,6 +34,7 @@ from resnmt.experiment.presets import SIZES
 from resnmt.experiment.results import append_jsonl
 from resnmt.experiment.runtime import KEEP_FREED_MEMORY_ENV, tool_env
 from resnmt.experiment.steps import FairseqLog
+from resnmt.options import Option, add_to_command
 from resnmt.study import flags, runs
 from resnmt.study.records import cpu_description, run_id
 CONDITIONS = ("glibc default", "keep freed memory")
@@ -90,21 +91,23 @@ def malloc_table(records) -> str:
     return "\n".join(lines)
 
 
+ARCH = Option("arch", "transformer", "the arch trained (default: fairseq's own transformer, at --size)")
+RUNS = (
+    Option("updates", 100, "updates per process (default: %(default)s)", kind="int", minimum=1, metavar="N"),
+    Option("max_tokens", 4096, "default: %(default)s", kind="int", minimum=1, metavar="N"),
+    Option("rounds", 3, "processes per condition (default: %(default)s)", kind="int", minimum=1, metavar="N"),
+)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     flags.add_data(p, binarized=True)
-    p.add_argument("--arch", default="transformer",
-                   help="the arch trained (default: fairseq's own transformer, at --size)")
+    add_to_command(p, [ARCH])
     flags.add_size(p, "small", "small = 2+2 layers d=128 FFN 512 4 heads (default); tiny = tests")
-    p.add_argument("--updates", type=int, default=100, help="updates per process (default: 100)")
-    p.add_argument("--max-tokens", type=int, default=4096, help="default: 4096")
-    p.add_argument("--rounds", type=int, default=3, help="processes per condition (default: 3)")
+    add_to_command(p, RUNS)
     flags.add_threads(p, per="process")
     flags.add_out(p, "malloc.jsonl")
     a = p.parse_args(argv)
-    for name in ("updates", "rounds", "threads", "max_tokens"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name.replace('_', '-')} {getattr(a, name)}: must be a positive integer")
     data = flags.binarized_folder(p, a.data)
     if not shutil.which("fairseq-train", path=tool_env()["PATH"]):
         p.error("fairseq-train is not on PATH (make venv installs it)")

@@ -30,6 +30,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from resnmt.study.records import REPO_ROOT, RESULTS  # noqa: E402
+from resnmt.options import Option, add_to_command  # noqa: E402
 from resnmt.study.rows import CONTROLS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, slug  # noqa: E402
 from resnmt.study.tables import (SIZE_TITLES, load, ordered_keys, paired_differences, reference_row,  # noqa: E402
                                  titled)
@@ -344,10 +345,15 @@ def plot_learned(runs, figures: Path) -> list:
     return written
 
 
+OPTIONS = (
+    Option("results", str(RESULTS / "curves.jsonl"), "the curves study's JSON lines", metavar="JSONL"),
+    Option("figures", str(REPO_ROOT / "docs" / "figures"), "output directory of the PNGs", metavar="DIR"),
+)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default=str(RESULTS / "curves.jsonl"), help="the curves study's JSON lines")
-    p.add_argument("--figures", default=str(REPO_ROOT / "docs" / "figures"), help="output directory of the PNGs")
+    add_to_command(p, OPTIONS)
     a = p.parse_args(argv)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
     runs = load(Path(a.results))

@@ -14,6 +14,7 @@ if str(Path(__file__).resolve().parent.parent) not in sys.path:  # resnmt, where
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from resnmt.experiment.results import read_jsonl  # noqa: E402
+from resnmt.options import Option, add_to_command  # noqa: E402
 from resnmt.study.records import REPO_ROOT, RESULTS  # noqa: E402
 
 
@@ -56,10 +57,15 @@ def plot(device, runs, path: Path):
     plt.close(fig)
 
 
+OPTIONS = (
+    Option("results", str(RESULTS / "gpu_train.jsonl"), "gpu_train.py's JSON lines", metavar="JSONL"),
+    Option("out_dir", str(REPO_ROOT / "docs" / "figures"), "where the figures go", metavar="DIR"),
+)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", default=str(RESULTS / "gpu_train.jsonl"), help="gpu_train.py's JSON lines")
-    p.add_argument("--out-dir", default=str(REPO_ROOT / "docs" / "figures"), help="where the figures go")
+    add_to_command(p, OPTIONS)
     a = p.parse_args(argv)
     if not Path(a.results).exists():
         p.error(f"--results {a.results}: no such file (benchmarks/gpu_train.py writes it)")

@@ -18,6 +18,7 @@ from eager_training import Optimizer, train_step, training_batches
 from rows import CONFIGS, fairseq_argv
 
 from resnmt.experiment.presets import SIZES
+from resnmt.options import Option, add_to_command
 from resnmt.study import flags
 
 
@@ -49,16 +50,28 @@ def profile(config, a):
     return totals
 
 
+CONFIG = (
+    Option("config", kind="choice", choices=tuple(sorted(CONFIGS)), required=True, help="the config profiled"),
+    Option("reference", "transformer", "the config it is compared with (default: %(default)s)", kind="choice",
+           choices=tuple(sorted(CONFIGS))),
+)
+PROFILE = (
+    Option("max_tokens", 1024, "tokens per training batch (default: %(default)s)", kind="int", minimum=1,
+           metavar="N"),
+    Option("updates", 3, "profiled training updates (default: %(default)s)", kind="int", minimum=1, metavar="N"),
+)
+TOP = Option("top", 20, "ops listed, largest differences first (default: %(default)s)", kind="int", minimum=1,
+             metavar="N")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, choices=sorted(CONFIGS))
-    p.add_argument("--reference", default="transformer", choices=sorted(CONFIGS))
+    add_to_command(p, CONFIG)
     flags.add_data(p, binarized=True)
     flags.add_size(p, "cpu", "speed.py's on the CPU (default: cpu = 6+6 layers d=256 FFN 1024 4 heads)")
-    p.add_argument("--max-tokens", type=int, default=1024, help="tokens per training batch (default: 1024)")
-    p.add_argument("--updates", type=int, default=3, help="profiled training updates (default: 3)")
+    add_to_command(p, PROFILE)
     flags.add_threads(p, per="process")
-    p.add_argument("--top", type=int, default=20, help="ops listed, largest differences first (default: 20)")
+    add_to_command(p, [TOP])
     a = p.parse_args(argv)
     a.data = flags.binarized_folder(p, a.data)
     import torch

@@ -24,6 +24,7 @@ from resnmt.experiment import steps
 from resnmt.experiment.presets import SIZES
 from resnmt.experiment.results import append_jsonl, read_jsonl
 from resnmt.experiment.runtime import tool_env
+from resnmt.options import Option, add_to_command
 from resnmt.study import flags, runs
 from resnmt.study.records import REPO_ROOT, portable_path, run_id, settings_key
 from resnmt.study.rows import QUALITY_ROWS, slug
@@ -31,6 +32,24 @@ from resnmt.study.rows import QUALITY_ROWS, slug
 DEFAULT_WORKDIR = REPO_ROOT / "runs" / "bench-quality"
 
 PRIORITY = ["transformer", "post_ln", "rskip_ln (λ=2)", "sas"]
+
+
+SEEDS = Option("seeds", kind="int", listed=True, minimum=1, metavar="N,N,...", help=(
+    "comma-separated seeds for every row (default: 1..n per row: 3 for post_ln, rskip_ln (λ=2), sas; 2 for the "
+    "others)"))
+TRAINING = (
+    Option("max_update", 600, "update budget per run (default: %(default)s)", kind="int", minimum=1, metavar="N"),
+    Option("dropout", 0.1, "default: %(default)s", kind="number", minimum=0, metavar="P"),
+)
+RUNS = (
+    Option("workdir", str(DEFAULT_WORKDIR), "checkpoints and logs (default: runs/bench-quality)", metavar="DIR"),
+    Option("max_len_b", 200, "fairseq-generate --max-len-b (default: %(default)s, fairseq's; the tests use less)",
+           kind="int", minimum=1, metavar="N"),
+)
+PLAN = (
+    Option("max_runs", None, "stop after this many new runs", kind="int", minimum=1, metavar="N"),
+    Option("list", False, "print the planned runs, done or missing, and exit", kind="switch"),
+)
 
 
 def planned_runs(rows, seeds_override):
@@ -95,24 +114,19 @@ def main(argv=None):
     flags.add_data(p, binarized=False)
     flags.add_reference(p)
     flags.add_rows(p, QUALITY_ROWS)
-    p.add_argument("--seeds", help="comma-separated seeds for every row (default: 1..n per row: "
-                   "3 for post_ln, rskip_ln (λ=2), sas; 2 for the others)")
+    add_to_command(p, [SEEDS])
     flags.add_size(p, "small", "small = 2+2 layers d=128 FFN 512 4 heads (default); tiny = tests")
     flags.add_schedule(p)
-    p.add_argument("--max-update", type=int, default=600, help="update budget per run (default: 600)")
-    p.add_argument("--dropout", type=float, default=0.1, help="default: 0.1")
+    add_to_command(p, TRAINING)
     flags.add_checkpoints(p)
-    p.add_argument("--workdir", default=str(DEFAULT_WORKDIR), help="checkpoints and logs (default: runs/bench-quality)")
-    p.add_argument("--max-len-b", type=int, default=200,
-                   help="fairseq-generate --max-len-b (default: 200, fairseq's; the tests use less)")
+    add_to_command(p, RUNS)
     flags.add_threads(p)
     flags.add_out(p, "quality.jsonl")
-    p.add_argument("--max-runs", type=int, help="stop after this many new runs")
-    p.add_argument("--list", action="store_true", help="print the planned runs, done or missing, and exit")
+    add_to_command(p, PLAN)
     a = p.parse_args(argv)
 
     rows = flags.chosen_rows(p, a.rows, QUALITY_ROWS)
-    seeds = [int(s) for s in a.seeds.split(",")] if a.seeds else None
+    seeds = a.seeds
     settings = quality_settings(a)
     key = settings_key(settings)
     plan = planned_runs(rows, seeds)

@@ -30,37 +30,51 @@ from speed_measure import measure_rounds, speed_records
 
 from resnmt.experiment.presets import SIZES
 from resnmt.experiment.results import read_jsonl
+from resnmt.options import Option, add_to_command
 from resnmt.study import flags, records
+
+
+DEVICE = Option("device", "cpu", "default: %(default)s", kind="choice", choices=("cpu", "cuda"))
+DTYPE = Option("dtype", "fp32", kind="choice", choices=tuple(sorted(TORCH_DTYPES)), help=(
+    "the model's precision (default: %(default)s); fp16 and bf16 (GPU only) train the way fairseq's --fp16/--bf16 do: "
+    "half-precision model, float32 master weights, fp16 with a loss scale"))
+MEASUREMENT = (
+    Option("rounds", 3, "interleaved repeats per row (default: %(default)s)", kind="int", minimum=1, metavar="N"),
+    Option("warmup", 1, "untimed training updates first (default: %(default)s)", kind="int", minimum=0, metavar="N"),
+    Option("updates", 3, "timed training updates (default: %(default)s)", kind="int", minimum=1, metavar="N"),
+    Option("max_tokens", None, "tokens per training batch (default: 1024 on cpu, 4096 on cuda)", kind="int",
+           minimum=1, metavar="N"),
+    Option("decode_sentences", 48, "validation sentences decoded (default: %(default)s; 512 recommended on cuda)",
+           kind="int", minimum=1, metavar="N"),
+    Option("decode_batch", 16, "sentences per decoding batch (default: %(default)s)", kind="int", minimum=1,
+           metavar="N"),
+    Option("decode_len", 20, "every hypothesis is decoded to exactly this many tokens (default: %(default)s)",
+           kind="int", minimum=1, metavar="N"),
+)
+RAW = (
+    Option("raw", metavar="JSONL", help=(
+        "every measured pair is appended here as it lands (default: OUT's name with -raw, e.g. "
+        "benchmarks/results/speed-raw.jsonl)")),
+    Option("from_raw", metavar="RUN_ID", help=(
+        "measure nothing: summarize the rounds of run RUN_ID found in --raw (e.g. an interrupted run) and append its "
+        "rows to --out (the SAS rows' vocabulary read from --data)")),
+    Option("timeout", 900, "seconds allowed per measurement (default: %(default)s)", kind="int", minimum=1,
+           metavar="S"),
+)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     flags.add_data(p, binarized=True)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="default: cpu")
+    add_to_command(p, [DEVICE])
     flags.add_size(p, None, "cpu = 6+6 layers d=256 FFN 1024 4 heads, base = 6+6 d=512 FFN 2048 8 heads, "
                    "tiny = 2+2 d=16 (tests) (default: cpu on --device cpu, base on cuda)")
-    p.add_argument("--dtype", default="fp32", choices=sorted(TORCH_DTYPES),
-                   help="the model's precision (default: fp32); fp16 and bf16 (GPU only) train the way fairseq's "
-                   "--fp16/--bf16 do: half-precision model, float32 master weights, fp16 with a loss scale")
+    add_to_command(p, [DTYPE])
     flags.add_threads(p, per="measurement")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved repeats per row (default: 3)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed training updates first (default: 1)")
-    p.add_argument("--updates", type=int, default=3, help="timed training updates (default: 3)")
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help="tokens per training batch (default: 1024 on cpu, 4096 on cuda)")
-    p.add_argument("--decode-sentences", type=int, default=48,
-                   help="validation sentences decoded (default: 48; 512 recommended on cuda)")
-    p.add_argument("--decode-batch", type=int, default=16, help="sentences per decoding batch (default: 16)")
-    p.add_argument("--decode-len", type=int, default=20,
-                   help="every hypothesis is decoded to exactly this many tokens (default: 20)")
+    add_to_command(p, MEASUREMENT)
     flags.add_rows(p, SPEED_ROWS)
     flags.add_out(p, "speed.jsonl")
-    p.add_argument("--raw", help="every measured pair is appended here as it lands "
-                   "(default: OUT's name with -raw, e.g. benchmarks/results/speed-raw.jsonl)")
-    p.add_argument("--from-raw", metavar="RUN_ID",
-                   help="measure nothing: summarize the rounds of run RUN_ID found in --raw (e.g. an "
-                   "interrupted run) and append its rows to --out (the SAS rows' vocabulary read from --data)")
-    p.add_argument("--timeout", type=int, default=900, help="seconds allowed per measurement")
+    add_to_command(p, RAW)
     return p
 
 

@@ -35,5 +35,6 @@ def test_smoke_profile_on_the_cpu(tiny_bin, tmp_path):
 def test_bad_counts_are_refused(tiny_bin, tmp_path):
     proc = run_cli([sys.executable, SCRIPT, "--smoke", "--cpu", "--data", tiny_bin, "--out", tmp_path / "p.json",
                     "--updates", "0"], check=False)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("--updates 0: give at least 1")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(
+        "argument --updates: invalid value '0': must be an integer >= 1")
     assert not (tmp_path / "p.json").exists()

@@ -169,3 +169,19 @@ def test_an_operand_takes_the_rest_of_the_command_line():
                             Option("args", nargs=argparse.REMAINDER, positional=True)))
     args = parser.parse_args(["a", "--x", "1", "y"])
     assert (args.command, args.args) == ("a", ["--x", "1", "y"])
+
+
+def test_every_command_option_is_declared_as_an_option():
+    """No command in resnmt/ or benchmarks/ adds an argument of its own: each goes through
+    Option.add_to (its checks, its words), the one place an option meets a parser."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    raw = []
+    for path in sorted([*root.glob("resnmt/**/*.py"), *root.glob("benchmarks/*.py")]):
+        if path == root / "resnmt" / "options.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+                raw.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert raw == []
