@@ -784,11 +784,13 @@ def test_pairs_table_and_second_seeds_from_handwritten_curves(monkeypatch):
                                                ("deep", "mhc", 2), ("deep", "pre_ln", 2)]
     # the README's lines: each claim under its verdict across the pairs, DenseFormer not yet on EN-FR
     assert study_tables.pairs_glance(runs).splitlines() == [
-        "Each claim on a second pair, Multi30k EN-FR (1 seed so far):", "",
+        "Each claim on a second pair, Multi30k EN-FR (1 seed each so far):", "",
         "- Holds on EN-DE and EN-FR: Hyper-Connections > post-LN (2+2).",
         "- Holds on EN-DE, level on EN-FR: mHC > pre-LN (6+6).",
         "- Reverses: HybridNorm > post-LN (2+2).",
         "- Not yet measured on EN-FR: DenseFormer > pre-LN (6+6)."]
+    assert study_tables.seed_counts([1, 2, 1], unfinished=False) == " (1 or 2 seeds per claim)"
+    assert study_tables.seed_counts([2, 2], unfinished=False) == " (2 seeds each)"
     assert study_tables.across_pairs([0.3], []) == "not yet"
     assert study_tables.across_pairs([0.9, 0.8], [0.4, -0.1]) == "holds on one"  # level on the second
     assert study_tables.across_pairs([0.9, 0.8], [0.9, -0.2]) == "holds on one"  # mixed on the second

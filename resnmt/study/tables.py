@@ -425,8 +425,8 @@ def pairs_table(runs, claims=PAIR_CLAIMS, other: str = "en-fr") -> str:
 def pairs_glance(runs, claims=PAIR_CLAIMS, other: str = "en-fr") -> str:
     """The README's lines on the claims across pairs (:func:`pairs_table`): the claims that
     hold on both pairs, on one only (and what they do on the other), that reverse, and those
-    ``other`` has not reached yet, each with its size; the fewest seeds behind a difference
-    on ``other`` is said."""
+    ``other`` has not reached yet, each with its size; how many seeds are behind the
+    differences on ``other`` is said (:func:`seed_counts`)."""
     settings, short = ("cpu", f"cpu, {pair_title(other)}"), (MAIN_PAIR.upper(), other.upper())
     groups, seeds = defaultdict(list), []
     for c in claims:
@@ -442,8 +442,18 @@ def pairs_glance(runs, claims=PAIR_CLAIMS, other: str = "en-fr") -> str:
     names = {"holds on both": f"Holds on {short[0]} and {short[1]}", "not yet": f"Not yet measured on {short[1]}"}
     order = sorted(groups, key=lambda word: (word == "not yet", word != "holds on both", word))
     lines = [f"- {names.get(word, word[0].upper() + word[1:])}: {', '.join(groups[word])}." for word in order]
-    fewest = f" ({min(seeds)} seed{'s' if min(seeds) != 1 else ''} so far)" if seeds else ""
-    return f"Each claim on a second pair, {pair_title(other)}{fewest}:\n\n" + "\n".join(lines)
+    return f"Each claim on a second pair, {pair_title(other)}{seed_counts(seeds, 'not yet' in groups)}:\n\n" + \
+        "\n".join(lines)
+
+
+def seed_counts(seeds: list, unfinished: bool) -> str:
+    """" (1 seed each)", " (1 or 2 seeds per claim)": the seeds behind the claims' differences
+    on the second pair; "so far" while a claim is not yet measured there."""
+    if not seeds:
+        return ""
+    lo, hi = min(seeds), max(seeds)
+    counts = f"{lo} seed{'s' if lo != 1 else ''} each" if lo == hi else f"{lo} or {hi} seeds per claim"
+    return f" ({counts}{' so far' if unfinished else ''})"
 
 
 def tables(runs) -> dict:
