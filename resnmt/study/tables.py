@@ -447,8 +447,9 @@ def pairs_glance(runs, claims=PAIR_CLAIMS, other: str = "en-fr") -> str:
 
 
 def seed_counts(seeds: list, unfinished: bool) -> str:
-    """" (1 seed each)", " (1 or 2 seeds per claim)": the seeds behind the claims' differences
-    on the second pair; "so far" while a claim is not yet measured there."""
+    """How many seeds are behind the claims' differences on the second pair, as the README
+    says it: ``(1 seed each)``, ``(1 or 2 seeds per claim)``; "so far" while a claim is not
+    yet measured there."""
     if not seeds:
         return ""
     lo, hi = min(seeds), max(seeds)
