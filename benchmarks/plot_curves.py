@@ -330,11 +330,15 @@ def newest_learned(runs):
 
 
 def plot_learned(runs, figures: Path) -> list:
-    """One PNG per row, size and learned quantity (``curves-learned-<row>-<size>-<name>.png``)."""
+    """One PNG per row, size and learned quantity (``curves-learned-<row>-<size>-<name>.png``)
+    of the study's language pair (docs/study.md shows those; a setting of another pair is
+    named for it by ``setting_of``, and drawn in the BLEU panels only)."""
     from resnmt.analysis.plotting import plot_learned_norms, plot_stream_weights
 
     written = []
     for (device, size, row), (record, kinds) in sorted(newest_learned(runs).items()):
+        if "Multi30k" in device:
+            continue
         title = (f"{row}, {SIZE_TITLES.get(size, size)} ({titled(device)}), seed 1, "
                  f"{record['updates']} updates")
         stem = f"curves-learned-{slug(row)}-{size}{f'-{slug(device)}' if device != 'cpu' else ''}"
