@@ -32,8 +32,8 @@ from matplotlib.ticker import NullFormatter  # noqa: E402
 from resnmt.study.records import REPO_ROOT, RESULTS  # noqa: E402
 from resnmt.options import Option, add_to_command  # noqa: E402
 from resnmt.study.rows import CONTROLS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, slug  # noqa: E402
-from resnmt.study.tables import (SIZE_TITLES, load, ordered_keys, paired_differences, reference_row,  # noqa: E402
-                                 titled)
+from resnmt.study.tables import (SIZE_TITLES, load, of_main_pair, ordered_keys, paired_differences,  # noqa: E402
+                                 reference_row, titled)
 
 # The budget chosen where post-LN's curve flattens (2+2 only: the other sizes stop where a
 # session's compute does, not at a chosen budget).
@@ -331,13 +331,13 @@ def newest_learned(runs):
 
 def plot_learned(runs, figures: Path) -> list:
     """One PNG per row, size and learned quantity (``curves-learned-<row>-<size>-<name>.png``)
-    of the study's language pair (docs/study.md shows those; a setting of another pair is
-    named for it by ``setting_of``, and drawn in the BLEU panels only)."""
+    of the study's language pair (docs/study.md shows those; another pair's runs are drawn in
+    the BLEU and loss panels only)."""
     from resnmt.analysis.plotting import plot_learned_norms, plot_stream_weights
 
     written = []
     for (device, size, row), (record, kinds) in sorted(newest_learned(runs).items()):
-        if "Multi30k" in device:
+        if not of_main_pair(device):
             continue
         title = (f"{row}, {SIZE_TITLES.get(size, size)} ({titled(device)}), seed 1, "
                  f"{record['updates']} updates")

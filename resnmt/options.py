@@ -94,11 +94,8 @@ def listed_values(kind: str, value: Any, minimum: Optional[float] = None, above:
     bound, in the order given, each once; else a ValueError "'VALUE': must be comma-separated
     ...". Nothing but commas and spaces is no value, and refused alike."""
     items = [x.strip() for x in value.split(",")] if isinstance(value, str) else list(value)
-    values = []
     try:
-        for item in items:
-            if item != "":
-                values.append(bounded(kind, item, minimum, above))
+        values = [bounded(kind, item, minimum, above) for item in items if item != ""]
     except ValueError:
         values = []
     if not values:

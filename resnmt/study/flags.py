@@ -18,7 +18,7 @@ from resnmt.study.records import REPO_ROOT, RESULTS
 CORPUS = REPO_ROOT / "data" / "multi30k"  # resnmt-prepare multi30k's OUTDIR (benchmarks/run_all.sh prepares it)
 
 
-def data_option(binarized: bool, required: bool = False, default: Optional[str] = "") -> Option:
+def add_data(p: argparse.ArgumentParser, binarized: bool, required: bool = False, default: Optional[str] = "") -> None:
     """``--data``: the binarized corpus (``binarized``) or the prepared one; ``default`` None:
     the command picks it (and says so in its own help)."""
     if binarized:
@@ -26,14 +26,12 @@ def data_option(binarized: bool, required: bool = False, default: Optional[str] 
     else:
         what, folder = "prepared corpus (OUTDIR of resnmt-prepare multi30k: OUTDIR/bin, OUTDIR/raw/test.de)", CORPUS
     if required:
-        return Option("data", help=what, required=True, metavar="DIR")
-    if default is None:
-        return Option("data", help=f"{what} (default: data/DATASET, the --pair's Multi30k)", metavar="DIR")
-    return Option("data", str(folder), f"{what} (default: {folder.relative_to(REPO_ROOT)})", metavar="DIR")
-
-
-def add_data(p: argparse.ArgumentParser, binarized: bool, required: bool = False, default: Optional[str] = "") -> None:
-    add_to_command(p, [data_option(binarized, required, default)])
+        data = Option("data", help=what, required=True, metavar="DIR")
+    elif default is None:
+        data = Option("data", help=f"{what} (default: data/DATASET, the --pair's Multi30k)", metavar="DIR")
+    else:
+        data = Option("data", str(folder), f"{what} (default: {folder.relative_to(REPO_ROOT)})", metavar="DIR")
+    add_to_command(p, [data])
 
 
 def binarized_folder(p: argparse.ArgumentParser, data, prepared: bool = False, dataset=MULTI30K) -> Path:

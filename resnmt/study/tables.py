@@ -63,9 +63,14 @@ def setting_of(record) -> str:
     return where + (f", {pair_title(pair)}" if pair != MAIN_PAIR else "")
 
 
+def of_main_pair(setting: str) -> bool:
+    """Whether a setting (:func:`setting_of`) is of the study's own pair: only another pair's is named in it."""
+    return "Multi30k" not in setting
+
+
 def titled(setting: str) -> str:
     """A setting as a table's or a figure's title names it, its language pair always said."""
-    return setting if "Multi30k" in setting else f"{setting}, {pair_title(MAIN_PAIR)}"
+    return f"{setting}, {pair_title(MAIN_PAIR)}" if of_main_pair(setting) else setting
 
 
 def runs_of(records):
