@@ -5,7 +5,7 @@ with the gradients, incremental decoding (and bf16) and TorchScript."""
 import pytest
 
 from resnmt.connections import BUILTIN_KINDS, CONNECTION_CLASSES
-from resnmt.testing import CHECKS, Case, cases, contract_params, run_check
+from resnmt.testing import CHECKS, Case, cases, contract_params, fast_path, run_check
 
 MORE = [Case(name, tuple(flags)) for name, flags in {
     "xskip-lambda-1": ["--residual", "xskip", "--skip-lambda", "1"],
@@ -28,9 +28,20 @@ MORE = [Case(name, tuple(flags)) for name, flags in {
     "hybrid_norm-rms_norm": ["--residual", "hybrid_norm", "--normalization", "rms_norm"],
 }.items()]
 MORE_CHECKS = ("gradients", "incremental", "torchscript")
+# The fast path's update against fairseq's step beyond the kinds' defaults (docs/training.md; the
+# cases of tests/test_fast_path.py's KIND_CASES): the normalized activations (NSwish with batch
+# statistics) and the other norms.
+FAST_PATH_MORE = [Case(name, tuple(flags)) for name, flags in {
+    "sas-nrelu": ["--residual", "sas", "--normalized-activation", "nrelu"],
+    "sas-nswish-batch": ["--residual", "sas", "--normalized-activation", "nswish",
+                         "--normalized-activation-stats", "batch"],
+    "pre_ln-rms_norm": ["--residual", "pre_ln", "--normalization", "rms_norm"],
+    "post_ln-dyt": ["--residual", "post_ln", "--normalization", "dyt"],
+}.items()]
 
 
-@pytest.mark.parametrize("case, check", contract_params(BUILTIN_KINDS) + contract_params(MORE, MORE_CHECKS))
+@pytest.mark.parametrize("case, check", contract_params(BUILTIN_KINDS) + contract_params(MORE, MORE_CHECKS)
+                         + contract_params(FAST_PATH_MORE, ("fast_path",)))
 def test_contract(case, check):
     run_check(case, check)
 
@@ -41,6 +52,8 @@ def test_every_check_runs_on_every_kind_and_variants_come_from_its_flags():
     assert [c.name for c in cases("sas")] == ["sas", "sas --sas-gate single_layer", "sas --sas-gamma gate"]
     assert [c.flags for c in cases("b2t")] == [("--residual", "b2t"), ("--residual", "b2t", "--b2t-rescale-init")]
     assert set(BUILTIN_KINDS) <= set(CONNECTION_CLASSES)
+    # docs/training.md: "every kind ... and 4 variants, 1+1 layers, 3 updates"
+    assert fast_path.UPDATES == 3 and len(BUILTIN_KINDS) == 21 and len(FAST_PATH_MORE) == 4
 
 
 BROKEN_KINDS = """

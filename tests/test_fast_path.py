@@ -245,8 +245,8 @@ def probe_fairseq_losses(monkeypatch):
     pytest.param("bf16", 2, 20, marks=pytest.mark.slow)])
 def test_update_equals_fairseqs_trainer(tiny_bin, probe_fairseq_losses, precision, update_freq, updates):
     """Dropout on, --clip-norm active: the same losses and weights as fairseq's step (on the
-    same attention: the update's claim; float32 and 3 updates of every kind in
-    test_every_kind_trains_as_with_fairseqs_step)."""
+    same attention: the update's claim; float32, 3 updates of every kind and of the cases of
+    KIND_CASES: the contract's fast_path check, tests/test_contract.py::test_contract)."""
     extra = ["--clip-norm", "0.5"] + (["--bf16"] if precision == "bf16" else [])
     ref, fast_trainer, ref_losses, fast_losses = run_both(tiny_bin, updates, update_freq, *extra)
     assert fast_losses == pytest.approx(ref_losses, rel=1e-6)
@@ -291,7 +291,8 @@ def test_adam_with_weight_decay_is_fairseqs():
 
 
 # every connection kind, both normalized activations and the two other normalizations (the slow
-# tests below; every kind's 3-update step against fairseq's is the contract's, tests/test_contract.py)
+# tests below; every kind's and these cases' 3-update step against fairseq's at 1+1 layers is the
+# contract's fast_path check, tests/test_contract.py::test_contract)
 KIND_CASES = {**{kind: ("--residual", kind) for kind in sorted(BUILTIN_KINDS)},
               "nrelu": ("--residual", "sas", "--normalized-activation", "nrelu"),
               "nswish_batch": ("--residual", "sas", "--normalized-activation", "nswish",

@@ -17,7 +17,7 @@ import torch
 
 from resnmt.testing import tiny
 
-UPDATES = 2
+UPDATES = 3
 MAX_TOKENS = tiny.MAX_TOKENS
 
 
