@@ -14,7 +14,7 @@
   paired differences, the results at a glance and the cross-layer verdicts.
 
     python benchmarks/make_tables.py                    # print the tables
-    python benchmarks/make_tables.py --write docs/benchmarks.md --write docs/study.md --write README.md
+    python benchmarks/make_tables.py --write docs/benchmarks.md --write docs/study.md --write docs/study-results.md --write README.md
         # replace the text between each table's markers (<!-- speed-table:begin --> /
         # <!-- speed-table:end -->, quality-table, fp16-table, fp16-headroom-table,
         # speed-glance, gpu-train-table, curves-table, glance-table, cross-layer-table) in the file that holds them

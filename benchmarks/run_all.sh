@@ -40,4 +40,4 @@ fi
 if [[ $RUN_QUALITY == 1 ]]; then
     "$PYTHON" benchmarks/quality.py ${QUALITY_ARGS:-}
 fi
-"$PYTHON" benchmarks/make_tables.py --write docs/benchmarks.md --write docs/study.md --write README.md
+"$PYTHON" benchmarks/make_tables.py --write docs/benchmarks.md --write docs/study.md --write docs/study-results.md --write README.md

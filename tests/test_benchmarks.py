@@ -524,7 +524,7 @@ def test_encoder_gradient_share_by_hand(monkeypatch):
 TABLE_HOMES = {
     "speed-table": "docs/benchmarks.md", "fp16-table": "docs/benchmarks.md",
     "fp16-headroom-table": "docs/benchmarks.md", "quality-table": None,
-    "curves-table": "docs/study.md", "glance-table": "docs/study.md", "speed-glance": "README.md",
+    "curves-table": "docs/study-results.md", "glance-table": "docs/study.md", "speed-glance": "README.md",
     "cross-layer-table": "docs/study.md",
     "gen2025-table": "docs/study.md", "gpu-train-table": "docs/benchmarks.md", "pairs-table": "docs/study.md",
     "pairs-glance": "README.md",

@@ -59,7 +59,7 @@ def claim_words(unit: str):
     return [m.group(0) for m in CLAIM.finditer(re.sub(r"`[^`\n]*`", "", unit))]
 
 
-def test_functions(path: Path) -> set:
+def functions_of(path: Path) -> set:
     """``name`` and ``Class::name`` of every function of a test file."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     names = set()
@@ -77,7 +77,7 @@ def missing_test(file: str, name: str):
     path = REPO_ROOT / file
     if not path.is_file():
         return f"{file}::{name}: no such file"
-    if not name.split("::")[-1].startswith("test") or name not in test_functions(path):
+    if not name.split("::")[-1].startswith("test") or name not in functions_of(path):
         return f"{file}::{name}: {file} has no test of that name"
     return None
 

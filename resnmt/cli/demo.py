@@ -28,7 +28,7 @@ from resnmt.progress import format_seconds
 TINY_UPDATES = 40  # per model, with --budget tiny
 DEFAULT_EPOCHS = 6  # per model, without --max-epoch or --max-update
 DEFAULT_ARCHS = "transformer_postln_base transformer_rskip_base"
-SIBLING_MIRROR = Path("../shared/data/multi30k")  # the published files on this project's machines
+SIBLING_MIRROR = Path("../shared/data/multi30k")  # a local copy of the published files beside the checkout, where one exists
 # the demo's options, as text: --budget checked here, the others by the requests they go to
 DEMO_OPTIONS = (
     Option("budget", "full", f"full (default) or tiny: {TINY_UPDATES} updates per model, decoding capped at "

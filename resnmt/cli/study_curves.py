@@ -12,14 +12,13 @@ validation losses so far and the analysis. Training then resumes to the next mil
 Runs are taken in the study's priority order. Several copies of this command can run at
 once (``--workers`` starts them): each run directory is locked by the copy working on it.
 A killed run resumes from its last checkpoint; milestones already in ``--out`` are not
-scored again, so the study can be continued over several sessions.
+scored again, so a stopped study continues where it stopped.
 
-Checkpoints live in the (ignored) ``--workdir``, so a run continues across sessions only on
-a machine that keeps it (``--list`` names the update each unfinished run's checkpoints
+Checkpoints live in the (ignored) ``--workdir``, so a run continues from them only on a
+machine that keeps them (``--list`` names the update each unfinished run's checkpoints
 reach); on a fresh checkout a run restarts at update 0 and skips the milestones already
-recorded. On a 2-core CPU a 2+2 run to its final 14400 updates takes 2.7-5.4 h, more than a
-3-hour working session leaves for training, and two 6+6 runs side by side reach 2400
-updates in about 2.5 h (the measured rates are in docs/study.md). The thread count is how a
+recorded. On a 2-core CPU a 2+2 run to its final 14400 updates takes 2.7-5.4 h, and two
+6+6 runs side by side reach 2400 updates in about 2.5 h (docs/study.md). The thread count is how a
 run was executed, not what it computes: it is recorded per line (``torch_threads``) and
 left out of the settings key.
 
@@ -29,19 +28,18 @@ left out of the settings key.
     resnmt-study curves --workers 2 --threads 1 --only deep:pre_ln:1,deep:sas:1   # a pair side by side
     resnmt-study curves --device cuda --workers 8 --threads 1   # on a GPU: the study, plus the base size
     resnmt-study curves --device cuda --sizes base,base12 --lr 7e-4 --warmup 2000 --save-every 100 --bf16 \
-        --sdpa-backends flash,efficient,math --workers 4 --pin-cores --threads 1  # the papers' sizes (gpu_job.sh part 7)
+        --sdpa-backends flash,efficient,math --workers 4 --pin-cores --threads 1  # the papers' sizes
     resnmt-study curves --device cuda --bf16 --pin-cores --threads 1 --concurrency-sweep 1,4,8,12 \
-        --sweep-lines sweep.jsonl        # how many runs share the GPU best (gpu_job.sh part 11)
+        --sweep-lines sweep.jsonl        # how many runs share the GPU best
 
 With ``--device cuda`` every run trains and decodes on the (first) GPU, several at once
 with ``--workers`` (these models are far too small to fill one), and the study adds the
-papers' sizes (base: 6+6 layers, d=512; base12: 12+12), which a CPU cannot train in a
-session. GPU lines record their device, are kept apart from the CPU lines (a GPU run never
+papers' sizes (base: 6+6 layers, d=512; base12: 12+12), too large to train on a CPU. GPU lines record their device, are kept apart from the CPU lines (a GPU run never
 skips a milestone because the CPU run has it) and are plotted in panels of their own; fp32
 on both unless ``--bf16`` (resnmt-train's bf16, which the papers' sizes train in: another
 settings key). Every line records its schedule; another schedule (the papers' sizes are trained
-under one of their own, chosen by ``--choose-schedule`` from a sweep of post-LN:
-benchmarks/gpu_job.sh part 6) gives another settings key, so its runs and their lines are
+under one of their own, chosen by ``--choose-schedule`` from a sweep of post-LN at base
+size) gives another settings key, so its runs and their lines are
 others, tabulated and drawn apart. ``--concurrency-sweep`` measures how many runs side by side
 give the GPU's highest total updates per second (resnmt.study.concurrency).
 """
@@ -81,8 +79,8 @@ TRAINING = (
 ANALYSIS = Option("analyze_sentences", 500, "validation sentences resnmt-analyze runs at each milestone (default: "
                   "%(default)s)", kind="int", minimum=1, metavar="N")
 EXECUTION = (
-    Option("workers", 1, "runs at a time (copies of this command; default: %(default)s, so that each run ends within "
-           "a session)", kind="int", minimum=1, metavar="N"),
+    Option("workers", 1, "runs at a time (copies of this command; default: %(default)s)", kind="int", minimum=1,
+           metavar="N"),
     Option("device", "cpu", "where every run trains and decodes (default: %(default)s); cuda adds the base size "
            "(6+6, d=512)", kind="choice", choices=("cpu", "cuda")),
     Option("workdir", help="checkpoints and logs (default: runs/curves, runs/curves-cuda with --device cuda)",
@@ -91,7 +89,7 @@ EXECUTION = (
 PLANNING = (
     Option("sizes", metavar="SIZE,...", help=(
         "comma-separated sizes to plan, of " + ", ".join(DEFAULT_MILESTONES) + " (default: every size the device "
-        "trains; the GPU study of benchmarks/gpu_job.sh plans base,base12)")),
+        "trains; the GPU study at the papers' sizes is base,base12)")),
     Option("sdpa_backends", "", metavar="B,B,...", help=(
         "the attention kernels torch may use (resnmt_translation's flag, e.g. flash,efficient,math: no cuDNN kernel "
         "planning every new batch shape on Hopper); recorded per line, not in the key")),
@@ -127,8 +125,8 @@ ACTIONS = (
         "other settings as given; then exit")),
     Option("throughput", False, kind="switch", help=(
         "print each run's updates per second in --workdir (fairseq's, its newest 10 intervals), their sum and the "
-        "runs a GPU lease can train side by side to the last --milestones (resnmt.study.plan.workers_for; the last "
-        "line is that number); then exit")),
+        "runs that can train side by side, each reaching the last --milestones within resnmt.study.plan's time "
+        "limit per run (resnmt.study.plan.workers_for; the last line is that number); then exit")),
     Option("tiny", False, "train every run at the tiny size (smoke tests)", kind="switch"),
     Option("list", False, kind="switch", help=(
         "print the planned runs, the milestones each has recorded and, for an unfinished run, the update its "
@@ -255,7 +253,7 @@ def check_sizes_and_milestones(p, a) -> None:
             p.error(f"--sizes {','.join(unknown)}: no such size; choose from {', '.join(DEFAULT_MILESTONES)}")
         gpu_only = [x for x in a.sizes if x in GPU_ONLY_SIZES]
         if gpu_only and a.device == "cpu" and not a.tiny:
-            p.error(f"--sizes {','.join(gpu_only)}: run only with --device cuda (or --tiny: the GPU job's rehearsal)")
+            p.error(f"--sizes {','.join(gpu_only)}: run only with --device cuda (or --tiny, a smoke test)")
     a.data = a.data or str(flags.CORPUS.parent / PAIRS[a.pair].name)
     if a.milestones is None:
         a.milestones = {size: list(ms) for size, ms in PLANS[a.pair].milestones.items()}
@@ -292,7 +290,7 @@ def check_only(p, a) -> None:
         gpu_only = sorted(x for x in a.only if x.split(":", 1)[0] in GPU_ONLY_SIZES)
         if gpu_only and a.device == "cpu" and not a.tiny:
             p.error(f"--only {','.join(gpu_only)}: the {'/'.join(GPU_ONLY_SIZES)} sizes run only with --device cuda "
-                    "(or --tiny: the GPU job's rehearsal)")
+                    "(or --tiny, a smoke test)")
 
 
 def longest_milestones(a) -> list:
@@ -320,7 +318,7 @@ def print_throughput(a) -> None:
         print(f"{run.relative_to(a.workdir)}: {ups:.2f} updates/s")
     longest = longest_milestones(a)
     print(f"{len(rates)} runs side by side: {sum(rates.values()):.2f} updates/s in all; each run to "
-          f"{longest[-1]} updates ({len(longest)} milestones) within a lease: workers")
+          f"{longest[-1]} updates ({len(longest)} milestones) within the time limit: workers")
     sweep = [r for path in a.sweep_lines if Path(path).is_file() for r in read_jsonl(path)]
     if not print_sweep_workers(a, sweep):
         print(workers_for(sum(rates.values()), longest[-1], len(longest)) if rates else 1)
