@@ -1,16 +1,22 @@
-"""Every relative link of README.md and docs/*.md resolves: the file exists in the
-repository and, where the link names a ``#section``, the file has that heading (GitHub's
-anchor of it) or an HTML anchor of that name."""
+"""Every relative link of README.md, docs/*.md and benchmarks/README.md resolves: the file
+exists in the repository and, where the link names a ``#section``, the file has that heading
+(GitHub's anchor of it) or an HTML anchor of that name. Every path of the repository a document
+cites, in prose, inline code or a command (``resnmt/...``, ``tests/...``, ``benchmarks/...``,
+``scripts/...``, ``data-prep/...``, ``docs/...``, ``examples/...``), exists: ``{a,b}`` stands for
+both, ``*`` and an upper-case placeholder (``prepare-DATASET.sh``) for any name."""
+import glob
 import re
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")), REPO_ROOT / "benchmarks" / "README.md"]
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$")
 HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"")
+CITED_PATH = re.compile(r"(?<![\w./~$-])((?:resnmt|tests|benchmarks|scripts|data-prep|docs|examples)/[\w./*{},-]*)")
+PLACEHOLDER = re.compile(r"[A-Z][A-Z_]+")
 
 
 def prose(text: str) -> str:
@@ -59,6 +65,31 @@ def broken(path: Path, target: str):
     return None
 
 
+def expand_braces(path: str) -> list:
+    """``a/{b,c}.py`` -> ``a/b.py``, ``a/c.py`` (nested and repeated braces too)."""
+    match = re.search(r"\{([^{}]*)\}", path)
+    if not match:
+        return [path]
+    return [p for alt in match.group(1).split(",")
+            for p in expand_braces(path[:match.start()] + alt + path[match.end():])]
+
+
+def cited_paths(path: Path):
+    """(line number, path) of every repository path the document names."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for match in CITED_PATH.finditer(line):
+            yield number, match.group(1).rstrip(".,")
+
+
+def missing_path(cited: str):
+    """Why ``cited`` names nothing in the repository, or None."""
+    for path in expand_braces(cited):
+        pattern = PLACEHOLDER.sub("*", path)
+        if not glob.glob(str(REPO_ROOT / pattern)):
+            return f"{cited}: no such path in the repository"
+    return None
+
+
 def test_anchors_are_githubs():
     assert github_anchor("Methods that cross layers: residual streams") == "methods-that-cross-layers-residual-streams"
     assert github_anchor("DeepNorm (`--residual deepnorm`, `transformer_deepnorm_{base,big}`)") == (
@@ -79,4 +110,26 @@ def test_a_broken_link_is_found(tmp_path, monkeypatch):
 @pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: p.relative_to(REPO_ROOT).as_posix())
 def test_every_relative_link_resolves(path):
     problems = [problem for target in relative_links(path) if (problem := broken(path, target))]
+    assert not problems, "\n".join(problems)
+
+
+def test_a_cited_path_that_does_not_exist_is_found(tmp_path, monkeypatch):
+    monkeypatch.setattr(__import__(__name__), "REPO_ROOT", tmp_path)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("", encoding="utf-8")
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "prepare-x.sh").write_text("", encoding="utf-8")
+    doc = tmp_path / "doc.md"
+    doc.write_text("`tests/test_a.py::test_one`, tests/test_{a,b}.py and scripts/prepare-NAME.sh.\n"
+                   "```bash\npython tests/test_c.py  # runs/x/y.pt is not the repository's\n```\n"
+                   "tests/*.py, scripts/gone/\n", encoding="utf-8")
+    assert [(n, p, missing_path(p)) for n, p in cited_paths(doc) if missing_path(p)] == [
+        (1, "tests/test_{a,b}.py", "tests/test_{a,b}.py: no such path in the repository"),
+        (3, "tests/test_c.py", "tests/test_c.py: no such path in the repository"),
+        (5, "scripts/gone/", "scripts/gone/: no such path in the repository")]
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: p.relative_to(REPO_ROOT).as_posix())
+def test_every_cited_path_exists(path):
+    problems = [f"line {n}: {why}" for n, cited in cited_paths(path) if (why := missing_path(cited))]
     assert not problems, "\n".join(problems)

@@ -61,12 +61,18 @@ def test_on_a_gpu_without_reference_rows_at_base_size_it_says_so_in_one_line(tmp
     reference lines: one line, no comparison."""
     out = tmp_path / "mine.jsonl"
     out.write_text("")
-    assert study_verdict.main(["mine", "--device", "cuda", "--report", "--out", str(out)]) == 0
+    # handwritten reference lines, not the committed study's (which GPU rows will join): the CPU
+    # study's post-LN line alone, no sweep line and no base-size row
+    cpu_only = tmp_path / "cpu_only.jsonl"
+    cpu_only.write_text(json.dumps({"benchmark": "curves", "settings_key": STUDY_KEY, "device": "cpu", "row": "post_ln",
+                                    "size": {"name": "small"}, "seed": 1, "updates": 2400, "bleu": 30.0}) + "\n")
+    assert study_verdict.main(["mine", "--device", "cuda", "--report", "--out", str(out),
+                               "--reference", str(cpu_only)]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "no reference rows at 6+6, d=512 (cuda, the study's settings for it) yet: no comparison (your lines are "
         "kept; --report compares them once the study has its rows)"]
     a = study_verdict.parser().parse_args(["mine", "--device", "cuda", "--workdir", str(tmp_path), "--out", str(out)])
-    args = study_verdict.study_args(a, CUDA, study_verdict.schedule_flags(CUDA, RESULTS / "curves.jsonl"))
+    args = study_verdict.study_args(a, CUDA, study_verdict.schedule_flags(CUDA, cpu_only))
     assert (args.device, args.save_every, args.sdpa_backends, args.lr, args.warmup) == (
         "cuda", 100, "flash,efficient,math", 5e-4, 4000)  # plan.FALLBACK_SCHEDULE: no sweep line yet
     # once the reference lines hold base-size rows of those settings, they are compared
