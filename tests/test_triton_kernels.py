@@ -35,12 +35,27 @@ def test_residual_layer_norm_equals_eager_float32(shape):
 
 
 def test_residual_layer_norm_rounds_the_sum_as_eager_in_bf16():
-    gen = torch.Generator().manual_seed(1)
-    x, f = (torch.randn(6, 32, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(2))
-    w, b = torch.ones(32, device=DEVICE, dtype=torch.bfloat16), torch.zeros(32, device=DEVICE, dtype=torch.bfloat16)
+    """The sum x + F is rounded to bfloat16 before it is normalised, as eager's is. The rows
+    are built to show it: x = 256 everywhere, F = ±0.75 and ±1.25, so the float32 sums 256.75,
+    255.25, 257.25, 254.75 round to 256, 255, 258, 255 (bfloat16's step is 2 above 256 and 1
+    below, no ties): normalised, the rounded sums and the exact ones differ by 0.73 where one
+    bfloat16 step of the output is 2^-7 at most (|y| < 2)."""
+    n = 32
+    steps = torch.tensor([0.75, -0.75, 1.25, -1.25] * (n // 4))
+    x = torch.full((2, n), 256.0, dtype=torch.bfloat16, device=DEVICE)
+    f = torch.stack([steps, steps.roll(1)]).to(DEVICE, torch.bfloat16)
+    w, b = torch.ones(n, device=DEVICE, dtype=torch.bfloat16), torch.zeros(n, device=DEVICE, dtype=torch.bfloat16)
     y = residual_layer_norm(x, f, w, b)
     assert y.dtype == torch.bfloat16
-    torch.testing.assert_close(y.float(), F.layer_norm(x + f, (32,), w, b).float(), rtol=1.6e-2, atol=1e-2)
+    rounded = F.layer_norm(x + f, (n,), w, b).float()  # eager: x + f in bfloat16, then the norm
+    exact = F.layer_norm(x.float() + f.float(), (n,), w.float(), b.float())  # the sum not rounded
+    assert (rounded - exact).abs().max() > 0.7  # the case tells the two apart
+    torch.testing.assert_close(y.float(), rounded, rtol=0, atol=2 ** -7)
+    # and on random rows, to one bfloat16 step of the output
+    gen = torch.Generator().manual_seed(1)
+    x, f = (torch.randn(6, n, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(2))
+    torch.testing.assert_close(residual_layer_norm(x, f, w, b).float(), F.layer_norm(x + f, (n,), w, b).float(),
+                               rtol=2 ** -7, atol=2 ** -7)
 
 
 def test_residual_layer_norm_refuses_mismatched_shapes():

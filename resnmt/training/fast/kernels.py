@@ -24,13 +24,26 @@ import triton.language as tl
 
 
 @triton.jit
+def _rounded(v, DTYPE: tl.constexpr):
+    """float32 ``v`` in DTYPE, rounded to nearest with ties to even as torch rounds. A float32 to
+    bfloat16 cast rounds so compiled, but Triton's interpreter truncates it; the rounding is
+    therefore done on the bits (finite values): add half a bfloat16 step, less one where the
+    kept bits are even, and drop the 16 low bits, which the cast then keeps exactly."""
+    if DTYPE == tl.bfloat16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        v = bits.to(tl.float32, bitcast=True)
+    return v.to(DTYPE)
+
+
+@triton.jit
 def _add_layer_norm_forward(X, F, Z, Y, W, B, Mean, Rstd, stride, n, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     inside = cols < n
     x = tl.load(X + row * stride + cols, mask=inside, other=0.0).to(tl.float32)
     f = tl.load(F + row * stride + cols, mask=inside, other=0.0).to(tl.float32)
-    z = (x + f).to(Z.dtype.element_ty)  # rounded as eager's x + F is
+    z = _rounded(x + f, Z.dtype.element_ty)  # rounded as eager's x + F is
     tl.store(Z + row * stride + cols, z, mask=inside)
     z = z.to(tl.float32)
     mean = tl.sum(z, axis=0) / n
@@ -38,7 +51,7 @@ def _add_layer_norm_forward(X, F, Z, Y, W, B, Mean, Rstd, stride, n, eps, BLOCK:
     rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / n + eps)
     w = tl.load(W + cols, mask=inside, other=0.0).to(tl.float32)
     b = tl.load(B + cols, mask=inside, other=0.0).to(tl.float32)
-    tl.store(Y + row * stride + cols, (centred * rstd * w + b).to(Y.dtype.element_ty), mask=inside)
+    tl.store(Y + row * stride + cols, _rounded(centred * rstd * w + b, Y.dtype.element_ty), mask=inside)
     tl.store(Mean + row, mean)
     tl.store(Rstd + row, rstd)
 
@@ -58,7 +71,7 @@ def _layer_norm_backward(DY, Z, W, Mean, Rstd, DZ, DW, DB, stride, n, BLOCK: tl.
     c_normed = tl.sum(normed * wdy, axis=0) / n
     c_mean = tl.sum(wdy, axis=0) / n
     dz = (wdy - (normed * c_normed + c_mean)) * rstd
-    tl.store(DZ + row * stride + cols, dz.to(DZ.dtype.element_ty), mask=inside)
+    tl.store(DZ + row * stride + cols, _rounded(dz, DZ.dtype.element_ty), mask=inside)
     tl.store(DW + row * n + cols, dy * normed, mask=inside)  # per-row partials, summed by torch
     tl.store(DB + row * n + cols, dy, mask=inside)
 
