@@ -404,8 +404,12 @@ def test_choose_schedule_takes_the_lowest_loss_that_trains_the_safer_one_on_a_ti
     stalled = [dict(x, bleu=5.0) for x in lines]
     path.write_text("".join(json.dumps(x) + "\n" for x in stalled), encoding="utf-8")
     assert study.choose_schedule([path], keys)[0] == study.FALLBACK_SCHEDULE
-    # a lease of LEASE_SECONDS: 20 updates/s shared, 4000 updates and 4 milestones each -> 2 runs
-    assert study.workers_for(20.0, 4000, 4) == int(20 * (study.LEASE_SECONDS - 4 * study.MILESTONE_SECONDS) / 4000)
+    # a lease of 620 s, 55 s per milestone: 20 updates/s shared, 4000 updates and 4 milestones each:
+    # (620 - 4 x 55) s = 400 s of training, 20 x 400 = 8000 updates in all = 2 runs of 4000; at 30
+    # updates/s 12000 = 3 runs, at 39.9 updates/s 15960 updates: still 3 (a run not finished is none)
+    assert (study.LEASE_SECONDS, study.MILESTONE_SECONDS) == (620, 55)
+    assert study.workers_for(20.0, 4000, 4) == 2
+    assert study.workers_for(30.0, 4000, 4) == 3 and study.workers_for(39.9, 4000, 4) == 3
     assert study.workers_for(1.0, 4000, 4) == 1
     # the shared rate: each run's fairseq ups, the median of its newest 10 logged intervals
     for run, ups in (("post_ln.seed1", (1.0, 6.0, 7.0, 8.0)), ("pre_ln.seed1", (5.0,))):
