@@ -119,3 +119,29 @@ def test_a_claim_without_its_test_and_a_test_that_does_not_exist_are_found(tmp_p
 def test_every_claim_names_a_test_that_exists(path):
     found = problems(path)
     assert not found, f"{path.relative_to(REPO_ROOT)}:\n" + "\n".join(found)
+
+
+def test_the_readmes_command_table_lists_every_command_once():
+    """README's "Commands" table: each console script of setup.py, each script of scripts/ and
+    data-prep/, and each make target a user runs, in exactly one row (a script by its own name
+    or, for data-prep/'s per-dataset wrappers, as prepare-DATASET.sh)."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Commands\n"):]
+    rows = [line for line in section[:section.index("\n## ")].splitlines() if line.startswith("| ")][1:]
+    setup = (REPO_ROOT / "setup.py").read_text(encoding="utf-8")
+    commands = re.findall(r'"(resnmt-[\w-]+)=', setup)
+    assert len(commands) >= 7
+    commands += [f"scripts/{p.name}" for p in sorted((REPO_ROOT / "scripts").iterdir()) if p.suffix in (".sh", ".py")]
+    commands += ["data-prep/prepare.sh", "data-prep/prepare-DATASET.sh", "make demo", "make test", "make test-slow",
+                 "make bench", "-m resnmt.cli.arch_table"]
+    assert all(p.name == "prepare.sh" or p.name.startswith("prepare-") for p in (REPO_ROOT / "data-prep").glob("*.sh"))
+
+    def named(command, row):
+        spans = [re.sub(r"^python ", "", s) for s in re.findall(r"`([^`]*)`", row)]
+        return any(s == command or s.startswith(command + " ") for s in spans)
+
+    counts = {c: sum(named(c, row) for row in rows) for c in commands}
+    assert all(n == 1 for n in counts.values()), {c: n for c, n in counts.items() if n != 1}
+    train_rows = [row for row in rows if named("resnmt-train", row) or named("scripts/train.sh", row)]
+    assert "wraps" in train_rows[0] or "fairseq-train with" in train_rows[0]
+    assert "preset experiment" in train_rows[1]
