@@ -133,3 +133,21 @@ def test_a_cited_path_that_does_not_exist_is_found(tmp_path, monkeypatch):
 def test_every_cited_path_exists(path):
     problems = [f"line {n}: {why}" for n, cited in cited_paths(path) if (why := missing_path(cited))]
     assert not problems, "\n".join(problems)
+
+
+GENERATED = re.compile(r"^<!-- ([\w-]+):begin -->$.*?^<!-- \1:end -->$", re.M | re.S)
+LAB_TALK = re.compile(r"\bsessions?\b|\bleases?\b|working (?:hours?|days?)|\bGPU (?:time )?slots?\b|\bGPU job\b"
+                      r"|gpu_job\.sh|gpu-bundle|\bparts? \d|\b20\d\d-\d\d-\d\d\b", re.I)
+GUIDES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("path", GUIDES, ids=lambda p: p.relative_to(REPO_ROOT).as_posix())
+def test_guides_speak_of_the_users_task_not_the_labs(path):
+    """README and docs/ say how to do a thing and what it costs; how the lab runs its GPU job,
+    its parts and its plans are benchmarks/README.md's (generated tables, which carry their
+    runs' times, aside). docs/benchmarks.md and docs/study.md stay guides of at most 400 lines."""
+    text = GENERATED.sub(lambda m: "\n" * m.group(0).count("\n"), path.read_text(encoding="utf-8"))
+    found = [f"line {n}: {line.strip()[:120]}" for n, line in enumerate(text.splitlines(), 1) if LAB_TALK.search(line)]
+    assert not found, "\n".join(found)
+    if path.name in ("benchmarks.md", "study.md"):
+        assert len(path.read_text(encoding="utf-8").splitlines()) <= 400
