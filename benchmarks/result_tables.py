@@ -11,7 +11,7 @@ from collections import Counter, OrderedDict
 from stats import identical_noise, noise_floor
 from verdicts import PREDICTION_TARGET_DEFAULT, PREDICTION_TARGETS, RESOLVE_ROUNDS, pair_resolution, target_verdict
 
-from resnmt.study.rows import QUALITY_ROWS
+from campaign.rows import QUALITY_ROWS
 
 
 def fmt_ratio(x):

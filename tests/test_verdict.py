@@ -8,10 +8,9 @@ import pytest
 from conftest import BIN_DIR, run_cli
 from resnmt.cli import study_verdict
 from resnmt.experiment.results import read_jsonl
-from resnmt.study.records import RESULTS
-from resnmt.study.verdict import CPU, CUDA, report
+from resnmt.study.verdict import CPU, CUDA, REFERENCE as SHIPPED, report
 
-REFERENCE = read_jsonl(RESULTS / "curves.jsonl")
+REFERENCE = read_jsonl(SHIPPED)
 STUDY_KEY = "75bcde6d41"  # the CPU study's settings key (EN-DE), what its committed lines carry
 
 
@@ -37,14 +36,38 @@ def test_a_kind_is_judged_against_post_ln_pre_ln_and_the_best_row_paired_by_seed
     mine = lines_as("mine", "post_ln", +1.0)  # post-LN's seeds, each 1 BLEU better
     text = report(mine, REFERENCE, "mine", CPU, CPU.milestones, (STUDY_KEY, STUDY_KEY))
     seeds = len(post)
-    assert f"above post-LN at 2+2? yes ({', '.join(['+1.00'] * seeds)})" in text
-    assert any(line.startswith("above pre-LN at 6+6? no (-1") for line in text)  # post-LN's 6+6: 13-15 BLEU behind
+    named = ", ".join(map(str, sorted(post)))
+    assert (f"above post-LN at 2+2? yes: {', '.join(['+1.00'] * seeds)} (paired by seed: seeds {named}; "
+            f"{seeds} seeds: a verdict)") in text
+    assert any(line.startswith("above pre-LN at 6+6? no: -1") for line in text)  # post-LN's 6+6: 13-15 BLEU behind
     mean = sum(post.values()) / seeds + 1
     assert any(line.startswith("  mine") and f"{mean:.2f} (" in line and line.endswith("(yours)") for line in text)
     best = [line for line in text if line.endswith("(best shipped)")]
     assert len(best) == 2 and all(not line.startswith("  mine") for line in best)
     worse = report(lines_as("mine", "post_ln", -1.0), REFERENCE, "mine", CPU, CPU.milestones, (STUDY_KEY, STUDY_KEY))
-    assert f"above post-LN at 2+2? no ({', '.join(['-1.00'] * seeds)})" in worse
+    assert f"above post-LN at 2+2? no: {', '.join(['-1.00'] * seeds)} (paired by seed: seeds {named}; " in " ".join(worse)
+
+
+def test_every_difference_printed_is_the_one_the_rule_reads():
+    """Paired by seed over the seeds both rows have, named; no seed in common: mean against
+    mean, said so; level only within the margin on both sides, else above or below; one seed
+    (or a quick look) is a first look, not a verdict."""
+    from resnmt.study.verdict import verdict
+    from resnmt.study.verdicts import LEVEL
+
+    theirs = {1: 30.0, 2: 31.0, 3: 32.0}
+    assert verdict({1: 31.59}, theirs, "post_ln", 2400, False) == (
+        "yes: +1.59 (paired by seed: seed 1; 1 seed: a first look)")
+    assert verdict({4: 32.0, 5: 31.0}, theirs, "post_ln", 2400, False) == (
+        "yes: +0.50 (mean against mean, no seed in common: yours seeds 4, 5, the reference's seeds 1, 2, 3; "
+        "2 seeds: a first look)")
+    assert verdict({1: 30.49, 2: 31.2}, theirs, "hyper", 2400, True).startswith("level: +0.49, +0.20 (")
+    assert verdict({1: 30.8, 2: 31.1}, theirs, "hyper", 2400, True).startswith("above: +0.80, +0.10")
+    assert verdict({1: 29.4, 2: 31.0}, theirs, "hyper", 2400, True).startswith("below: -0.60, +0.00")
+    assert verdict({1: 29.4, 2: 31.6}, theirs, "hyper", 2400, True).startswith("mixed: ")
+    assert verdict({1: 31.0, 2: 32.0}, theirs, "post_ln", 2400, False).endswith("2 seeds: a verdict)")
+    assert verdict({1: 31.0, 2: 32.0}, theirs, "post_ln", 600, False, protocol=False).endswith("a first look)")
+    assert LEVEL == 0.5
 
 
 def test_a_quick_look_says_so_on_every_verdict_and_an_unmeasured_size_says_not_yet():
@@ -66,9 +89,9 @@ def test_on_a_gpu_without_reference_rows_at_base_size_it_says_so_in_one_line(tmp
         "no reference rows at 6+6, d=512 (cuda, the study's settings for it) yet: no comparison (your lines are "
         "kept; --report compares them once the study has its rows)"]
     a = study_verdict.parser().parse_args(["mine", "--device", "cuda", "--workdir", str(tmp_path), "--out", str(out)])
-    args = study_verdict.study_args(a, CUDA, study_verdict.schedule_flags(CUDA, RESULTS / "curves.jsonl"))
+    args = study_verdict.study_args(a, CUDA)
     assert (args.device, args.save_every, args.sdpa_backends, args.lr, args.warmup) == (
-        "cuda", 100, "flash,efficient,math", 5e-4, 4000)  # plan.FALLBACK_SCHEDULE: no sweep line yet
+        "cuda", 100, "flash,efficient,math", 5e-4, 4000)  # the GPU study's schedule
     # once the reference lines hold base-size rows of those settings, they are compared
     from resnmt.study.milestones import study_settings
     from resnmt.study.records import settings_key
@@ -83,8 +106,8 @@ def test_on_a_gpu_without_reference_rows_at_base_size_it_says_so_in_one_line(tmp
     assert study_verdict.main(["mine", "--device", "cuda", "--report", "--out", str(out),
                                "--reference", str(reference)]) == 0
     text = capsys.readouterr().out.splitlines()
-    assert "above post-LN at 6+6, d=512? yes (1 seed) (+0.50)" in text
-    assert "above pre-LN at 6+6, d=512? no (1 seed) (-0.50)" in text
+    assert "above post-LN at 6+6, d=512? yes: +0.50 (paired by seed: seed 1; 1 seed: a first look)" in text
+    assert "above pre-LN at 6+6, d=512? no: -0.50 (paired by seed: seed 1; 1 seed: a first look)" in text
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -122,7 +145,8 @@ def test_the_example_kinds_verdict_end_to_end_in_its_smallest_mode(tiny_bin, tmp
     assert lines[2].split() == ["post_ln", f"{sum(post) / len(post):.2f}", f"({min(post):.2f}-{max(post):.2f},",
                                 str(len(post)), "seeds)"]
     diff = ours["bleu"] - shipped[("post_ln", 1)]
-    assert smoke + f"above post-LN at 2+2? {'no' if diff < 0 else 'yes'} (1 seed) ({diff:+.2f})" in lines
+    assert smoke + (f"above post-LN at 2+2? {'no' if diff < 0 else 'yes'}: {diff:+.2f} (paired by seed: seed 1; "
+                    "1 seed: a first look)") in lines
     assert all(line.startswith(smoke) for line in lines if "?" in line) and len([x for x in lines if "?" in x]) == 2
     again = run_cli(argv, timeout=300)
     assert "training to" not in again.stderr and again.stdout == first.stdout

@@ -6,13 +6,13 @@
     resnmt-study verdict layerscale --report        # the comparison from what is recorded
     resnmt-study verdict layerscale --device cuda   # the GPU study's base size (6+6, d=512)
 
-It trains the kind (installed, or named with --connections) as the curves study trains
-every row (resnmt-study curves: Multi30k EN-DE, 2+2 layers to 2,400 updates and 6+6 to
+It trains the kind (installed, or named with --connections) as the study trains every
+row (Multi30k EN-DE, 2+2 layers to 2,400 updates and 6+6 to
 1,200 at d=128, the study's schedule, checkpoints averaged, test2016 decoded with beam 4,
 sacreBLEU), one run per size and seed, each milestone appended to --out with a progress
 line, so that a killed or repeated command resumes where it stopped. It then prints the
-kind's sacreBLEU beside the shipped rows' (from the committed study's lines, --reference,
-not retrained): post-LN, pre-LN and the best shipped row at each size's budget, and the
+kind's sacreBLEU beside the shipped rows' (the study's lines, installed with resnmt,
+--reference; not retrained): post-LN, pre-LN and the best shipped row at each size's budget, and the
 study's verdicts, paired by seed: above post-LN at 2+2? above pre-LN at 6+6? level with
 the best (within the seed spread, 0.5 BLEU)? --quick trains 2+2 to 600 updates only and
 says on every verdict line that it is a first look, not the protocol.
@@ -26,17 +26,15 @@ import argparse
 import os
 from pathlib import Path
 
-from resnmt.cli import study_curves
 from resnmt.cli.common import OneLineErrorParser
 from resnmt.experiment.results import read_jsonl
 from resnmt.experiment.runtime import tool_env
 from resnmt.options import Option, add_to_command
 from resnmt.study import flags
-from resnmt.study.milestones import done_milestones, progress, study_settings, train_and_score
-from resnmt.study.plan import sweep_choice
-from resnmt.study.records import RESULTS, cpu_description, cuda_description, settings_key
-from resnmt.study.rows import CURVES_ROWS, Row
-from resnmt.study.verdict import PROTOCOLS, TINY_FLAGS, TINY_MILESTONES, report
+from resnmt.study.milestones import done_milestones, progress, run_parser, study_settings, train_and_score
+from resnmt.study.records import cpu_description, cuda_description, settings_key
+from resnmt.study.rows import Row
+from resnmt.study.verdict import PROTOCOLS, REFERENCE, TINY_FLAGS, TINY_MILESTONES, report
 
 
 KIND = (
@@ -56,8 +54,8 @@ KIND = (
 FILES = (
     Option("workdir", help="checkpoints and logs (default: runs/verdict, runs/verdict-cuda on a GPU)", metavar="DIR"),
     Option("out", help="your runs' lines, appended per milestone (default: WORKDIR/curves.jsonl)", metavar="JSONL"),
-    Option("reference", str(RESULTS / "curves.jsonl"), metavar="JSONL", help=(
-        "the study's lines the kind is compared with (default: benchmarks/results/curves.jsonl)")),
+    Option("reference", str(REFERENCE), metavar="JSONL", help=(
+        "the study's lines the kind is compared with (default: the shipped rows, installed with resnmt)")),
 )
 MODES = (
     Option("report", False, "print the comparison from --out only, training nothing", kind="switch"),
@@ -79,33 +77,24 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def study_args(a, protocol, schedule=(), tiny: bool = False):
-    """``resnmt-study curves``' arguments for this protocol (its defaults: the study's
-    settings), this command's data, work directory and output; ``tiny``: the smoke test's."""
+def study_args(a, protocol, tiny: bool = False):
+    """The run options of this protocol (their defaults: the study's settings), its schedule,
+    this command's data, work directory and output; ``tiny``: the smoke test's."""
+    schedule = ["--lr", f"{protocol.schedule[0]:g}", "--warmup", str(protocol.schedule[1])] if protocol.schedule else []
     argv = ["--data", a.data, "--workdir", a.workdir, "--out", a.out, "--threads", str(a.threads),
-            "--remove-bpe", a.remove_bpe, *(["--ref", a.ref] if a.ref else []), *protocol.curves_flags, *schedule,
+            "--remove-bpe", a.remove_bpe, *(["--ref", a.ref] if a.ref else []), *protocol.run_flags, *schedule,
             *(TINY_FLAGS if tiny else ())]
-    args = study_curves.parser().parse_args(argv)
+    args = run_parser().parse_args(argv)
     args.command, args.workdir, args.out = "verdict", Path(args.workdir), Path(args.out)
     return args
-
-
-def schedule_flags(protocol, reference) -> list:
-    """The GPU study's schedule (the sweep's choice among the reference lines) as flags; the
-    CPU study's is the defaults'."""
-    if protocol.device == "cpu":
-        return []
-    settings = study_settings(study_curves.parser().parse_args(list(protocol.curves_flags)))
-    (lr, warmup), _ = sweep_choice(settings, [reference], protocol.device)
-    return ["--lr", f"{lr:g}", "--warmup", str(warmup)]
 
 
 def train(p, a, args, row: str, seeds: list, milestones: dict) -> None:
     """Each (size, seed) run of ``row`` to its milestones, resuming what is done."""
     args.milestones = {s: list(m) for s, m in milestones.items()}
     args.bin_dir, args.ref = flags.scored_corpus(p, args.data, args.ref)
-    if a.device == "cuda":
-        study_curves.check_cuda(p)
+    if a.device == "cuda" and not __import__("torch").cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
     settings = study_settings(args)
     key = settings_key(settings)
     env = tool_env(threads=args.threads, cpu_only=a.device == "cpu")
@@ -129,15 +118,13 @@ def main(argv=None) -> int:
     if a.connections and Path(a.connections).suffix == ".py":
         a.connections = os.path.abspath(a.connections)  # the tools run elsewhere
     row = " ".join([a.kind, *a.flags.split()])
-    if row in CURVES_ROWS:
-        p.error(f"{a.kind}: a shipped row of the study has this name; its numbers are in {a.reference}")
     if not Path(a.reference).is_file():
-        p.error(f"--reference {a.reference}: no such file; the study's lines are benchmarks/results/curves.jsonl "
-                "in resnmt's repository")
+        p.error(f"--reference {a.reference}: no such file; the shipped rows are {REFERENCE}")
     reference = read_jsonl(a.reference)
+    if row in {r.get("row") for r in reference}:
+        p.error(f"{a.kind}: a shipped row of the study has this name; its numbers are in {a.reference}")
     milestones = TINY_MILESTONES if a.tiny else protocol.quick if a.quick else protocol.milestones
-    schedule = schedule_flags(protocol, a.reference)
-    ours, theirs = study_args(a, protocol, schedule, tiny=a.tiny), study_args(a, protocol, schedule)
+    ours, theirs = study_args(a, protocol, tiny=a.tiny), study_args(a, protocol)
     ours.rows = {row: Row("resnmt_transformer", ("--residual", a.kind, *a.flags.split()), seeds=len(seeds))}
     if not a.report:
         train(p, a, ours, row, seeds, milestones)
