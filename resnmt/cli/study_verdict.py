@@ -35,6 +35,7 @@ from resnmt.study.milestones import done_milestones, progress, run_parser, study
 from resnmt.study.records import cpu_description, cuda_description, settings_key
 from resnmt.study.rows import Row
 from resnmt.study.verdict import PROTOCOLS, REFERENCE, TINY_FLAGS, TINY_MILESTONES, report
+from resnmt.testing.preflight import problem
 
 
 KIND = (
@@ -127,6 +128,10 @@ def main(argv=None) -> int:
     ours, theirs = study_args(a, protocol, tiny=a.tiny), study_args(a, protocol)
     ours.rows = {row: Row("resnmt_transformer", ("--residual", a.kind, *a.flags.split()), seeds=len(seeds))}
     if not a.report:
+        found = problem(["--residual", a.kind, *a.flags.split(), *(["--connections", a.connections] if a.connections
+                                                                   else [])], always=True)
+        if found:
+            p.error(found)
         train(p, a, ours, row, seeds, milestones)
     keys = (settings_key(study_settings(ours)), settings_key(study_settings(theirs)))
     print("\n".join(report(read_jsonl(a.out), reference, row, protocol, milestones, keys, tiny=a.tiny)))
