@@ -34,6 +34,7 @@ setup(
         "sacremoses>=0.1",
         "subword-nmt>=0.3.8",
         "matplotlib>=3.7",
+        "submitit>=1.5",
     ],
     entry_points={
         "console_scripts": [

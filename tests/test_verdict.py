@@ -2,6 +2,7 @@
 verdicts, from its lines (training is the curves study's own, tested in test_benchmarks;
 the whole command on the example kind is test_verdict_example)."""
 import json
+import re
 
 import pytest
 
@@ -124,14 +125,26 @@ def test_bad_input_is_one_line(argv, message, capsys):
 
 def test_the_example_kinds_verdict_end_to_end_in_its_smallest_mode(tiny_bin, tmp_path):
     """The example package's kind (examples/layerscale, installed) through the command, as a
-    user runs it: the tiny model to 2 updates (one milestone, a progress line), its row
-    beside the shipped rows at the quick look's budget, the verdicts paired by seed, every
-    verdict line saying it is a smoke test; run again, it resumes: nothing is trained."""
+    user runs it, its run a job of submitit's local executor: the cost line first (a rate
+    measured here), what the smoke test leaves out, the tiny model to 2 updates (one
+    milestone), its row beside the shipped rows at the quick look's budget, the verdicts
+    paired by seed, every verdict line saying it is a smoke test; run again in this process
+    (no executor), it resumes: nothing is trained, the same report."""
     argv = [BIN_DIR / "resnmt-study", "verdict", "layerscale", "--tiny", "--data", tiny_bin.parent,
             "--ref", tiny_bin.parent / "text" / "test.de", "--remove-bpe", "none", "--threads", "1",
             "--workdir", tmp_path / "w"]
-    first = run_cli(argv, timeout=300)
-    assert "[verdict] small layerscale seed 1: milestone 1/1, training to 2 updates" in first.stderr
+    first = run_cli([*argv, "--executor", "local"], timeout=300)
+    progress = [line for line in first.stderr.splitlines() if line.startswith("[verdict] ")]
+    assert progress[0] == ("[verdict] --tiny (the tiny model, a smoke test) leaves out 2+2, d=128 from 2 to 2400 "
+                           "updates and the 6+6, d=128 runs (to 1200 updates): no verdict of the protocol's is read "
+                           "from it, a first look only"), first.stderr
+    assert re.fullmatch(r"\[verdict\] cost: 1 run to train, 2 updates, about \d+s of training on this machine "
+                        r"\(measured here: 2\+2, d=128 at [\d.]+ updates/s, over 3 updates each\), plus decoding and "
+                        r"scoring test2016 at 1 milestone", progress[1]), first.stderr
+    assert progress[2].startswith("[verdict] 1 jobs submitted (AutoExecutor local): small layerscale 1 = job ")
+    assert progress[3].startswith("[verdict] small layerscale 1: job ") and progress[3].endswith(" done")
+    (log,) = (tmp_path / "w" / "jobs").glob("*_log.err")
+    assert "[verdict] small layerscale seed 1: milestone 1/1, training to 2 updates" in log.read_text()
     (ours,) = read_jsonl(tmp_path / "w" / "curves.jsonl")
     assert (ours["row"], ours["updates"], ours["flags"], ours["size"]["name"]) == (
         "layerscale", 2, ["--residual", "layerscale"], "small")
@@ -150,3 +163,36 @@ def test_the_example_kinds_verdict_end_to_end_in_its_smallest_mode(tiny_bin, tmp
     assert all(line.startswith(smoke) for line in lines if "?" in line) and len([x for x in lines if "?" in x]) == 2
     again = run_cli(argv, timeout=300)
     assert "training to" not in again.stderr and again.stdout == first.stdout
+    assert "[verdict] cost: nothing left to train (1 run done)" in again.stderr
+
+
+def test_a_job_that_dies_is_submitted_again_and_a_failing_one_is_one_line(tmp_path):
+    """submitit's local executor: a job whose process dies (killed) is submitted again and
+    its second attempt's result gathered; one that keeps failing is reported in one line
+    after --retries attempts."""
+    import os
+    import signal
+    from argparse import Namespace
+
+    from resnmt.study.jobs import executor, run_jobs
+
+    class DiesOnce:
+        def __call__(self, marker):
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)  # the job's process dies, as on a lost node
+            return 1
+
+    class AlwaysFails:
+        def __call__(self, _):
+            raise RuntimeError("the kind diverged")
+
+    a = Namespace(executor="local", jobs_folder=str(tmp_path / "jobs"), workdir=str(tmp_path), device="cpu",
+                  gpus_per_run=None, time=5, threads=1, partition=None)
+    said = []
+    assert run_jobs(executor(a, "t"), [("small", "k", 1)], lambda run: (str(tmp_path / "marker"),), 1, said.append,
+                    job=DiesOnce) == []
+    assert said[1].startswith("small k 1: job ") and "submitted again as job" in said[1] and said[2].endswith(" done")
+    failures = run_jobs(executor(a, "t"), [("small", "k", 2)], lambda run: (None,), 1, said.append, job=AlwaysFails)
+    assert len(failures) == 1 and failures[0].startswith("small k 2: job ") and " failed 2 times; the last: " in \
+        failures[0] and "RuntimeError: the kind diverged" in failures[0]

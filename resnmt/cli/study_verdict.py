@@ -27,13 +27,17 @@ import os
 from pathlib import Path
 
 from resnmt.cli.common import OneLineErrorParser
+from resnmt.experiment.presets import SIZES
 from resnmt.experiment.results import read_jsonl
 from resnmt.experiment.runtime import tool_env
 from resnmt.options import Option, add_to_command
 from resnmt.study import flags
-from resnmt.study.milestones import done_milestones, progress, run_parser, study_settings, train_and_score
+from resnmt.study.cost import cost_line, left_out, measured_rate
+from resnmt.study.jobs import add_executor_options, executor, run_jobs
+from resnmt.study.milestones import (done_milestones, progress, resume_point, run_dir_of, run_parser, study_settings,
+                                     train_and_score)
 from resnmt.study.records import cpu_description, cuda_description, settings_key
-from resnmt.study.rows import Row
+from resnmt.study.rows import Row, slug
 from resnmt.study.verdict import PROTOCOLS, REFERENCE, TINY_FLAGS, TINY_MILESTONES, report
 from resnmt.testing.preflight import problem
 
@@ -75,6 +79,7 @@ def parser() -> argparse.ArgumentParser:
     add_to_command(p, FILES)
     flags.add_threads(p, 2)
     add_to_command(p, MODES)
+    add_executor_options(p)
     return p
 
 
@@ -90,8 +95,10 @@ def study_args(a, protocol, tiny: bool = False):
     return args
 
 
-def train(p, a, args, row: str, seeds: list, milestones: dict) -> None:
-    """Each (size, seed) run of ``row`` to its milestones, resuming what is done."""
+def train(p, a, args, row: str, seeds: list, milestones: dict) -> int:
+    """Each (size, seed) run of ``row`` to its milestones, resuming what is done: its cost
+    said first, then in this process one after another, or as jobs (--executor). The exit
+    status: 1 where a job failed for good."""
     args.milestones = {s: list(m) for s, m in milestones.items()}
     args.bin_dir, args.ref = flags.scored_corpus(p, args.data, args.ref)
     if a.device == "cuda" and not __import__("torch").cuda.is_available():
@@ -101,12 +108,38 @@ def train(p, a, args, row: str, seeds: list, milestones: dict) -> None:
     env = tool_env(threads=args.threads, cpu_only=a.device == "cpu")
     if a.connections:
         env["RESNMT_CONNECTIONS"] = a.connections
+    runs = [(size, row, seed) for size in milestones for seed in seeds]
+    say_cost(a, args, key, runs)
+    if a.executor:
+        failures = run_jobs(executor(a, f"verdict-{slug(row)}"), runs, lambda run: (args, settings, key, run, env),
+                            a.retries, lambda text: progress(args, text))
+        for line in failures:
+            progress(args, f"error: {line}")
+        return 1 if failures else 0
     device = cpu_description() if a.device == "cpu" else cuda_description()
-    for size in milestones:
-        for seed in seeds:
-            done = done_milestones([args.out], key, a.device).get((size, row, seed), set())
-            if not train_and_score(args, settings, key, (size, row, seed), done, env, device):
-                progress(args, f"{size} {row} seed {seed}: another copy trains it")
+    for run in runs:
+        done = done_milestones([args.out], key, a.device).get(run, set())
+        if not train_and_score(args, settings, key, run, done, env, device):
+            progress(args, f"{' '.join(map(str, run))}: another copy trains it")
+    return 0
+
+
+def say_cost(a, args, key, runs) -> None:
+    """The cost line (runs, updates, the time at a rate measured here), and what a quick look
+    or a smoke test leaves out of the protocol."""
+    protocol = PROTOCOLS[a.device]
+    if a.tiny or a.quick:
+        what = "--tiny (the tiny model, a smoke test)" if a.tiny else "--quick"
+        progress(args, left_out(protocol.milestones, args.milestones, what))
+    done = done_milestones([args.out], key, a.device)
+    todo = {(size, seed): 0 if set(args.milestones[size]) <= done.get((size, row, seed), set())
+            else args.milestones[size][-1] - resume_point(run_dir_of(args, key, size, row, seed) / "checkpoints")
+            for size, row, seed in runs}
+    sizes = sorted({size for (size, _), left in todo.items() if left > 0}, key=list(args.milestones).index)
+    rates = {size: measured_rate(args.bin_dir, args.rows[runs[0][1]].arch, args.rows[runs[0][1]].flags,
+                                 SIZES["tiny" if args.tiny else size], max_tokens=args.max_tokens, lr=args.lr,
+                                 threads=args.threads, device=a.device) for size in sizes}
+    progress(args, cost_line(todo, rates, args.milestones))
 
 
 def main(argv=None) -> int:
@@ -127,12 +160,13 @@ def main(argv=None) -> int:
     milestones = TINY_MILESTONES if a.tiny else protocol.quick if a.quick else protocol.milestones
     ours, theirs = study_args(a, protocol, tiny=a.tiny), study_args(a, protocol)
     ours.rows = {row: Row("resnmt_transformer", ("--residual", a.kind, *a.flags.split()), seeds=len(seeds))}
+    status = 0
     if not a.report:
         found = problem(["--residual", a.kind, *a.flags.split(), *(["--connections", a.connections] if a.connections
                                                                    else [])], always=True)
         if found:
             p.error(found)
-        train(p, a, ours, row, seeds, milestones)
+        status = train(p, a, ours, row, seeds, milestones)
     keys = (settings_key(study_settings(ours)), settings_key(study_settings(theirs)))
     print("\n".join(report(read_jsonl(a.out), reference, row, protocol, milestones, keys, tiny=a.tiny)))
-    return 0
+    return status
