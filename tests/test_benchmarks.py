@@ -257,7 +257,8 @@ def test_make_tables_from_handwritten_jsonl(tmp_path):
 
 
 def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path, monkeypatch, capsys):
-    """One run scored at two budgets; re-running scores nothing again; the plots read it."""
+    """One run scored at two budgets (a job of submitit's local executor); re-running (in this
+    process) scores nothing again; the plots read it."""
     out = tmp_path / "curves.jsonl"
     argv = [
         sys.executable, BENCH / "curves.py", "--data", tiny_bin.parent, "--ref", tiny_bin.parent / "text" / "test.de",
@@ -265,7 +266,8 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path, monkeypatch
         "--warmup", "1", "--max-tokens", "300", "--analyze-sentences", "8", "--only", "small:post_ln:1", "--threads", "1",
         "--workdir", tmp_path / "work", "--out", out,
     ]
-    run_cli(argv, timeout=300)
+    first = run_cli([*argv, "--executor", "local"], timeout=300)  # the run a job of submitit's local executor
+    assert "[curves] small post_ln 1: job " in first.stderr and first.stderr.rstrip().endswith(" done")
     records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert [(r["row"], r["seed"], r["updates"]) for r in records] == [("post_ln", 1, 2), ("post_ln", 1, 4)]
     for r in records:

@@ -1,12 +1,10 @@
-"""resnmt-study verdict: a kind's rows beside the committed study's, with the study's
-verdicts, from its lines (training is the curves study's own, tested in test_benchmarks;
-the whole command on the example kind is test_verdict_example)."""
+"""resnmt-study verdict: a kind's rows beside the shipped study's, with the study's verdicts,
+from its lines (training is the study's own, tested in test_benchmarks; the whole command on
+the example kind, installed, through submitit's local executor is in test_install)."""
 import json
-import re
 
 import pytest
 
-from conftest import BIN_DIR, run_cli
 from resnmt.cli import study_verdict
 from resnmt.experiment.results import read_jsonl
 from resnmt.study.verdict import CPU, CUDA, REFERENCE as SHIPPED, report
@@ -121,49 +119,6 @@ def test_bad_input_is_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
         study_verdict.main(argv + ["--report"])
     assert stop.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
-
-
-def test_the_example_kinds_verdict_end_to_end_in_its_smallest_mode(tiny_bin, tmp_path):
-    """The example package's kind (examples/layerscale, installed) through the command, as a
-    user runs it, its run a job of submitit's local executor: the cost line first (a rate
-    measured here), what the smoke test leaves out, the tiny model to 2 updates (one
-    milestone), its row beside the shipped rows at the quick look's budget, the verdicts
-    paired by seed, every verdict line saying it is a smoke test; run again in this process
-    (no executor), it resumes: nothing is trained, the same report."""
-    argv = [BIN_DIR / "resnmt-study", "verdict", "layerscale", "--tiny", "--data", tiny_bin.parent,
-            "--ref", tiny_bin.parent / "text" / "test.de", "--remove-bpe", "none", "--threads", "1",
-            "--workdir", tmp_path / "w"]
-    first = run_cli([*argv, "--executor", "local"], timeout=300)
-    progress = [line for line in first.stderr.splitlines() if line.startswith("[verdict] ")]
-    assert progress[0] == ("[verdict] --tiny (the tiny model, a smoke test) leaves out 2+2, d=128 from 2 to 2400 "
-                           "updates and the 6+6, d=128 runs (to 1200 updates): no verdict of the protocol's is read "
-                           "from it, a first look only"), first.stderr
-    assert re.fullmatch(r"\[verdict\] cost: 1 run to train, 2 updates, about \d+s of training on this machine "
-                        r"\(measured here: 2\+2, d=128 at [\d.]+ updates/s, over 3 updates each\), plus decoding and "
-                        r"scoring test2016 at 1 milestone", progress[1]), first.stderr
-    assert progress[2].startswith("[verdict] 1 jobs submitted (AutoExecutor local): small layerscale 1 = job ")
-    assert progress[3].startswith("[verdict] small layerscale 1: job ") and progress[3].endswith(" done")
-    (log,) = (tmp_path / "w" / "jobs").glob("*_log.err")
-    assert "[verdict] small layerscale seed 1: milestone 1/1, training to 2 updates" in log.read_text()
-    (ours,) = read_jsonl(tmp_path / "w" / "curves.jsonl")
-    assert (ours["row"], ours["updates"], ours["flags"], ours["size"]["name"]) == (
-        "layerscale", 2, ["--residual", "layerscale"], "small")
-    shipped = {(r["row"], r["seed"]): r["bleu"] for r in REFERENCE if r["settings_key"] == STUDY_KEY
-               and r.get("device", "cpu") == "cpu" and r["size"]["name"] == "small" and r["updates"] == 600}
-    smoke = "SMOKE TEST (the tiny model to 2 updates beside the shipped rows at 600: not the study's protocol): "
-    lines = first.stdout.splitlines()
-    assert lines[0] == smoke + "2+2, d=128, sacreBLEU at 600 updates:"
-    assert lines[1].split() == ["layerscale", f"{ours['bleu']:.2f}", "(1", "seed)", "(yours,", "at", "2)"]
-    post = [b for (row, _), b in shipped.items() if row == "post_ln"]
-    assert lines[2].split() == ["post_ln", f"{sum(post) / len(post):.2f}", f"({min(post):.2f}-{max(post):.2f},",
-                                str(len(post)), "seeds)"]
-    diff = ours["bleu"] - shipped[("post_ln", 1)]
-    assert smoke + (f"above post-LN at 2+2? {'no' if diff < 0 else 'yes'}: {diff:+.2f} (paired by seed: seed 1; "
-                    "1 seed: a first look)") in lines
-    assert all(line.startswith(smoke) for line in lines if "?" in line) and len([x for x in lines if "?" in x]) == 2
-    again = run_cli(argv, timeout=300)
-    assert "training to" not in again.stderr and again.stdout == first.stdout
-    assert "[verdict] cost: nothing left to train (1 run done)" in again.stderr
 
 
 def test_a_job_that_dies_is_submitted_again_and_a_failing_one_is_one_line(tmp_path):

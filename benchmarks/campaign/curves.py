@@ -32,6 +32,8 @@ left out of the settings key.
         --sdpa-backends flash,efficient,math --workers 4 --pin-cores --threads 1  # the papers' sizes (gpu_job.sh part 7)
     python benchmarks/curves.py --device cuda --bf16 --pin-cores --threads 1 --concurrency-sweep 1,4,8,12 \
         --sweep-lines sweep.jsonl        # how many runs share the GPU best (gpu_job.sh part 11)
+    python benchmarks/curves.py --executor slurm --partition gpu --time 240 --device cuda --sizes base \
+        --workdir /shared/runs --out /shared/curves.jsonl   # each run a SLURM job (submitit)
 
 With ``--device cuda`` every run trains and decodes on the (first) GPU, several at once
 with ``--workers`` (these models are far too small to fill one), and the study adds the
@@ -55,7 +57,8 @@ from resnmt.experiment.results import append_jsonl, read_jsonl
 from resnmt.experiment.runtime import tool_env
 from resnmt.options import Option, add_to_command
 from resnmt.study import flags, runs
-from resnmt.study.milestones import (PAIRS, add_run_options, done_milestones, execution_flags, resume_point,
+from resnmt.study.jobs import add_executor_options, executor, run_jobs
+from resnmt.study.milestones import (PAIRS, add_run_options, done_milestones, execution_flags, progress, resume_point,
                                      run_dir_of, run_plan, schedule_of, study_settings, trainer)
 from resnmt.study.records import cpu_description, cuda_description, run_id, settings_key
 from resnmt.study.rows import slug
@@ -131,6 +134,7 @@ def parser() -> argparse.ArgumentParser:
     add_to_command(p, EXECUTION)
     files.add_out(p, "curves.jsonl")
     add_to_command(p, (*PLANNING, *SWEEP, *ACTIONS))
+    add_executor_options(p)
     return p
 
 
@@ -162,13 +166,27 @@ def main(argv) -> int:
     a.bin_dir, a.ref = flags.scored_corpus(p, a.data, a.ref, PAIRS[a.pair])
     if a.device == "cuda":
         check_cuda(p)
+    env = tool_env(threads=a.threads, cpu_only=a.device == "cpu")
+    if a.executor and not a.concurrency_sweep:
+        return run_as_jobs(a, settings, key, plan, lines, env)
     if a.workers > 1:
         return run_copies(argv, a.workers, a.pin_cores)
-    env = tool_env(threads=a.threads, cpu_only=a.device == "cpu")
     device = cpu_description() if a.device == "cpu" else cuda_description()
     if a.concurrency_sweep:
         return run_sweep(a, settings, key, env, device)
     return run_plan(a, settings, key, plan, lines, env, device)
+
+
+def run_as_jobs(a, settings, key, plan, lines, env) -> int:
+    """--executor: each planned run not done a submitit job (resnmt.study.jobs), every job
+    appending to --out; 1 where a job failed for good (one line each)."""
+    done = done_milestones(lines, key, a.device)
+    todo = [r for r in plan if not set(a.milestones[r[0]]) <= done.get(r, set())]
+    failures = run_jobs(executor(a, "curves"), todo, lambda run: (a, settings, key, run, env), a.retries,
+                        lambda text: progress(a, text))
+    for line in failures:
+        progress(a, f"error: {line}")
+    return 1 if failures else 0
 
 
 def check_cuda(p) -> None:
