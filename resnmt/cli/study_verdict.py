@@ -5,22 +5,35 @@
     resnmt-study verdict my_kind --connections my_kind.py --flags "--my-flag 2" --seeds 1,2
     resnmt-study verdict layerscale --report        # the comparison from what is recorded
     resnmt-study verdict layerscale --device cuda   # the GPU study's base size (6+6, d=512)
+    resnmt-study verdict layerscale --seeds 1,2,3 --executor slurm --partition main --time 240 \
+        --workdir /shared/verdict                   # each (size, seed) run a SLURM job (submitit)
+
+First the kind is checked: imported, built once at a tiny size, one forward and one
+incremental decoding step (resnmt.testing.preflight); what is wrong is one line, and
+nothing is made. Then one line says what the protocol costs here: the runs, the updates
+still to train and the time they take at a rate measured on this machine over a few
+updates of the kind's own model (--quick and --tiny say what they leave out).
 
 It trains the kind (installed, or named with --connections) as the study trains every
-row (Multi30k EN-DE, 2+2 layers to 2,400 updates and 6+6 to
-1,200 at d=128, the study's schedule, checkpoints averaged, test2016 decoded with beam 4,
-sacreBLEU), one run per size and seed, each milestone appended to --out with a progress
-line, so that a killed or repeated command resumes where it stopped. It then prints the
-kind's sacreBLEU beside the shipped rows' (the study's lines, installed with resnmt,
---reference; not retrained): post-LN, pre-LN and the best shipped row at each size's budget, and the
-study's verdicts, paired by seed: above post-LN at 2+2? above pre-LN at 6+6? level with
-the best (within the seed spread, 0.5 BLEU)? --quick trains 2+2 to 600 updates only and
-says on every verdict line that it is a first look, not the protocol.
+row (Multi30k EN-DE, 2+2 layers to 2,400 updates and 6+6 to 1,200 at d=128, the study's
+schedule, checkpoints averaged, test2016 decoded with beam 4, sacreBLEU), one run per size
+and seed, each milestone appended to --out with a progress line, so that a killed or
+repeated command resumes where it stopped; with --executor each run is a job of submitit
+(local: processes side by side on this machine; slurm: a cluster's jobs), a job that dies
+submitted again to resume from its last checkpoint. It then prints the kind's sacreBLEU
+beside the shipped rows' (the study's lines, installed with resnmt, --reference; not
+retrained): post-LN, pre-LN and the best shipped row at each size's budget, and the
+study's questions: above post-LN at 2+2? above pre-LN at 6+6? level with the best (within
+0.5 BLEU on both sides, else above or below)? Each answer shows the differences the rule
+reads, paired by seed with the seeds named (mean against mean, said so, where no seed is
+shared), how many seeds stand behind it and whether that is a verdict (the protocol's
+budget, 2 seeds or more) or a first look. --quick trains 2+2 to 600 updates only and says
+on every line that it is a first look, not the protocol.
 
 --device cuda trains the GPU study's base size (6+6, d=512, to 4,000 updates, a checkpoint
-every 100, under the schedule its sweep chose) and compares it with the study's base-size
-rows; where the study has none yet, it says so in one line. --tiny is a smoke test: the
-tiny model to 2 updates on any prepared corpus, set beside the shipped rows.
+every 100, under its schedule) and compares it with the study's base-size rows; where the
+study has none yet, it says so in one line. --tiny is a smoke test: the tiny model to 2
+updates on any prepared corpus, set beside the shipped rows.
 """
 import argparse
 import os
