@@ -48,6 +48,7 @@ others, tabulated and drawn apart. ``--concurrency-sweep`` measures how many run
 give the GPU's highest total updates per second (campaign.concurrency).
 """
 import argparse
+import copy
 import sys
 from pathlib import Path
 
@@ -57,7 +58,7 @@ from resnmt.experiment.results import append_jsonl, read_jsonl
 from resnmt.experiment.runtime import tool_env
 from resnmt.options import Option, add_to_command
 from resnmt.study import flags, runs
-from resnmt.study.jobs import add_executor_options, executor, run_jobs
+from resnmt.study.jobs import add_executor_options, executor, run_jobs, with_absolute_paths
 from resnmt.study.milestones import (PAIRS, add_run_options, done_milestones, execution_flags, progress, resume_point,
                                      run_dir_of, run_plan, schedule_of, study_settings, trainer)
 from resnmt.study.records import cpu_description, cuda_description, run_id, settings_key
@@ -182,7 +183,8 @@ def run_as_jobs(a, settings, key, plan, lines, env) -> int:
     appending to --out; 1 where a job failed for good (one line each)."""
     done = done_milestones(lines, key, a.device)
     todo = [r for r in plan if not set(a.milestones[r[0]]) <= done.get(r, set())]
-    failures = run_jobs(executor(a, "curves"), todo, lambda run: (a, settings, key, run, env), a.retries,
+    job_args = with_absolute_paths(copy.copy(a))
+    failures = run_jobs(executor(a, "curves"), todo, lambda run: (job_args, settings, key, run, env), a.retries,
                         lambda text: progress(a, text))
     for line in failures:
         progress(a, f"error: {line}")

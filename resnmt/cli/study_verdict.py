@@ -36,6 +36,7 @@ study has none yet, it says so in one line. --tiny is a smoke test: the tiny mod
 updates on any prepared corpus, set beside the shipped rows.
 """
 import argparse
+import copy
 import os
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from resnmt.experiment.runtime import tool_env
 from resnmt.options import Option, add_to_command
 from resnmt.study import flags
 from resnmt.study.cost import cost_line, left_out, measured_rate
-from resnmt.study.jobs import add_executor_options, executor, run_jobs
+from resnmt.study.jobs import add_executor_options, executor, run_jobs, with_absolute_paths
 from resnmt.study.milestones import (done_milestones, progress, resume_point, run_dir_of, run_parser, study_settings,
                                      train_and_score)
 from resnmt.study.records import cpu_description, cuda_description, settings_key
@@ -124,7 +125,8 @@ def train(p, a, args, row: str, seeds: list, milestones: dict) -> int:
     runs = [(size, row, seed) for size in milestones for seed in seeds]
     say_cost(a, args, key, runs)
     if a.executor:
-        failures = run_jobs(executor(a, f"verdict-{slug(row)}"), runs, lambda run: (args, settings, key, run, env),
+        job_args = with_absolute_paths(copy.copy(args))
+        failures = run_jobs(executor(a, f"verdict-{slug(row)}"), runs, lambda run: (job_args, settings, key, run, env),
                             a.retries, lambda text: progress(args, text))
         for line in failures:
             progress(args, f"error: {line}")

@@ -7,6 +7,8 @@ commands share), ``rows`` (a row: a kind as an arch and its flags), ``lines`` (r
 study's lines: settings, sizes, the verdict budgets), ``verdicts`` (the verdict rule on a
 claim), ``runs`` (training to a budget, resuming, and scoring an average), ``milestones``
 (one run trained to each milestone in turn, resumably, one line each; the options that make
-a run's settings) and ``verdict`` (the protocols, and a kind's rows beside the shipped ones,
-``reference.jsonl``, with the study's verdicts).
+a run's settings), ``cost`` (what a verdict costs on this machine, from a measured rate),
+``jobs`` (each run a submitit job, here or on a SLURM cluster) and ``verdict`` (the
+protocols, and a kind's rows beside the shipped ones, ``reference.jsonl``, with the study's
+verdicts).
 """

@@ -35,6 +35,14 @@ def add_executor_options(p: argparse.ArgumentParser) -> None:
     add_to_command(p, OPTIONS)
 
 
+def with_absolute_paths(args):
+    """``args`` with its folders and files absolute: a job may start in another folder."""
+    for name in ("workdir", "out", "data", "bin_dir", "ref"):
+        if getattr(args, name, None):
+            setattr(args, name, Path(getattr(args, name)).resolve())
+    return args
+
+
 def executor(a, name: str):
     """The submitit executor ``a.executor`` names, its jobs' resources from ``a`` (threads,
     device, --partition, --time, --gpus-per-run), its folder ``a.jobs_folder`` or ``a.workdir/jobs``."""
@@ -87,7 +95,7 @@ def run_jobs(ex, runs: Sequence[Tuple[str, str, int]], job_args: Callable[[tuple
     checkpoint). Progress lines through ``say``; the failures that remain, one line each."""
     if not runs:
         return []
-    jobs = {run: ex.submit(job(), *job_args(run)) for run in runs}
+    jobs = {run: ex.submit(job(), *job_args(run)) for run in runs}  # each job's arguments pickled as they are now
     attempts = dict.fromkeys(runs, 1)
     say(f"{len(jobs)} jobs submitted ({type(ex).__name__} {ex.cluster}): "
         + ", ".join(f"{' '.join(map(str, run))} = job {j.job_id}" for run, j in jobs.items()))
