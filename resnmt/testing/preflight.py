@@ -70,6 +70,13 @@ def module_of(kind: str, sources: Sequence[str]) -> str:
     return f"module {', '.join(sources)}" if sources else "no module named"
 
 
+def named(kinds: Sequence[str], sources: Sequence[str]) -> str:
+    """How an error line names what it is about: the kinds and their module (else the modules)."""
+    if not kinds:
+        return f"{CONNECTIONS_FLAG} {','.join(sources)}"
+    return f"{' '.join(f'--residual {k}' for k in kinds)} ({module_of(kinds[0], sources)})"
+
+
 def import_sources(kinds: Sequence[str], sources: Sequence[str]) -> None:
     """Import each connection module of ``sources`` and the installed entry points."""
     from resnmt.connections import ConnectionConfigError
@@ -127,7 +134,7 @@ def built(kinds: Sequence[str], flags: Sequence[str], sources: Sequence[str]):
 
     from resnmt.testing import tiny
 
-    where = f"{' '.join(f'--residual {k}' for k in kinds)} ({module_of(kinds[0], sources) if kinds else ''})"
+    where = named(kinds, sources)
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
@@ -202,13 +209,10 @@ def run_once(model, task, kinds: Sequence[str], sources: Sequence[str]) -> None:
                     raise PreflightError(f"--residual {kind} ({module_of(kind, sources)}): in {step} of a tiny "
                                          f"model, the connection returns shape {got}, expected {want} (the shape "
                                          f"of its input x)") from None
-                names = " ".join(f"--residual {k}" for k in kinds)
-                raise PreflightError(f"{names} ({module_of(kinds[0], sources) if kinds else ''}): {step} of a tiny "
-                                     f"model fails: {one_line(e)}") from None
+                raise PreflightError(f"{named(kinds, sources)}: {step} of a tiny model fails: {one_line(e)}") from None
             if tuple(out.shape) != expected:
-                names = " ".join(f"--residual {k}" for k in kinds)
-                raise PreflightError(f"{names}: {step} of a tiny model returns shape {tuple(out.shape)}, expected "
-                                     f"{expected}")
+                raise PreflightError(f"{named(kinds, sources)}: {step} of a tiny model returns shape "
+                                     f"{tuple(out.shape)}, expected {expected}")
     finally:
         check.close()
 
