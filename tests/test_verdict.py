@@ -151,3 +151,18 @@ def test_a_job_that_dies_is_submitted_again_and_a_failing_one_is_one_line(tmp_pa
     failures = run_jobs(executor(a, "t"), [("small", "k", 2)], lambda run: (None,), 1, said.append, job=AlwaysFails)
     assert len(failures) == 1 and failures[0].startswith("small k 2: job ") and " failed 2 times; the last: " in \
         failures[0] and "RuntimeError: the kind diverged" in failures[0]
+
+
+def test_the_cost_line_by_hand_and_what_a_quick_look_leaves_out():
+    from resnmt.study.cost import cost_line, left_out
+
+    todo = {("small", 1): 2400, ("deep", 1): 1200, ("small", 2): 0}  # seed 2 at 2+2: done
+    line = cost_line(todo, {"small": 1.0, "deep": 0.5}, CPU.milestones)
+    assert line == ("cost: 2 runs to train, 3600 updates, about 1h20m of training on this machine (measured here: "
+                    "2+2, d=128 at 1.00 updates/s, 6+6, d=128 at 0.50 updates/s, over 3 updates each), plus decoding "
+                    "and scoring test2016 at 8 milestones")  # 2400 / 1.0 + 1200 / 0.5 = 4800 s; 5 + 3 milestones
+    assert cost_line({("small", 1): 0}, {}, CPU.milestones) == "cost: nothing left to train (1 run done)"
+    assert left_out(CPU.milestones, CPU.quick, "--quick") == (
+        "--quick leaves out 2+2, d=128 from 600 to 2400 updates and the 6+6, d=128 runs (to 1200 updates): no "
+        "verdict of the protocol's is read from it, a first look only")
+    assert left_out(CPU.milestones, CPU.milestones, "the protocol") == ""

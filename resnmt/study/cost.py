@@ -32,17 +32,20 @@ def measured_rate(bin_dir, arch: str, flags: Sequence[str], size: ModelSize, *, 
         task.load_dataset("train")
         model, criterion = task.build_model(args).to(device).train(), task.build_criterion(args).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
-        batches = task.get_batch_iterator(task.dataset("train"), max_tokens=max_tokens, seed=1).next_epoch_itr(
-            shuffle=True)
-        started = None
-        for i, sample in zip(range(WARMUP_UPDATES + updates), batches):
-            if i == WARMUP_UPDATES:
-                started = time.perf_counter()
-            sample = move(sample, device)
-            optimizer.zero_grad()
-            loss, _, _ = criterion(model, sample)
-            loss.backward()
-            optimizer.step()
+        epochs = task.get_batch_iterator(task.dataset("train"), max_tokens=max_tokens, seed=1)
+        started, done = None, 0
+        while done < WARMUP_UPDATES + updates:  # a small corpus: more than one epoch
+            for sample in epochs.next_epoch_itr(shuffle=True):
+                if done == WARMUP_UPDATES:
+                    started = time.perf_counter()
+                sample = move(sample, device)
+                optimizer.zero_grad()
+                loss, _, _ = criterion(model, sample)
+                loss.backward()
+                optimizer.step()
+                done += 1
+                if done == WARMUP_UPDATES + updates:
+                    break
         if device == "cuda":
             torch.cuda.synchronize()
         return updates / (time.perf_counter() - started)
