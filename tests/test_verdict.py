@@ -162,6 +162,9 @@ def test_the_cost_line_by_hand_and_what_a_quick_look_leaves_out():
                     "2+2, d=128 at 1.00 updates/s, 6+6, d=128 at 0.50 updates/s, over 3 updates each), plus decoding "
                     "and scoring test2016 at 8 milestones")  # 2400 / 1.0 + 1200 / 0.5 = 4800 s; 5 + 3 milestones
     assert cost_line({("small", 1): 0}, {}, CPU.milestones) == "cost: nothing left to train (1 run done)"
+    assert cost_line({("base", 1): 4000}, None, CUDA.milestones) == (  # --executor slurm from a node without a GPU
+        "cost: 1 run to train, 4000 updates (no time: no device of the runs' kind here to measure a rate on), plus "
+        "decoding and scoring test2016 at 4 milestones")
     assert left_out(CPU.milestones, CPU.quick, "--quick") == (
         "--quick leaves out 2+2, d=128 from 600 to 2400 updates and the 6+6, d=128 runs (to 1200 updates): no "
         "verdict of the protocol's is read from it, a first look only")

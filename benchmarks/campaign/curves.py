@@ -165,7 +165,7 @@ def main(argv) -> int:
         print_plan(a, plan, lines, key)
         return 0
     a.bin_dir, a.ref = flags.scored_corpus(p, a.data, a.ref, PAIRS[a.pair])
-    if a.device == "cuda":
+    if a.device == "cuda" and a.executor != "slurm":  # a SLURM job's GPU is on its node
         check_cuda(p)
     env = tool_env(threads=a.threads, cpu_only=a.device == "cpu")
     if a.executor and not a.concurrency_sweep:

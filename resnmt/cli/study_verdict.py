@@ -115,7 +115,8 @@ def train(p, a, args, row: str, seeds: list, milestones: dict) -> int:
     status: 1 where a job failed for good."""
     args.milestones = {s: list(m) for s, m in milestones.items()}
     args.bin_dir, args.ref = flags.scored_corpus(p, args.data, args.ref)
-    if a.device == "cuda" and not __import__("torch").cuda.is_available():
+    here = a.device == "cpu" or __import__("torch").cuda.is_available()  # a SLURM job's GPU is on its node
+    if not here and a.executor != "slurm":
         p.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
     settings = study_settings(args)
     key = settings_key(settings)
@@ -123,7 +124,7 @@ def train(p, a, args, row: str, seeds: list, milestones: dict) -> int:
     if a.connections:
         env["RESNMT_CONNECTIONS"] = a.connections
     runs = [(size, row, seed) for size in milestones for seed in seeds]
-    say_cost(a, args, key, runs)
+    say_cost(a, args, key, runs, measure=here)
     if a.executor:
         job_args = with_absolute_paths(copy.copy(args))
         failures = run_jobs(executor(a, f"verdict-{slug(row)}"), runs, lambda run: (job_args, settings, key, run, env),
@@ -139,9 +140,9 @@ def train(p, a, args, row: str, seeds: list, milestones: dict) -> int:
     return 0
 
 
-def say_cost(a, args, key, runs) -> None:
-    """The cost line (runs, updates, the time at a rate measured here), and what a quick look
-    or a smoke test leaves out of the protocol."""
+def say_cost(a, args, key, runs, measure: bool = True) -> None:
+    """The cost line (runs, updates, the time at a rate measured here; ``measure`` False: no
+    device here to measure on), and what a quick look or a smoke test leaves out."""
     protocol = PROTOCOLS[a.device]
     if a.tiny or a.quick:
         what = "--tiny (the tiny model, a smoke test)" if a.tiny else "--quick"
@@ -153,7 +154,7 @@ def say_cost(a, args, key, runs) -> None:
     sizes = sorted({size for (size, _), left in todo.items() if left > 0}, key=list(args.milestones).index)
     rates = {size: measured_rate(args.bin_dir, args.rows[runs[0][1]].arch, args.rows[runs[0][1]].flags,
                                  SIZES["tiny" if args.tiny else size], max_tokens=args.max_tokens, lr=args.lr,
-                                 threads=args.threads, device=a.device) for size in sizes}
+                                 threads=args.threads, device=a.device) for size in sizes} if measure else None
     progress(args, cost_line(todo, rates, args.milestones))
 
 

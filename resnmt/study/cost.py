@@ -4,7 +4,7 @@ model at each size, on the corpus, as fairseq-train makes them), and what a quic
 smoke test leaves out of the protocol.
 """
 import time
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 from resnmt.experiment.presets import ModelSize
 from resnmt.progress import format_seconds
@@ -61,19 +61,22 @@ def move(sample, device: str):
     return utils.move_to_cuda(sample)
 
 
-def cost_line(todo: Dict[tuple, int], rates: Dict[str, float], milestones: Dict[str, Sequence[int]]) -> str:
+def cost_line(todo: Dict[tuple, int], rates: Optional[Dict[str, float]], milestones: Dict[str, Sequence[int]]) -> str:
     """The cost of ``todo`` ({(size, seed): updates still to train}) at ``rates`` ({size:
-    updates per second}): runs, updates, the time, and the milestones each adds decoding at."""
+    updates per second}; None: not measured): runs, updates, the time, and the milestones
+    each adds decoding at."""
     runs = [run for run, left in todo.items() if left > 0]
-    updates = sum(todo.values())
-    seconds = sum(left / rates[size] for (size, _), left in todo.items() if left > 0)
-    scored = sum(len(milestones[size]) for size, _ in runs)
-    measured = ", ".join(f"{SIZE_SHORT.get(size, size)} at {rates[size]:.2f} updates/s" for size in rates)
     if not runs:
         return f"cost: nothing left to train ({len(todo)} run{'s' if len(todo) > 1 else ''} done)"
-    return (f"cost: {len(runs)} run{'s' if len(runs) > 1 else ''} to train, {updates} updates, about "
-            f"{format_seconds(seconds)} of training on this machine (measured here: {measured}, over "
-            f"{TIMED_UPDATES} updates each), plus decoding and scoring test2016 at {scored} milestone{'s' if scored > 1 else ''}")
+    scored = sum(len(milestones[size]) for size, _ in runs)
+    head = f"cost: {len(runs)} run{'s' if len(runs) > 1 else ''} to train, {sum(todo.values())} updates"
+    tail = f"plus decoding and scoring test2016 at {scored} milestone{'s' if scored > 1 else ''}"
+    if rates is None:
+        return f"{head} (no time: no device of the runs' kind here to measure a rate on), {tail}"
+    seconds = sum(left / rates[size] for (size, _), left in todo.items() if left > 0)
+    measured = ", ".join(f"{SIZE_SHORT.get(size, size)} at {rates[size]:.2f} updates/s" for size in rates)
+    return (f"{head}, about {format_seconds(seconds)} of training on this machine (measured here: {measured}, over "
+            f"{TIMED_UPDATES} updates each), {tail}")
 
 
 def left_out(full: Dict[str, Sequence[int]], chosen: Dict[str, Sequence[int]], what: str) -> str:
