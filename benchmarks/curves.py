@@ -1,14 +1,19 @@
 #!/usr/bin/env python
-"""The curves study: ``resnmt-study curves`` (resnmt/cli/study_curves.py), the same command
-line, kept here for the GPU job (benchmarks/gpu_study.sh), where resnmt runs from its
-source tree without console scripts.
+"""The curves study, the project's own campaign: its runs in priority order per language
+pair and size, trained and scored at each milestone by resnmt's study protocol
+(resnmt.study), resumably; see campaign/curves.py for the whole command line.
 
     python benchmarks/curves.py --list
     python benchmarks/curves.py --pair en-fr --workers 2 --threads 1
 """
 import sys
+from pathlib import Path
 
-from resnmt.cli.study import main
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # resnmt, where it is not installed (the GPU machine)
+    sys.path.insert(1, str(REPO_ROOT))
+
+from campaign.curves import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["curves", *sys.argv[1:]]))
+    sys.exit(main(sys.argv[1:]))

@@ -44,6 +44,7 @@ if str(REPO_ROOT) not in sys.path:  # resnmt, where it is not installed (the GPU
 
 from resnmt.options import Option, add_to_command  # noqa: E402
 from resnmt.study import flags  # noqa: E402
+from campaign import files  # noqa: E402
 from fairseq_trainer import device_time, fairseq_training, kernels_and_ranges, synchronize  # noqa: E402
 from eager_training import training_batches  # noqa: E402
 from whole_processes import whole_argv  # noqa: E402
@@ -141,7 +142,7 @@ OPTIONS = (
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    flags.add_data(p, binarized=True, required=True)
+    files.add_data(p, binarized=True, required=True)
     add_to_command(p, OPTIONS)
     a = p.parse_args(argv)
     flags.binarized_folder(p, a.data)

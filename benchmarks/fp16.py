@@ -48,7 +48,9 @@ from resnmt.experiment.steps import FairseqLog
 from resnmt.options import Option, add_to_command
 from resnmt.study import flags, runs
 from resnmt.study.records import cuda_description, run_id
-from resnmt.study.rows import QUALITY_ROWS, slug
+from resnmt.study.rows import slug
+from campaign import files
+from campaign.rows import QUALITY_ROWS
 
 BASELINE = "post_ln"
 
@@ -94,13 +96,13 @@ HEADROOM = (
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    flags.add_data(p, binarized=False)
+    files.add_data(p, binarized=False)
     flags.add_rows(p, QUALITY_ROWS, what="kinds")
     flags.add_size(p, "base", "default: base (6+6, d=512)")
     add_to_command(p, [UPDATES])
-    flags.add_schedule(p, what=", the study's: resnmt-study curves")
+    flags.add_schedule(p, what=", the study's: benchmarks/curves.py")
     add_to_command(p, TRAINING)
-    flags.add_out(p, "fp16.jsonl")
+    files.add_out(p, "fp16.jsonl")
     add_to_command(p, HEADROOM)
     flags.add_threads(p, note="; with --headroom")
     a = p.parse_args(argv)

@@ -28,7 +28,7 @@
 # (resnmt-train --bf16, as the papers trained in half precision), each run side by side on its own
 # CPU cores (--pin-cores; the machine has 16), under NVIDIA MPS where `nvidia-cuda-mps-control -d`
 # starts it, and parts 6 and 7 train as many runs at once as the sweep's highest total updates per
-# second allows with each run ending within its lease (resnmt.study.plan.workers_from_sweep). What was
+# second allows with each run ending within its lease (campaign.plan.workers_from_sweep). What was
 # measured before, in fp32 without pinning or MPS: base-size runs side by side on the H100 shared
 # about 20 updates/s (3.3-3.9 each with five to six at once, checkpoints every 40 updates; the GPU
 # lines of curves.jsonl), and one process alone is bound by the host at about 13 updates/s (H200,

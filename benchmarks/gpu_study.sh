@@ -3,7 +3,7 @@
 # run trains in bf16 (resnmt-train's --bf16), each run side by side on its own CPU cores (--pin-cores),
 # under NVIDIA MPS where `nvidia-cuda-mps-control -d` starts it (stopped at the part's end; one line
 # says whether it runs), and trains, averages, decodes and scores on the machine
-# (benchmarks/curves.py: resnmt-study curves); its checkpoints and the lines of this lease's earlier
+# (benchmarks/curves.py); its checkpoints and the lines of this lease's earlier
 # parts stay in $GPU_STUDY_WORK (default /tmp/resnmt-study) while the machine stays warm, so a part
 # stopped at its budget resumes in the next call; a fresh machine restarts unfinished runs at update 0
 # (their recorded milestones are not scored again: benchmarks/results/curves.jsonl counts as done).
@@ -13,14 +13,14 @@
 #   (default 60, start-up included); each run's updates per second from fairseq's train_inner lines,
 #   their total per N -> sweep.jsonl (the lead appends it to benchmarks/results/concurrency_sweep.jsonl)
 #   and throughput.txt, whose last line is the runs side by side that parts 6 and 7 then train
-#   (resnmt.study.plan.workers_from_sweep: the highest total that lets each run end within a lease).
+#   (campaign.plan.workers_from_sweep: the highest total that lets each run end within a lease).
 # Part 6, the schedule sweep (at once after part 11): post-LN at base size, seed 1,
-#   under each of resnmt.study.plan.SWEEP_SCHEDULES side by side to 2000 updates (milestones 1000, 2000;
-#   checkpoints kept, so part 7 continues the chosen one); then resnmt.study.plan.choose_schedule's choice
+#   under each of campaign.plan.SWEEP_SCHEDULES side by side to 2000 updates (milestones 1000, 2000;
+#   checkpoints kept, so part 7 continues the chosen one); then campaign.plan.choose_schedule's choice
 #   (schedule.txt: the rule's reading of every candidate) and the updates per second the three
 #   runs shared (throughput.txt), with the worker count of the concurrency sweep where it ran
-#   (this machine's, else the committed lines), else resnmt.study.plan.workers_for's from that rate.
-# Part 7, the study: the papers'-size rows of resnmt.study.plan.PAPERS_SIZE_ORDER in order under the chosen
+#   (this machine's, else the committed lines), else campaign.plan.workers_for's from that rate.
+# Part 7, the study: the papers'-size rows of campaign.plan.PAPERS_SIZE_ORDER in order under the chosen
 #   schedule (GPU_STUDY_LR/GPU_STUDY_WARMUP override it), GPU_STUDY_WORKERS side by side
 #   (default: the number parts 11/6 measured on this machine, else the committed sweep's, else 2), to 4000 updates.
 # All train with --sdpa-backends flash,efficient,math and a checkpoint every 100 updates
@@ -39,7 +39,7 @@ if [ "${GPU_JOB_SMOKE:-0}" = 1 ]; then
     SWEEP_MILESTONES=2 STUDY_MILESTONES=(--milestones 2,4) STUDY_ONLY=${GPU_STUDY_ONLY:-base:pre_ln:1,base12:post_ln:1}
     : "${GPU_SWEEP_COUNTS:=1,2}" "${GPU_SWEEP_SECONDS:=20}"  # the concurrency sweep's steps, short
 else
-    pkill -f "benchmarks/curves.py|resnmt.cli.study|bin/fairseq-train|resnmt.cli.train|resnmt-analyze|fairseq-generate" && sleep 2
+    pkill -f "benchmarks/curves.py|bin/fairseq-train|resnmt.cli.train|resnmt-analyze|fairseq-generate" && sleep 2
     STUDY=(--device cuda --save-every 100 --average 5)
     SWEEP_MILESTONES=1000,2000 STUDY_MILESTONES=() STUDY_ONLY=${GPU_STUDY_ONLY:-}
 fi
@@ -51,7 +51,7 @@ STUDY+=(--bf16 --pin-cores --sdpa-backends flash,efficient,math --data .gpu/mult
 SWEEPS=(--sweep-lines "$STUDY_WORK/sweep.jsonl" --sweep-lines benchmarks/results/concurrency_sweep.jsonl)
 # NVIDIA MPS (kernels of several processes on the GPU at once) where its daemon starts; not in a rehearsal
 MPS=0
-mps_up() { "$PY" -c "from resnmt.study.concurrency import mps_running; exit(0 if mps_running() else 1)"; }
+mps_up() { "$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); from campaign.concurrency import mps_running; exit(0 if mps_running() else 1)"; }
 mps_stop() { if [ "$MPS" = 1 ]; then echo quit | nvidia-cuda-mps-control; MPS=0; echo "[gpu_job] MPS: stopped"; fi; }
 if [ "${GPU_JOB_SMOKE:-0}" = 1 ]; then
     echo "[gpu_job] MPS: not in a rehearsal (CPU)"
@@ -99,11 +99,11 @@ if [ "$PART" = 11 ]; then
     tar -czf "$OUT/logs.tar.gz" -C "$STUDY_WORK" logs
     echo "[gpu_job] concurrency sweep done at $((SECONDS - T0)) s (exit $STUDY_RC); runs side by side: $(cat "$STUDY_WORK/workers.txt" 2>/dev/null || echo unmeasured)"
 elif [ "$PART" = 6 ]; then
-    mapfile -t CANDIDATES < <("$PY" -c "from resnmt.study.plan import SWEEP_SCHEDULES
+    mapfile -t CANDIDATES < <("$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); from campaign.plan import SWEEP_SCHEDULES
 for lr, warmup in SWEEP_SCHEDULES: print(f'{lr:g} {warmup}')")
-    [ "${#CANDIDATES[@]}" -gt 0 ] || { echo "gpu_job: resnmt.study.plan.SWEEP_SCHEDULES could not be read"; exit 1; }
-    # each candidate on its own cores (resnmt.study.cores.core_sets), as --pin-cores pins --workers' copies
-    mapfile -t CORES < <("$PY" -c "from resnmt.study.cores import core_sets
+    [ "${#CANDIDATES[@]}" -gt 0 ] || { echo "gpu_job: campaign.plan.SWEEP_SCHEDULES could not be read"; exit 1; }
+    # each candidate on its own cores (campaign.cores.core_sets), as --pin-cores pins --workers' copies
+    mapfile -t CORES < <("$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); from campaign.cores import core_sets
 for cores in core_sets(${#CANDIDATES[@]}): print(','.join(map(str, cores)))")
     pids=() i=0
     for candidate in "${CANDIDATES[@]}"; do

@@ -77,6 +77,7 @@ from whole_processes import time_whole_processes  # noqa: E402
 
 from resnmt.options import Option, add_to_command  # noqa: E402
 from resnmt.study import flags  # noqa: E402
+from campaign import files  # noqa: E402
 from resnmt.study.records import portable_path  # noqa: E402
 
 
@@ -135,8 +136,8 @@ OPTIONS = (
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    flags.add_data(p, binarized=True, required=True)
-    flags.add_out(p)
+    files.add_data(p, binarized=True, required=True)
+    files.add_out(p)
     flags.add_rows(p, TRAINER_ROWS, default=TRAINER_DEFAULT_ROWS,
                    what=f"rows (the rows after {TRAINER_DEFAULT_ROWS[-1]}, {', '.join(CROSS_LAYER_ROWS)}, need their "
                    "references in the same run)")

@@ -16,7 +16,7 @@ from resnmt.experiment.presets import SIZES
 from resnmt.experiment.results import append_jsonl
 from resnmt.study import runs
 from resnmt.study.records import cpu_description, portable_path, run_id
-from resnmt.study.rows import QUALITY_ROWS
+from campaign.rows import QUALITY_ROWS
 
 
 FP16_MAX = 65504.0  # the largest finite float16

@@ -10,7 +10,7 @@
   mean sacreBLEU, standard deviation and the seeds, and the planned rows still missing;
 * GPU training (``gpu_train.jsonl``): fairseq's Trainer per configuration and whole
   fairseq-train processes, per device;
-* the curves study (``curves.jsonl``; resnmt.study.tables): sacreBLEU per row and budget, the
+* the curves study (``curves.jsonl``; campaign/tables.py): sacreBLEU per row and budget, the
   paired differences, the results at a glance and the cross-layer verdicts.
 
     python benchmarks/make_tables.py                    # print the tables
@@ -31,8 +31,9 @@ from result_tables import (fp16_tables, gpu_tables, headroom_tables, quality_tab
 
 from resnmt.experiment.results import read_jsonl
 from resnmt.options import Option, add_to_command
-from resnmt.study import tables as study_tables
-from resnmt.study.records import RESULTS
+
+from campaign import tables as study_tables
+from campaign.files import RESULTS
 
 MARKERS = {**result_tables.MARKERS, **study_tables.MARKERS}  # table name -> the comments around it in a document
 

@@ -37,6 +37,8 @@ from resnmt.experiment.steps import FairseqLog
 from resnmt.options import Option, add_to_command
 from resnmt.study import flags, runs
 from resnmt.study.records import cpu_description, run_id
+
+from campaign import files
 CONDITIONS = ("glibc default", "keep freed memory")
 
 
@@ -101,12 +103,12 @@ RUNS = (
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    flags.add_data(p, binarized=True)
+    files.add_data(p, binarized=True)
     add_to_command(p, [ARCH])
     flags.add_size(p, "small", "small = 2+2 layers d=128 FFN 512 4 heads (default); tiny = tests")
     add_to_command(p, RUNS)
     flags.add_threads(p, per="process")
-    flags.add_out(p, "malloc.jsonl")
+    files.add_out(p, "malloc.jsonl")
     a = p.parse_args(argv)
     data = flags.binarized_folder(p, a.data)
     if not shutil.which("fairseq-train", path=tool_env()["PATH"]):

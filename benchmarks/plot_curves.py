@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""The curves study's figures from benchmarks/results/curves.jsonl (written by ``resnmt-study
-curves``); its tables and verdicts are resnmt.study.tables' (make_tables.py writes them).
+"""The curves study's figures from benchmarks/results/curves.jsonl (written by
+benchmarks/curves.py); its tables and verdicts are campaign/tables.py's (make_tables.py writes them).
 
     python benchmarks/plot_curves.py                   # docs/figures/curves-*.png
 
@@ -14,7 +14,7 @@ what the models that learn a mixing learned by their newest milestone (DLCL's co
 weights, HC/mHC's mixings, DenseFormer's weights, DyT's alpha: ``curves-learned-*.png``,
 drawn by resnmt-analyze's own plotting from the milestone's analysis).
 Each row keeps one color throughout; a control (a row with one shared setting changed,
-``resnmt.study.rows.CONTROLS``) is dashed with open markers, in the color of the row it changes.
+``campaign.rows.CONTROLS``) is dashed with open markers, in the color of the row it changes.
 """
 import argparse
 import logging
@@ -29,10 +29,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from resnmt.study.records import REPO_ROOT, RESULTS  # noqa: E402
+from campaign.files import REPO_ROOT, RESULTS  # noqa: E402
 from resnmt.options import Option, add_to_command  # noqa: E402
-from resnmt.study.rows import CONTROLS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, slug  # noqa: E402
-from resnmt.study.tables import (SIZE_TITLES, load, of_main_pair, ordered_keys, paired_differences,  # noqa: E402
+from resnmt.study.rows import slug  # noqa: E402
+from campaign.rows import CONTROLS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS  # noqa: E402
+from campaign.tables import (SIZE_TITLES, load, of_main_pair, ordered_keys, paired_differences,  # noqa: E402
                                  reference_row, titled)
 
 # The budget chosen where post-LN's curve flattens (2+2 only: the other sizes stop where a
@@ -51,7 +52,7 @@ def with_curves(runs):
 
 def row_styles(runs) -> dict:
     """``{row: plot keywords}``: one color per row, the same in every panel and figure; a
-    control (``resnmt.study.rows.CONTROLS``) is dashed, in the color of the row it changes."""
+    control (``campaign.rows.CONTROLS``) is dashed, in the color of the row it changes."""
     rows = sorted({row for rows in runs.values() for row in rows})
     plain = [row for row in rows if row not in CONTROLS or CONTROLS[row].row not in rows]
     styles = {row: {"color": f"C{i}", "linestyle": "-"} for i, row in enumerate(plain)}
@@ -271,7 +272,7 @@ def plot_gradient_share(runs, out: Path) -> None:
 
 
 # Families drawn each in a figure of their own beside post-LN and pre-LN (the study's
-# figures keep the papers' kinds), and judged by :func:`resnmt.study.tables.cross_layer_table`:
+# figures keep the papers' kinds), and judged by :func:`campaign.tables.cross_layer_table`:
 # the methods that cross layers, Peri-LN and the normalizations; the 2025 generation.
 FAMILIES = {
     "cross-layer": frozenset(NEW_KINDS) | {name for name, c in CONTROLS.items() if c.row in NEW_KINDS},
@@ -362,7 +363,7 @@ def main(argv=None):
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
     runs = load(Path(a.results))
     if not runs:
-        p.error(f"no curves results in {a.results}; run resnmt-study curves first")
+        p.error(f"no curves results in {a.results}; run benchmarks/curves.py first")
     figures = Path(a.figures)
     figures.mkdir(parents=True, exist_ok=True)
     study_runs, families = split_rows(with_curves(runs))

@@ -15,7 +15,7 @@ if str(Path(__file__).resolve().parent.parent) not in sys.path:  # resnmt, where
 
 from resnmt.experiment.results import read_jsonl  # noqa: E402
 from resnmt.options import Option, add_to_command  # noqa: E402
-from resnmt.study.records import REPO_ROOT, RESULTS  # noqa: E402
+from campaign.files import REPO_ROOT, RESULTS  # noqa: E402
 
 
 def newest_whole_processes(records):

@@ -20,6 +20,7 @@ from rows import CONFIGS, fairseq_argv
 from resnmt.experiment.presets import SIZES
 from resnmt.options import Option, add_to_command
 from resnmt.study import flags
+from campaign import files
 
 
 def profile(config, a):
@@ -67,7 +68,7 @@ TOP = Option("top", 20, "ops listed, largest differences first (default: %(defau
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_to_command(p, CONFIG)
-    flags.add_data(p, binarized=True)
+    files.add_data(p, binarized=True)
     flags.add_size(p, "cpu", "speed.py's on the CPU (default: cpu = 6+6 layers d=256 FFN 1024 4 heads)")
     add_to_command(p, PROFILE)
     flags.add_threads(p, per="process")

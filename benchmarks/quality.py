@@ -26,8 +26,11 @@ from resnmt.experiment.results import append_jsonl, read_jsonl
 from resnmt.experiment.runtime import tool_env
 from resnmt.options import Option, add_to_command
 from resnmt.study import flags, runs
-from resnmt.study.records import REPO_ROOT, portable_path, run_id, settings_key
-from resnmt.study.rows import QUALITY_ROWS, slug
+from resnmt.study.records import portable_path, run_id, settings_key
+from resnmt.study.rows import slug
+from campaign import files
+from campaign.files import REPO_ROOT
+from campaign.rows import QUALITY_ROWS
 
 DEFAULT_WORKDIR = REPO_ROOT / "runs" / "bench-quality"
 
@@ -111,7 +114,7 @@ def done_runs(out):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    flags.add_data(p, binarized=False)
+    files.add_data(p, binarized=False)
     flags.add_reference(p)
     flags.add_rows(p, QUALITY_ROWS)
     add_to_command(p, [SEEDS])
@@ -121,7 +124,7 @@ def main(argv=None):
     flags.add_checkpoints(p)
     add_to_command(p, RUNS)
     flags.add_threads(p)
-    flags.add_out(p, "quality.jsonl")
+    files.add_out(p, "quality.jsonl")
     add_to_command(p, PLAN)
     a = p.parse_args(argv)
 

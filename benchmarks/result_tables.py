@@ -11,7 +11,7 @@ from collections import Counter, OrderedDict
 from stats import identical_noise, noise_floor
 from verdicts import PREDICTION_TARGET_DEFAULT, PREDICTION_TARGETS, RESOLVE_ROUNDS, pair_resolution, target_verdict
 
-from resnmt.study.rows import QUALITY_ROWS
+from campaign.rows import QUALITY_ROWS
 
 
 def fmt_ratio(x):
@@ -75,19 +75,19 @@ def gpu_training_table(rows) -> str:
         tokens = f"{r['tokens_per_s']:,.0f} ({each_round(r, 'tokens_per_s', '{:,.0f}')})"
         ratio = f"{r['ratio']:.3f} ({each_round(r, 'ratio', '{:.3f}')})" if "ratio" in r else ""
         lines.append(f"| {r['config']} | {r['dtype']} | {r['max_tokens']} | {r['target_tokens_per_update']:.0f} | "
-                     f"{tokens} | {ratio} | {noise_cell(noise[setting_of(r)]) if ratio else ''} | "
+                     f"{tokens} | {ratio} | {noise_cell(noise[noise_group_of(r)]) if ratio else ''} | "
                      f"{r.get('reference', '')} | {r.get('target', '')} | {r.get('meets', '')} | {mfu_cell(r)} |")
     for r in (r for r in rows if r["config"] == "post_ln" and "resolves" in r):
-        reasons = pair_resolution(r, noise[setting_of(r)])
+        reasons = pair_resolution(r, noise[noise_group_of(r)])
         verdict = ("does NOT resolve 2 %: " + "; ".join(reasons) if reasons else
                    f"resolves (within 2 %, spread under 2 %, over {r['rounds']} rounds, identical configurations "
-                   f"within {100 * noise[setting_of(r)]:.1f} %)")
+                   f"within {100 * noise[noise_group_of(r)]:.1f} %)")
         lines.append(f"\nsame-math pair post_ln/transformer ({r['dtype']}, {r['max_tokens']}): ratio {r['ratio']:.3f}, "
                      f"spread {100 * r['spread']:.1f} %: {verdict}")
     return "\n".join(lines)
 
 
-def setting_of(r) -> tuple:
+def noise_group_of(r) -> tuple:
     """The job and token setting of a gpu_train.py row: what one noise floor covers."""
     return r.get("job"), r["max_tokens"]
 
@@ -96,7 +96,7 @@ def noise_floors(rows) -> dict:
     """{(job, max tokens): the noise floor of its rows (None: not measured)}."""
     settings = OrderedDict()
     for r in rows:
-        settings.setdefault(setting_of(r), []).append(r)
+        settings.setdefault(noise_group_of(r), []).append(r)
     return {key: identical_noise(same) for key, same in settings.items()}
 
 

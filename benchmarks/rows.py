@@ -1,5 +1,5 @@
 """What the speed benchmarks measure, each named once (the rows the study trains are
-resnmt.study.rows'): the measured model configurations (``CONFIGS``: what speed.py, gpu_train.py and
+campaign.rows'): the measured model configurations (``CONFIGS``: what speed.py, gpu_train.py and
 profile_ops.py build), fairseq's command line of each, and the rows each of speed.py
 (``SPEED_ROWS``) and gpu_train.py (``TRAINER_ROWS``, its recipes and whole processes)
 compares with a reference.

@@ -33,6 +33,8 @@ from resnmt.experiment.results import read_jsonl
 from resnmt.options import Option, add_to_command
 from resnmt.study import flags, records
 
+from campaign import files
+
 
 DEVICE = Option("device", "cpu", "default: %(default)s", kind="choice", choices=("cpu", "cuda"))
 DTYPE = Option("dtype", "fp32", kind="choice", choices=tuple(sorted(TORCH_DTYPES)), help=(
@@ -65,7 +67,7 @@ RAW = (
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    flags.add_data(p, binarized=True)
+    files.add_data(p, binarized=True)
     add_to_command(p, [DEVICE])
     flags.add_size(p, None, "cpu = 6+6 layers d=256 FFN 1024 4 heads, base = 6+6 d=512 FFN 2048 8 heads, "
                    "tiny = 2+2 d=16 (tests) (default: cpu on --device cpu, base on cuda)")
@@ -73,7 +75,7 @@ def parser() -> argparse.ArgumentParser:
     flags.add_threads(p, per="measurement")
     add_to_command(p, MEASUREMENT)
     flags.add_rows(p, SPEED_ROWS)
-    flags.add_out(p, "speed.jsonl")
+    files.add_out(p, "speed.jsonl")
     add_to_command(p, RAW)
     return p
 

@@ -17,7 +17,9 @@ from fairseq_trainer import compiled_graphs  # torch.compile graphs so far (--fu
 from rows import SPEED_ROWS, fairseq_argv
 from stats import summary
 
-from resnmt.study.records import REPO_ROOT, portable_path
+from resnmt.study.records import portable_path
+
+from campaign.files import REPO_ROOT
 
 
 def read_status_kb(field):

@@ -32,7 +32,9 @@ from trainer_rounds import SMOKE_SIZE, record
 from verdicts import trainer_verdict
 
 from resnmt.experiment.steps import FairseqLog
-from resnmt.study.records import REPO_ROOT, portable_argv
+from resnmt.study.records import portable_argv
+
+from campaign.files import REPO_ROOT
 
 # what the fast path logs (resnmt/training/fast/): its buckets' padding once, how its steps run
 # once, and a line per CUDA graph recorded

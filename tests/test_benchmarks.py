@@ -1,5 +1,5 @@
 """Smoke test of benchmarks/ (speed.py, quality.py, curves.py, malloc.py, make_tables.py) and of the study's
-library (resnmt.study) and command (resnmt-study curves) with tiny settings.
+protocol (resnmt.study) and campaign (benchmarks/campaign, benchmarks/curves.py) with tiny settings.
 
 The real benchmark numbers come from `make bench` (docs/benchmarks.md); this only checks
 that the scripts run end to end and write what make_tables.py reads.
@@ -257,7 +257,8 @@ def test_make_tables_from_handwritten_jsonl(tmp_path):
 
 
 def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path, monkeypatch, capsys):
-    """One run scored at two budgets; re-running scores nothing again; the plots read it."""
+    """One run scored at two budgets (a job of submitit's local executor); re-running (in this
+    process) scores nothing again; the plots read it."""
     out = tmp_path / "curves.jsonl"
     argv = [
         sys.executable, BENCH / "curves.py", "--data", tiny_bin.parent, "--ref", tiny_bin.parent / "text" / "test.de",
@@ -265,7 +266,8 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path, monkeypatch
         "--warmup", "1", "--max-tokens", "300", "--analyze-sentences", "8", "--only", "small:post_ln:1", "--threads", "1",
         "--workdir", tmp_path / "work", "--out", out,
     ]
-    run_cli(argv, timeout=300)
+    first = run_cli([*argv, "--executor", "local"], timeout=300)  # the run a job of submitit's local executor
+    assert "[curves] small post_ln 1: job " in first.stderr and first.stderr.rstrip().endswith(" done")
     records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert [(r["row"], r["seed"], r["updates"]) for r in records] == [("post_ln", 1, 2), ("post_ln", 1, 4)]
     for r in records:
@@ -281,7 +283,8 @@ def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path, monkeypatch
     run_cli(argv)
     assert len(out.read_text(encoding="utf-8").splitlines()) == 2
     # --list and a refused option in this process (the command ran above)
-    from resnmt.cli import study_curves as curves
+    monkeypatch.syspath_prepend(str(BENCH))
+    from campaign import curves
 
     capsys.readouterr()
     assert curves.main([str(a) for a in [*argv[2:], "--list"]]) == 0
@@ -308,7 +311,7 @@ def default_settings_key(curves) -> str:
 def test_curves_keeps_gpu_runs_apart_from_cpu_runs(tmp_path, monkeypatch, capsys):
     """A CPU line does not mark the GPU run done; the base size is planned on a GPU only."""
     monkeypatch.syspath_prepend(str(BENCH))
-    from resnmt.cli import study_curves as curves
+    from campaign import curves
 
     out = tmp_path / "curves.jsonl"
 
@@ -337,9 +340,9 @@ def test_curves_gpu_study_plans_the_papers_sizes_under_its_own_schedule(tmp_path
     gives another settings key, so the GPU lines of the CPU study's schedule do not mark its
     runs done, and the tables keep them in a setting of their own."""
     monkeypatch.syspath_prepend(str(BENCH))
-    from resnmt.cli import study_curves as curves
-    from resnmt.study import plan as study
-    from resnmt.study import tables as study_tables
+    from campaign import curves
+    from campaign import plan as study
+    from campaign import tables as study_tables
 
     out = tmp_path / "curves.jsonl"
     gpu = ["--out", str(out), "--device", "cuda", "--sizes", "base,base12", *GPU_SCHEDULE]
@@ -383,7 +386,7 @@ def test_choose_schedule_takes_the_lowest_loss_that_trains_the_safer_one_on_a_ti
     stalls, fails; of those that train the lowest validation loss wins, a lower peak within
     SWEEP_TIE of it is preferred; a missing candidate or none training gives the fallback."""
     monkeypatch.syspath_prepend(str(BENCH))
-    from resnmt.study import plan as study
+    from campaign import plan as study
 
     (a, b, c) = study.SWEEP_SCHEDULES
     keys = {cand: f"k{cand[0]}-{cand[1]}" for cand in study.SWEEP_SCHEDULES}
@@ -424,7 +427,7 @@ def test_choose_schedule_takes_the_lowest_loss_that_trains_the_safer_one_on_a_ti
 def test_curves_list_names_the_update_a_partial_run_resumes_from(tmp_path, monkeypatch, capsys):
     """--list says which unfinished runs still have checkpoints here, and to which update."""
     monkeypatch.syspath_prepend(str(BENCH))
-    from resnmt.cli import study_curves as curves
+    from campaign import curves
 
     out, workdir = tmp_path / "curves.jsonl", tmp_path / "runs"
     key = default_settings_key(curves)
@@ -477,7 +480,7 @@ def test_a_control_is_dashed_in_the_color_of_the_row_it_changes(monkeypatch):
 
 def test_a_control_is_compared_with_post_ln_in_the_same_setting(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
-    from resnmt.study.tables import difference_table, reference_row
+    from campaign.tables import difference_table, reference_row
 
     assert reference_row("sas") == "post_ln" and reference_row("post_ln (warm-up 1000)") == "post_ln"
     assert reference_row("rskip_ln (λ=2, warm-up 1000)") == "post_ln (warm-up 1000)"
@@ -495,7 +498,7 @@ def test_the_mean_line_breaks_where_the_seeds_change(monkeypatch):
     seeds' composition, not with training), and not past the last budget two seeds reached."""
     monkeypatch.syspath_prepend(str(BENCH))
     from plot_curves import bleu_of, mean_segments
-    from resnmt.study.tables import paired_differences
+    from campaign.tables import paired_differences
 
     record = lambda bleu: {"bleu": bleu}
     seeds = {1: {600: record(15.0), 2400: record(30.0), 4800: record(33.0), 7200: record(35.0),
@@ -560,7 +563,7 @@ def test_glance_tables_are_generated(monkeypatch):
     what the generators write from the committed results (make_tables.py --write)."""
     monkeypatch.syspath_prepend(str(BENCH))
     import make_tables
-    from resnmt.study import tables as study_tables
+    from campaign import tables as study_tables
 
     study = (REPO_ROOT / "docs" / "study.md").read_text(encoding="utf-8")
     glance = study_tables.glance_table(study_tables.load(BENCH / "results" / "curves.jsonl"))
@@ -597,7 +600,7 @@ def test_glance_table_from_handwritten_curves(tmp_path, monkeypatch):
     matching: within 0.5 BLEU behind); a claim may name its reference; --write
     fills the glance markers and refuses a file with no marker of make_tables.py."""
     monkeypatch.syspath_prepend(str(BENCH))
-    from resnmt.study import tables as study_tables
+    from campaign import tables as study_tables
 
     def line(row, seed, updates, bleu):
         return {"benchmark": "curves", "size": {"name": "small"}, "row": row, "seed": seed, "updates": updates,
@@ -656,7 +659,7 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
     with their references."""
     monkeypatch.syspath_prepend(str(BENCH))
     import plot_curves
-    from resnmt.study import tables as study_tables
+    from campaign import tables as study_tables
 
     def line(size, row, updates, bleu, seed=1):
         return {"benchmark": "curves", "size": {"name": size}, "row": row, "seed": seed, "updates": updates,
@@ -707,8 +710,8 @@ def test_cross_layer_table_from_handwritten_curves(monkeypatch, tmp_path):
 def test_a_run_that_is_another_rows_run_is_not_queued(monkeypatch):
     """The study does not train Mix-LN at 2+2 again (it is pre-LN's run), but does at 6+6."""
     monkeypatch.syspath_prepend(str(BENCH))
-    from resnmt.study import rows
-    from resnmt.study import plan as study
+    from campaign import rows
+    from campaign import plan as study
 
     assert rows.SAME_RUN == {("small", "mix_ln"): "pre_ln"}
     assert ("small", "mix_ln", 1) not in study.STUDY_ORDER and ("deep", "mix_ln", 1) in study.STUDY_ORDER
@@ -716,11 +719,13 @@ def test_a_run_that_is_another_rows_run_is_not_queued(monkeypatch):
 
 
 def test_recorded_paths_hold_no_machines_folders(tmp_path, monkeypatch):
-    """A path in a results line is relative to the repository, else led by its dataset's
-    name, else its name alone; every committed results file holds none of a machine's folders."""
+    """A path in a results line is relative to the folder the command runs in (the lab's: the
+    repository), else led by its dataset's name, else its name alone; every committed results
+    file holds none of a machine's folders."""
     monkeypatch.syspath_prepend(str(BENCH))
     from resnmt.study.records import portable_argv, portable_path
 
+    monkeypatch.chdir(REPO_ROOT)
     assert portable_path(REPO_ROOT / "data" / "multi30k" / "bin") == "data/multi30k/bin"
     corpus = tmp_path / "multi30k"
     assert portable_path(corpus / "raw" / "test.de", corpus) == "multi30k/raw/test.de"
@@ -755,7 +760,7 @@ def test_pairs_table_and_second_seeds_from_handwritten_curves(monkeypatch):
     reference is planned on EN-FR where seed 1's margin there is within 0.5 BLEU of zero or
     of the other sign than EN-DE's mean; the EN-FR lines are another setting, named."""
     monkeypatch.syspath_prepend(str(BENCH))
-    from resnmt.study import tables as study_tables
+    from campaign import tables as study_tables
 
     def line(corpus, size, row, seed, updates, bleu):
         return {"benchmark": "curves", "size": {"name": size}, "row": row, "seed": seed, "updates": updates,
@@ -807,7 +812,7 @@ def test_curves_pair_picks_the_plan_the_corpus_and_the_settings_key(tmp_path, mo
     another, its own plan and milestones, refuses a run of another plan and a corpus of
     another pair (one line each); its lines name the pair in their settings."""
     monkeypatch.syspath_prepend(str(BENCH))
-    from resnmt.cli import study_curves as curves
+    from campaign import curves
     from resnmt.study import records
 
     def key(*argv):
@@ -850,3 +855,34 @@ def test_multi30k_en_fr_pins_the_published_files():
     assert {f.name: f.sha256 for f in ds.files} == sums
     assert all(f.url.endswith("/data/task1/raw/" + f.name) for f in ds.files)
     assert DATASETS["multi30k"].langs == ("en", "de") and len(DATASETS["multi30k"].files) == 6
+
+
+def test_the_library_never_imports_the_lab_nor_names_the_repository():
+    """resnmt/ is the library: no module of it imports the lab (benchmarks/, its campaign)
+    or names the repository's folders, a GPU lease, a working session or a date (a log
+    line's time stamp shown as an example of a format is not one)."""
+    import re
+
+    banned = re.compile(r"^\s*(from|import)\s+(campaign|benchmarks)\b|REPO_ROOT|benchmarks/|\blease\b|working "
+                        r"(day|session)|GPU job|\b20\d\d-\d\d-\d\d\b(?! \d\d:\d\d)", re.M)
+    found = [f"{path.relative_to(REPO_ROOT)}: {m.group(0).strip()}" for path in sorted((REPO_ROOT / "resnmt").rglob("*.py"))
+             for m in banned.finditer(path.read_text(encoding="utf-8"))]
+    assert found == []
+
+
+def test_the_shipped_reference_rows_are_the_studys_lines_of_the_protocols_settings(monkeypatch):
+    """resnmt/study/reference.jsonl (package data) is what benchmarks/reference_rows.py
+    makes of the committed results, and the GPU protocol's schedule is the one the study's
+    sweep rule picks from them."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import reference_rows
+    from campaign import curves
+    from campaign.plan import sweep_choice
+    from campaign.files import RESULTS
+    from resnmt.study.verdict import CUDA, REFERENCE
+
+    assert REFERENCE.read_text(encoding="utf-8") == reference_rows.reference_text(
+        milestones.read_jsonl(RESULTS / "curves.jsonl"))
+    settings = milestones.study_settings(curves.parser().parse_args(["--device", "cuda", "--sizes", "base"]))
+    assert sweep_choice(settings, [RESULTS / "curves.jsonl"])[0] == CUDA.schedule
+    assert '"resnmt.study": ["reference.jsonl"]' in (REPO_ROOT / "setup.py").read_text(encoding="utf-8")

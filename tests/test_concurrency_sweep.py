@@ -7,10 +7,13 @@ import sys
 
 import pytest
 
-from resnmt.cli import study_curves as curves
-from resnmt.study import concurrency, milestones, plan, tables
-from resnmt.study.cores import core_sets, start_side_by_side
+from conftest import REPO_ROOT
+from resnmt.study import milestones
 from resnmt.study.records import settings_key
+
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))  # the lab's campaign
+from campaign import concurrency, curves, plan, tables  # noqa: E402
+from campaign.cores import core_sets, start_side_by_side  # noqa: E402
 
 
 def key(*argv):

@@ -133,3 +133,61 @@ def test_a_newcomers_first_run_of_the_readmes_own_data_example(installed, tmp_pa
         assert noise not in run.stdout + run.stderr, noise
     for text in (prepared.stderr, run.stdout, run.stderr):
         assert not any(path in text for path in REPO_PATHS), [p for p in REPO_PATHS if p in text]
+
+
+def test_an_installed_kind_package_and_its_verdict_from_an_empty_folder(installed, tiny_bin, tmp_path):
+    """The example kind package installed as its docs say (non-editable, --no-deps: it depends
+    on resnmt without pulling fairseq's torchaudio in) beside a non-editable resnmt: pip check
+    says nothing new; from an empty folder, resnmt-study verdict finds the shipped rows in the
+    installed package and, its run a job of submitit's local executor, says the cost first (a
+    rate measured here) and what the smoke test leaves out, trains the tiny model to 2 updates
+    and prints the kind beside the shipped rows, every verdict line a smoke test's, each
+    difference paired by seed; run again (in its own process), it resumes: nothing trained."""
+    import re
+
+    from resnmt.experiment.results import read_jsonl
+    from resnmt.study.verdict import REFERENCE
+
+    example = shutil.copytree(REPO_ROOT / "examples" / "layerscale", tmp_path / "layerscale")
+    run_cli([installed / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+             example], cwd=tmp_path, timeout=600)
+    check = run_cli([installed / "python", "-m", "pip", "check"], cwd=tmp_path, check=False)
+    assert set(check.stdout.strip().splitlines()) <= {"ve-fairseq 0.12.3 requires torchaudio, which is not installed."}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    argv = [installed / "resnmt-study", "verdict", "layerscale", "--tiny", "--data", tiny_bin.parent,
+            "--ref", tiny_bin.parent / "text" / "test.de", "--remove-bpe", "none", "--threads", "1",
+            "--workdir", tmp_path / "w"]
+    alone = {"PYTHONPATH": ""}  # the installed packages only
+    first = run_cli([*argv, "--executor", "local"], cwd=empty, timeout=300, **alone)
+    progress = [line for line in first.stderr.splitlines() if line.startswith("[verdict] ")]
+    assert progress[0] == ("[verdict] --tiny (the tiny model, a smoke test) leaves out 2+2, d=128 from 2 to 2400 "
+                           "updates and the 6+6, d=128 runs (to 1200 updates): no verdict of the protocol's is read "
+                           "from it, a first look only"), first.stderr
+    assert re.fullmatch(r"\[verdict\] cost: 1 run to train, 2 updates, about \d+s of training on this machine "
+                        r"\(measured here: 2\+2, d=128 at [\d.]+ updates/s, over 3 updates each\), plus decoding and "
+                        r"scoring test2016 at 1 milestone", progress[1]), first.stderr
+    assert progress[2].startswith("[verdict] 1 jobs submitted (AutoExecutor local): small layerscale 1 = job ")
+    assert progress[3].startswith("[verdict] small layerscale 1: job ") and progress[3].endswith(" done")
+    (log,) = (tmp_path / "w" / "jobs").glob("*_log.err")
+    assert "[verdict] small layerscale seed 1: milestone 1/1, training to 2 updates" in log.read_text()
+    assert list(empty.iterdir()) == []
+    (ours,) = read_jsonl(tmp_path / "w" / "curves.jsonl")
+    assert (ours["row"], ours["updates"], ours["flags"], ours["size"]["name"]) == (
+        "layerscale", 2, ["--residual", "layerscale"], "small")
+    shipped = {(r["row"], r["seed"]): r["bleu"] for r in read_jsonl(REFERENCE) if r["settings_key"] == "75bcde6d41"
+               and r["size"]["name"] == "small" and r["updates"] == 600}
+    smoke = "SMOKE TEST (the tiny model to 2 updates beside the shipped rows at 600: not the study's protocol): "
+    lines = first.stdout.splitlines()
+    assert lines[0] == smoke + "2+2, d=128, sacreBLEU at 600 updates:"
+    assert lines[1].split() == ["layerscale", f"{ours['bleu']:.2f}", "(1", "seed)", "(yours,", "at", "2)"]
+    post = [b for (row, _), b in shipped.items() if row == "post_ln"]
+    assert lines[2].split() == ["post_ln", f"{sum(post) / len(post):.2f}", f"({min(post):.2f}-{max(post):.2f},",
+                                str(len(post)), "seeds)"]
+    diff = ours["bleu"] - shipped[("post_ln", 1)]
+    assert smoke + (f"above post-LN at 2+2? {'no' if diff < 0 else 'yes'}: {diff:+.2f} (paired by seed: seed 1; "
+                    "1 seed: a first look)") in lines
+    assert all(line.startswith(smoke) for line in lines if "?" in line) and len([x for x in lines if "?" in x]) == 2
+    again = run_cli(argv, cwd=empty, timeout=300, **alone)
+    assert "training to" not in again.stderr and again.stdout == first.stdout
+    assert "[verdict] cost: nothing left to train (1 run done)" in again.stderr

@@ -1,17 +1,15 @@
-"""resnmt-study verdict: a kind's rows beside the committed study's, with the study's
-verdicts, from its lines (training is the curves study's own, tested in test_benchmarks;
-the whole command on the example kind is test_verdict_example)."""
+"""resnmt-study verdict: a kind's rows beside the shipped study's, with the study's verdicts,
+from its lines (training is the study's own, tested in test_benchmarks; the whole command on
+the example kind, installed, through submitit's local executor is in test_install)."""
 import json
 
 import pytest
 
-from conftest import BIN_DIR, run_cli
 from resnmt.cli import study_verdict
 from resnmt.experiment.results import read_jsonl
-from resnmt.study.records import RESULTS
-from resnmt.study.verdict import CPU, CUDA, report
+from resnmt.study.verdict import CPU, CUDA, REFERENCE as SHIPPED, report
 
-REFERENCE = read_jsonl(RESULTS / "curves.jsonl")
+REFERENCE = read_jsonl(SHIPPED)
 STUDY_KEY = "75bcde6d41"  # the CPU study's settings key (EN-DE), what its committed lines carry
 
 
@@ -37,14 +35,38 @@ def test_a_kind_is_judged_against_post_ln_pre_ln_and_the_best_row_paired_by_seed
     mine = lines_as("mine", "post_ln", +1.0)  # post-LN's seeds, each 1 BLEU better
     text = report(mine, REFERENCE, "mine", CPU, CPU.milestones, (STUDY_KEY, STUDY_KEY))
     seeds = len(post)
-    assert f"above post-LN at 2+2? yes ({', '.join(['+1.00'] * seeds)})" in text
-    assert any(line.startswith("above pre-LN at 6+6? no (-1") for line in text)  # post-LN's 6+6: 13-15 BLEU behind
+    named = ", ".join(map(str, sorted(post)))
+    assert (f"above post-LN at 2+2? yes: {', '.join(['+1.00'] * seeds)} (paired by seed: seeds {named}; "
+            f"{seeds} seeds: a verdict)") in text
+    assert any(line.startswith("above pre-LN at 6+6? no: -1") for line in text)  # post-LN's 6+6: 13-15 BLEU behind
     mean = sum(post.values()) / seeds + 1
     assert any(line.startswith("  mine") and f"{mean:.2f} (" in line and line.endswith("(yours)") for line in text)
     best = [line for line in text if line.endswith("(best shipped)")]
     assert len(best) == 2 and all(not line.startswith("  mine") for line in best)
     worse = report(lines_as("mine", "post_ln", -1.0), REFERENCE, "mine", CPU, CPU.milestones, (STUDY_KEY, STUDY_KEY))
-    assert f"above post-LN at 2+2? no ({', '.join(['-1.00'] * seeds)})" in worse
+    assert f"above post-LN at 2+2? no: {', '.join(['-1.00'] * seeds)} (paired by seed: seeds {named}; " in " ".join(worse)
+
+
+def test_every_difference_printed_is_the_one_the_rule_reads():
+    """Paired by seed over the seeds both rows have, named; no seed in common: mean against
+    mean, said so; level only within the margin on both sides, else above or below; one seed
+    (or a quick look) is a first look, not a verdict."""
+    from resnmt.study.verdict import verdict
+    from resnmt.study.verdicts import LEVEL
+
+    theirs = {1: 30.0, 2: 31.0, 3: 32.0}
+    assert verdict({1: 31.59}, theirs, "post_ln", 2400, False) == (
+        "yes: +1.59 (paired by seed: seed 1; 1 seed: a first look)")
+    assert verdict({4: 32.0, 5: 31.0}, theirs, "post_ln", 2400, False) == (
+        "yes: +0.50 (mean against mean, no seed in common: yours seeds 4, 5, the reference's seeds 1, 2, 3; "
+        "2 seeds: a first look)")
+    assert verdict({1: 30.49, 2: 31.2}, theirs, "hyper", 2400, True).startswith("level: +0.49, +0.20 (")
+    assert verdict({1: 30.8, 2: 31.1}, theirs, "hyper", 2400, True).startswith("above: +0.80, +0.10")
+    assert verdict({1: 29.4, 2: 31.0}, theirs, "hyper", 2400, True).startswith("below: -0.60, +0.00")
+    assert verdict({1: 29.4, 2: 31.6}, theirs, "hyper", 2400, True).startswith("mixed: ")
+    assert verdict({1: 31.0, 2: 32.0}, theirs, "post_ln", 2400, False).endswith("2 seeds: a verdict)")
+    assert verdict({1: 31.0, 2: 32.0}, theirs, "post_ln", 600, False, protocol=False).endswith("a first look)")
+    assert LEVEL == 0.5
 
 
 def test_a_quick_look_says_so_on_every_verdict_and_an_unmeasured_size_says_not_yet():
@@ -72,9 +94,9 @@ def test_on_a_gpu_without_reference_rows_at_base_size_it_says_so_in_one_line(tmp
         "no reference rows at 6+6, d=512 (cuda, the study's settings for it) yet: no comparison (your lines are "
         "kept; --report compares them once the study has its rows)"]
     a = study_verdict.parser().parse_args(["mine", "--device", "cuda", "--workdir", str(tmp_path), "--out", str(out)])
-    args = study_verdict.study_args(a, CUDA, study_verdict.schedule_flags(CUDA, cpu_only))
+    args = study_verdict.study_args(a, CUDA)
     assert (args.device, args.save_every, args.sdpa_backends, args.lr, args.warmup) == (
-        "cuda", 100, "flash,efficient,math", 5e-4, 4000)  # plan.FALLBACK_SCHEDULE: no sweep line yet
+        "cuda", 100, "flash,efficient,math", 5e-4, 4000)  # the GPU study's schedule
     # once the reference lines hold base-size rows of those settings, they are compared
     from resnmt.study.milestones import study_settings
     from resnmt.study.records import settings_key
@@ -89,8 +111,8 @@ def test_on_a_gpu_without_reference_rows_at_base_size_it_says_so_in_one_line(tmp
     assert study_verdict.main(["mine", "--device", "cuda", "--report", "--out", str(out),
                                "--reference", str(reference)]) == 0
     text = capsys.readouterr().out.splitlines()
-    assert "above post-LN at 6+6, d=512? yes (1 seed) (+0.50)" in text
-    assert "above pre-LN at 6+6, d=512? no (1 seed) (-0.50)" in text
+    assert "above post-LN at 6+6, d=512? yes: +0.50 (paired by seed: seed 1; 1 seed: a first look)" in text
+    assert "above pre-LN at 6+6, d=512? no: -0.50 (paired by seed: seed 1; 1 seed: a first look)" in text
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -105,30 +127,51 @@ def test_bad_input_is_one_line(argv, message, capsys):
     assert stop.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_the_example_kinds_verdict_end_to_end_in_its_smallest_mode(tiny_bin, tmp_path):
-    """The example package's kind (examples/layerscale, installed) through the command, as a
-    user runs it: the tiny model to 2 updates (one milestone, a progress line), its row
-    beside the shipped rows at the quick look's budget, the verdicts paired by seed, every
-    verdict line saying it is a smoke test; run again, it resumes: nothing is trained."""
-    argv = [BIN_DIR / "resnmt-study", "verdict", "layerscale", "--tiny", "--data", tiny_bin.parent,
-            "--ref", tiny_bin.parent / "text" / "test.de", "--remove-bpe", "none", "--threads", "1",
-            "--workdir", tmp_path / "w"]
-    first = run_cli(argv, timeout=300)
-    assert "[verdict] small layerscale seed 1: milestone 1/1, training to 2 updates" in first.stderr
-    (ours,) = read_jsonl(tmp_path / "w" / "curves.jsonl")
-    assert (ours["row"], ours["updates"], ours["flags"], ours["size"]["name"]) == (
-        "layerscale", 2, ["--residual", "layerscale"], "small")
-    shipped = {(r["row"], r["seed"]): r["bleu"] for r in REFERENCE if r["settings_key"] == STUDY_KEY
-               and r.get("device", "cpu") == "cpu" and r["size"]["name"] == "small" and r["updates"] == 600}
-    smoke = "SMOKE TEST (the tiny model to 2 updates beside the shipped rows at 600: not the study's protocol): "
-    lines = first.stdout.splitlines()
-    assert lines[0] == smoke + "2+2, d=128, sacreBLEU at 600 updates:"
-    assert lines[1].split() == ["layerscale", f"{ours['bleu']:.2f}", "(1", "seed)", "(yours,", "at", "2)"]
-    post = [b for (row, _), b in shipped.items() if row == "post_ln"]
-    assert lines[2].split() == ["post_ln", f"{sum(post) / len(post):.2f}", f"({min(post):.2f}-{max(post):.2f},",
-                                str(len(post)), "seeds)"]
-    diff = ours["bleu"] - shipped[("post_ln", 1)]
-    assert smoke + f"above post-LN at 2+2? {'no' if diff < 0 else 'yes'} (1 seed) ({diff:+.2f})" in lines
-    assert all(line.startswith(smoke) for line in lines if "?" in line) and len([x for x in lines if "?" in x]) == 2
-    again = run_cli(argv, timeout=300)
-    assert "training to" not in again.stderr and again.stdout == first.stdout
+def test_a_job_that_dies_is_submitted_again_and_a_failing_one_is_one_line(tmp_path):
+    """submitit's local executor: a job whose process dies (killed) is submitted again and
+    its second attempt's result gathered; one that keeps failing is reported in one line
+    after --retries attempts."""
+    import os
+    import signal
+    from argparse import Namespace
+
+    from resnmt.study.jobs import executor, run_jobs
+
+    class DiesOnce:
+        def __call__(self, marker):
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)  # the job's process dies, as on a lost node
+            return 1
+
+    class AlwaysFails:
+        def __call__(self, _):
+            raise RuntimeError("the kind diverged")
+
+    a = Namespace(executor="local", jobs_folder=str(tmp_path / "jobs"), workdir=str(tmp_path), device="cpu",
+                  gpus_per_run=None, time=5, threads=1, partition=None)
+    said = []
+    assert run_jobs(executor(a, "t"), [("small", "k", 1)], lambda run: (str(tmp_path / "marker"),), 1, said.append,
+                    job=DiesOnce) == []
+    assert said[1].startswith("small k 1: job ") and "submitted again as job" in said[1] and said[2].endswith(" done")
+    failures = run_jobs(executor(a, "t"), [("small", "k", 2)], lambda run: (None,), 1, said.append, job=AlwaysFails)
+    assert len(failures) == 1 and failures[0].startswith("small k 2: job ") and " failed 2 times; the last: " in \
+        failures[0] and "RuntimeError: the kind diverged" in failures[0]
+
+
+def test_the_cost_line_by_hand_and_what_a_quick_look_leaves_out():
+    from resnmt.study.cost import cost_line, left_out
+
+    todo = {("small", 1): 2400, ("deep", 1): 1200, ("small", 2): 0}  # seed 2 at 2+2: done
+    line = cost_line(todo, {"small": 1.0, "deep": 0.5}, CPU.milestones)
+    assert line == ("cost: 2 runs to train, 3600 updates, about 1h20m of training on this machine (measured here: "
+                    "2+2, d=128 at 1.00 updates/s, 6+6, d=128 at 0.50 updates/s, over 3 updates each), plus decoding "
+                    "and scoring test2016 at 8 milestones")  # 2400 / 1.0 + 1200 / 0.5 = 4800 s; 5 + 3 milestones
+    assert cost_line({("small", 1): 0}, {}, CPU.milestones) == "cost: nothing left to train (1 run done)"
+    assert cost_line({("base", 1): 4000}, None, CUDA.milestones) == (  # --executor slurm from a node without a GPU
+        "cost: 1 run to train, 4000 updates (no time: no device of the runs' kind here to measure a rate on), plus "
+        "decoding and scoring test2016 at 4 milestones")
+    assert left_out(CPU.milestones, CPU.quick, "--quick") == (
+        "--quick leaves out 2+2, d=128 from 600 to 2400 updates and the 6+6, d=128 runs (to 1200 updates): no "
+        "verdict of the protocol's is read from it, a first look only")
+    assert left_out(CPU.milestones, CPU.milestones, "the protocol") == ""

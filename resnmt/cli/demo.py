@@ -74,7 +74,7 @@ BLEU (35.0). At the papers' base size (6+6, d=512, on a GPU) post-LN diverges un
 same schedule while rSkip+LN and pre-LN peak at 38.3 and 38.2 (1800 updates); with 1000
 warm-up updates post-LN trains but stays 14 BLEU behind (24.1 at 3600; one seed each).
 This demo shows the pipeline at a size a CPU trains in minutes, not a paper's win. Curves:
-docs/figures/curves-bleu.png; longer and deeper runs: resnmt-study curves."""
+docs/figures/curves-bleu.png; your own kind under the same protocol: resnmt-study verdict."""
 
 
 

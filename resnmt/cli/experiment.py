@@ -146,6 +146,16 @@ def train_request(args, names: Sequence[str]) -> presets.TrainRequest:
                                 **given(args, presets.TrainRequest, names))
 
 
+def check_kinds_first(args) -> None:
+    """A kind of the user's among the fairseq-train flags (after --) is imported, built tiny
+    and run once before anything is made (resnmt.testing.preflight); what is wrong is one line."""
+    from resnmt.testing.preflight import problem
+
+    found = problem(args.extra or ())
+    if found:
+        raise UsageError(found)
+
+
 # ------------------------------------------------------------------------------- train
 
 def train_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/train.sh") -> int:
@@ -156,6 +166,7 @@ def train_main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/train.
     log = logger("train")
 
     def body():
+        check_kinds_first(args)
         plan = presets.plan_training(train_request(args, TRAIN_OPTIONS), log, dry_run=args.dry_run)
         for warning in plan.schedule.warnings():
             log(f"warning: {warning}")
@@ -183,6 +194,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "resnmt-experiment") 
     log = logger(command_name(prog))
 
     def body():
+        check_kinds_first(args)
         req = ExperimentRequest(train=train_request(args, RUN_OPTIONS),
                                 **given(args, ExperimentRequest, EXPERIMENT_OPTIONS))
         started = time.time()

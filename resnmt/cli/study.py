@@ -1,22 +1,22 @@
-"""resnmt-study: the curves study of the connection kinds, and a kind's verdict against it.
+"""resnmt-study: a connection kind of your own under the study's protocol, beside the
+shipped rows (trained to each milestone, scored, compared paired by seed).
 
-    resnmt-study curves --list                  # the study's runs: done, partial, missing
-    resnmt-study curves --workers 2 --threads 1 # train and score what is missing (resumable)
-    resnmt-study verdict layerscale --quick     # a kind of your own beside the shipped rows
+    resnmt-study verdict layerscale --quick     # a first look: 2+2 to 600 updates
+    resnmt-study verdict layerscale             # the protocol
 
 Each command's own help: resnmt-study COMMAND --help.
 """
 import argparse
 import sys
 
-from resnmt.cli import study_curves, study_verdict
+from resnmt.cli import study_verdict
 from resnmt.cli.common import OneLineErrorParser
 from resnmt.options import Option, add_to_command
 
-COMMANDS = {"curves": study_curves, "verdict": study_verdict}
+COMMANDS = {"verdict": study_verdict}
 OPERANDS = (
     Option("command", kind="choice", choices=tuple(COMMANDS), positional=True,
-           help="curves: train and score the study's runs; verdict: a kind beside the shipped rows"),
+           help="verdict: a kind beside the shipped rows"),
     Option("args", nargs=argparse.REMAINDER, positional=True, help="the command's arguments (resnmt-study COMMAND --help)"),
 )
 

@@ -78,6 +78,19 @@ def check_before_training(parser, args) -> None:
                      "--batch-size N (sentences per batch)")
 
 
+def check_kinds_first(argv) -> None:
+    """A kind of the user's is imported, built tiny and run once before anything runs
+    (resnmt.testing.preflight): what is wrong is one line, exit status 2."""
+    if any(flag in argv for flag in HELP_FLAGS):
+        return
+    from resnmt.testing.preflight import problem
+
+    found = problem(argv)
+    if found:
+        sys.stderr.write(f"{PROG}: error: {found}\n")
+        sys.exit(2)
+
+
 def with_user_dir(argv):
     if any(a == "--user-dir" or a.startswith("--user-dir=") for a in argv):
         return list(argv)
@@ -98,6 +111,7 @@ def main():
 
     verbose = "--verbose" in sys.argv[1:]  # resnmt-train's own flag: fairseq's configuration and model dumps too
     argv = with_user_dir([a for a in sys.argv[1:] if a != "--verbose"])
+    check_kinds_first(argv)
     sys.argv = [sys.argv[0], *argv]
     fairseq_logging()  # fairseq-train's log format and level (importing fairseq left DEBUG behind)
     if not verbose:

@@ -36,7 +36,7 @@ The package, by job:
   :mod:`~resnmt.connections.mhc` (mHC).
 
 **The registry is the one list of kinds**, in this order (the table is generated from
-it: ``python -m resnmt.cli.kind_table --write``):
+it):
 
 <!-- kind-docstring-table:begin -->
 ===========  =====================================================================================================================

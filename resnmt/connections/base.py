@@ -45,7 +45,7 @@ class SublayerConnection(nn.Module):
 
     * ``kind``, ``equation``, ``note``, ``source``: its ``--residual`` name, its output
       as a formula (and a few words more), the paper; ``--residual``'s help and the
-      kind tables (``python -m resnmt.cli.kind_table``) are made of them;
+      tables of kinds in the documentation are made of them;
     * ``flags``: its :class:`~resnmt.options.Option` s (shared flags are the same
       object in several kinds);
     * ``final_norm``: the stack ends with a norm (pre-LN);

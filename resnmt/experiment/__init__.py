@@ -12,6 +12,5 @@
 * ``results``: the records of finished experiments (JSON lines, names of decoding settings);
 * ``pipeline``: ``Experiment``, the steps chained for one model (``resnmt-experiment``, the demo).
 
-The command lines are in ``resnmt.cli.experiment`` and ``resnmt.cli.demo``; the benchmarks' own library in
-``benchmarks/`` (``rows``, ``runs``, ``records``, ``stats``, ``verdicts``, ``flags``).
+The command lines are in ``resnmt.cli.experiment`` and ``resnmt.cli.demo``.
 """

@@ -50,7 +50,7 @@ SIZES = {
     "tiny": ModelSize(2, 16, 32, 2),      # tests and smoke runs
     "small": ModelSize(2, 128, 512, 4),   # the small/cpu preset and the demo
     "deep": ModelSize(6, 128, 512, 4),    # the demo's width at the papers' depth
-    "cpu": ModelSize(6, 256, 1024, 4),    # the CPU speed table (benchmarks/speed.py)
+    "cpu": ModelSize(6, 256, 1024, 4),    # the CPU speed measurements' size
     "base": ModelSize(6, 512, 2048, 8),   # transformer_wmt_en_de
     "base12": ModelSize(12, 512, 2048, 8),  # base at twice the depth, where post-LN fails (GPU study only)
 }

@@ -18,7 +18,7 @@ USER_DIR = Path(__file__).resolve().parent.parent
 # 32 MiB) back to the kernel, which faults it in again page by page at the next step. On
 # the CPU that is most of a training step's big tensors (a 2+2 model's logits over a
 # 4096-token batch are ~100 MiB, their gradient as much): over a quarter of fairseq-train's CPU
-# time went to the kernel (benchmarks/malloc.py measures it). These two keep freed memory
+# time went to the kernel (measured with and without them). These two keep freed memory
 # in the process for reuse; the results are the same to the bit. Other C libraries ignore
 # them, and a value already in the environment wins.
 KEEP_FREED_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}

@@ -1,10 +1,9 @@
-"""The command-line flags the benchmarks share, each declared once (a
+"""The command-line flags the study's commands share, each declared once (a
 :class:`resnmt.options.Option`), and their checks: a bad value ends the command with one
 error line naming it and what is allowed (exit status 2).
 
 ``--data`` means one of two folders: the binarized corpus (fairseq's ``dict.*.txt`` and
-splits; speed.py, malloc.py, profile_ops.py, gpu_train.py) or the prepared corpus
-(``resnmt-prepare multi30k``'s OUTDIR, its ``bin/`` and ``raw/``; quality.py, fp16.py, resnmt-study).
+splits) or the prepared corpus (``resnmt-prepare multi30k``'s OUTDIR, its ``bin/`` and ``raw/``).
 """
 import argparse
 from pathlib import Path
@@ -13,26 +12,6 @@ from typing import Dict, List, Optional, Tuple
 from resnmt.data.corpora import MULTI30K
 from resnmt.experiment.presets import SIZES
 from resnmt.options import Option, add_to_command
-from resnmt.study.records import REPO_ROOT, RESULTS
-
-CORPUS = REPO_ROOT / "data" / "multi30k"  # resnmt-prepare multi30k's OUTDIR (benchmarks/run_all.sh prepares it)
-
-
-def add_data(p: argparse.ArgumentParser, binarized: bool, required: bool = False, default: Optional[str] = "") -> None:
-    """``--data``: the binarized corpus (``binarized``) or the prepared one; ``default`` None:
-    the command picks it (and says so in its own help)."""
-    if binarized:
-        what, folder = "fairseq-binarized data (train and valid splits, a joined dictionary)", CORPUS / "bin"
-    else:
-        what, folder = "prepared corpus (OUTDIR of resnmt-prepare multi30k: OUTDIR/bin, OUTDIR/raw/test.de)", CORPUS
-    if required:
-        data = Option("data", help=what, required=True, metavar="DIR")
-    elif default is None:
-        data = Option("data", help=f"{what} (default: data/DATASET, the --pair's Multi30k)", metavar="DIR")
-    else:
-        data = Option("data", str(folder), f"{what} (default: {folder.relative_to(REPO_ROOT)})", metavar="DIR")
-    add_to_command(p, [data])
-
 
 def binarized_folder(p: argparse.ArgumentParser, data, prepared: bool = False, dataset=MULTI30K) -> Path:
     """The binarized folder of ``--data`` (``prepared``: its ``bin/``), checked: it must
@@ -44,17 +23,6 @@ def binarized_folder(p: argparse.ArgumentParser, data, prepared: bool = False, d
         p.error(f"--data {data}: no fairseq dictionary (dict.*.txt) in {bin_dir}; prepare the corpus with "
                 f"resnmt-prepare {dataset.name} {corpus} (--mirror DIR on a machine without network)")
     return bin_dir
-
-
-def add_out(p: argparse.ArgumentParser, name: Optional[str] = None) -> None:
-    """``--out``: the JSON lines a run appends to (``benchmarks/results/NAME`` by default;
-    without ``name``, required)."""
-    if name is None:
-        out = Option("out", help="JSON lines, appended as each row finishes", required=True, metavar="JSONL")
-    else:
-        out = Option("out", str(RESULTS / name), f"JSON lines appended here (default: benchmarks/results/{name})",
-                     metavar="JSONL")
-    add_to_command(p, [out])
 
 
 REFERENCE = (

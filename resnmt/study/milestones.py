@@ -3,19 +3,75 @@ done (the milestones recorded per run), a lock per run directory (so that severa
 the study share its plan), the settings every run shares, and at each milestone the newest
 checkpoints averaged, test2016 decoded, scored and analysed, one JSON line per milestone.
 """
+import argparse
 import fcntl
 import shutil
 import sys
 from pathlib import Path
 
 from resnmt.checkpoints.averaging import numbered_checkpoints
+from resnmt.data.corpora import MULTI30K, MULTI30K_EN_FR
 from resnmt.experiment import steps
 from resnmt.experiment.presets import SIZES
 from resnmt.experiment.results import append_jsonl, read_jsonl
-from resnmt.study import runs
-from resnmt.study.plan import PAIRS
+from resnmt.options import Option, add_to_command
+from resnmt.study import flags, runs
 from resnmt.study.records import portable_path, run_id
 from resnmt.study.rows import slug
+
+# the study's language pairs: "en-de" -> the Multi30k dataset of that pair
+PAIRS = {"-".join(d.langs): d for d in (MULTI30K, MULTI30K_EN_FR)}
+
+
+# The options whose values make a run's settings (its settings key, :func:`study_settings`)
+# and how it executes; their defaults are the study's settings.
+PAIR = Option("pair", "en-de", kind="choice", choices=tuple(PAIRS), help=(
+    "the Multi30k language pair of the prepared corpus (default: %(default)s; "
+    + "; ".join(f"{pair}: resnmt-prepare {d.name} data/{d.name}" for pair, d in PAIRS.items()) + ")"))
+TRAINING = (
+    Option("dropout", 0.3, "default: %(default)s, the usual choice for Multi30k's 29k pairs trained this long",
+           kind="number", minimum=0, metavar="P"),
+    Option("analyze_sentences", 500, "validation sentences resnmt-analyze runs at each milestone (default: "
+           "%(default)s)", kind="int", minimum=1, metavar="N"),
+)
+DEVICE = Option("device", "cpu", "where every run trains and decodes (default: %(default)s)", kind="choice",
+                choices=("cpu", "cuda"))
+EXECUTION = (
+    Option("sdpa_backends", "", metavar="B,B,...", help=(
+        "the attention kernels torch may use (resnmt_translation's flag, e.g. flash,efficient,math: no cuDNN kernel "
+        "planning every new batch shape on Hopper); recorded per line, not in the key")),
+    Option("fast_path", False, kind="switch", help=(
+        "train on resnmt's fast path (resnmt_translation --fast-path: static batch shapes, CUDA graphs); its batches "
+        "differ, so it is part of the settings key")),
+    Option("bf16", False, kind="switch", help=(
+        "train in bf16 (resnmt-train's --bf16: float32 master weights; fairseq 0.12's own --bf16 asks for a TPU); "
+        "other arithmetic, so part of the settings key")),
+    Option("tiny", False, "train every run at the tiny size (smoke tests)", kind="switch"),
+)
+
+
+def add_run_options(p: argparse.ArgumentParser, device: Option = DEVICE) -> None:
+    """The options that make a run (the study's settings by default): the pair, the reference
+    it is scored against, the schedule, dropout, checkpoints, the analysis, threads, the
+    device (``device``: a command's own wording of it) and how it executes."""
+    add_to_command(p, [PAIR])
+    flags.add_reference(p)
+    flags.add_schedule(p)
+    add_to_command(p, TRAINING)
+    flags.add_checkpoints(p)
+    flags.add_threads(p, 2, note="; not part of the settings key, recorded per line")
+    add_to_command(p, [device, *EXECUTION])
+
+
+def run_parser() -> argparse.ArgumentParser:
+    """A parser of the options that make a run, with ``--data``, ``--workdir`` and ``--out``:
+    how a command that trains the study's runs its own way (resnmt-study verdict) gets the
+    study's settings."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_to_command(p, [Option("data", metavar="DIR"), Option("workdir", metavar="DIR"), Option("out", metavar="JSONL")])
+    add_run_options(p)
+    return p
+
 
 def schedule_of(settings: dict) -> dict:
     """The learning-rate schedule a line was trained under (recorded in each line; its
@@ -42,7 +98,7 @@ def execution_flags(a) -> list:
 def trainer(a) -> list:
     """The training program: fairseq-train, or resnmt-train's module for bf16 (fairseq 0.12's
     --bf16 trains on TPUs only), run by this Python so that a source tree without console
-    scripts (the GPU job's) runs it too."""
+    scripts runs it too."""
     return [sys.executable, "-m", "resnmt.cli.train"] if a.bf16 else ["fairseq-train"]
 
 

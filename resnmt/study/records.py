@@ -1,5 +1,5 @@
-"""What a line of benchmarks/results/*.jsonl records beside its numbers: the run's name, its
-settings' key, paths that hold no machine's folders, and the machine a number was measured on.
+"""What a results line records beside its numbers: the run's name, its settings' key, paths
+that hold no machine's folders, and the machine a number was measured on.
 """
 import datetime
 import hashlib
@@ -10,13 +10,9 @@ import socket
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-# the repository holding this package (an editable install: its checkout)
-REPO_ROOT = Path(__file__).resolve().parents[2]
-RESULTS = REPO_ROOT / "benchmarks" / "results"  # the committed results (benchmarks/make_tables.py reads them)
-
 
 def run_id() -> str:
-    """A run's name: the UTC time it started (or finished), e.g. 2026-11-24T09:30:00Z."""
+    """A run's name: the UTC time it started (or finished), YYYY-MM-DDTHH:MM:SSZ."""
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -25,12 +21,12 @@ def settings_key(settings: dict) -> str:
     return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def portable_path(path, dataset: Optional[Path] = None, root: Path = REPO_ROOT) -> str:
-    """``path`` as a committed result records it, holding no machine's folders: relative to
-    the repository ``root`` when inside it; else, inside the prepared ``dataset`` folder,
+def portable_path(path, dataset: Optional[Path] = None, root: Optional[Path] = None) -> str:
+    """``path`` as a results line records it, holding no machine's folders: relative to
+    ``root`` (default: the folder the command runs in) when inside it; else, inside the prepared ``dataset`` folder,
     relative to that folder's parent (``multi30k/bin``: the dataset's name leads); else
     its name alone."""
-    path, root = Path(path).resolve(), Path(root).resolve()
+    path, root = Path(path).resolve(), Path(root or Path.cwd()).resolve()
     if path.is_relative_to(root):
         return str(path.relative_to(root))
     if dataset is not None and path.is_relative_to(Path(dataset).resolve()):

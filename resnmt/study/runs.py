@@ -1,7 +1,7 @@
-"""Training to a budget and scoring, as the study (resnmt-study curves), benchmarks/quality.py
-and fp16.py run it: fairseq-train's command line for a benchmark run, training until an update count and resuming (with the
-seconds trained over every call), the checkpoints at a budget, and their average decoded
-and scored (resnmt's steps).
+"""Training to a budget and scoring, as the study's protocol runs it: fairseq-train's command
+line for a study run, training until an update count and resuming (with the seconds trained
+over every call), the checkpoints at a budget, and their average decoded and scored
+(resnmt's steps).
 """
 import json
 import time
@@ -57,7 +57,7 @@ def trained_updates(save_dir: Path) -> int:
 def trained_seconds(save_dir: Path) -> float:
     """Seconds ``train_to`` has trained the model in ``save_dir``, over all its calls.
 
-    A call stopped mid-way (a session's end, a killed job) counts up to the newest
+    A call stopped mid-way (a killed job) counts up to the newest
     ``checkpoint_last.pt``, the one the next call resumes from: the updates after it are
     trained again and counted then."""
     stamp = _trained_stamp(save_dir)

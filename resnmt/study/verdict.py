@@ -2,42 +2,48 @@
 trains: the CPU study's sizes and budgets, a quick first look, the GPU study's base size, a
 smoke test) and its report, the kind's sacreBLEU beside the shipped rows' (post-LN, pre-LN
 and the best of them at each size's budget) with the study's verdicts
-(:func:`resnmt.study.verdicts.claim_verdict`, paired by seed).
+(:mod:`resnmt.study.verdicts`, paired by seed).
 """
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from resnmt.study.rows import DEFAULT_MILESTONES
-from resnmt.study.tables import SIZE_SHORT, VERDICT_BUDGETS, runs_of
-from resnmt.study.verdicts import LEVEL, claim_verdict
+from resnmt.study.lines import SIZE_SHORT, VERDICT_BUDGETS, runs_of
+from resnmt.study.verdicts import LEVEL, VERDICT_SEEDS, claim_verdict, level_verdict
 
 
 @dataclass(frozen=True)
 class Protocol:
     """What a verdict trains on one device: each size's milestones (the last: its budget),
-    those of the quick first look, the questions asked (size, reference row, question) and
-    the study command's flags that make its settings (beside its defaults)."""
+    those of the quick first look, the questions asked (size, reference row, question), the
+    run options that make its settings (beside the study's defaults) and its schedule
+    (peak learning rate, warm-up updates; None: the study's defaults)."""
 
     device: str
     milestones: Dict[str, Tuple[int, ...]]
     quick: Dict[str, Tuple[int, ...]]
     questions: Tuple[Tuple[str, str, str], ...]
-    curves_flags: Tuple[str, ...] = ()
+    run_flags: Tuple[str, ...] = ()
+    schedule: Tuple[float, int] = None
 
+
+# The shipped rows a verdict compares with: the study's lines of the protocols' settings,
+# installed with the package.
+REFERENCE = Path(__file__).with_name("reference.jsonl")
 
 # The CPU study: 2+2 and 6+6 layers at d=128, each to the budget its verdict is read at.
 CPU = Protocol(
-    "cpu", {size: tuple(m for m in DEFAULT_MILESTONES[size] if m <= VERDICT_BUDGETS[size]) for size in VERDICT_BUDGETS},
-    {"small": (200, 600)},
+    "cpu", {"small": (200, 600, 1200, 1800, 2400), "deep": (200, 600, 1200)}, {"small": (200, 600)},
     (("small", "post_ln", "above post-LN at 2+2"), ("deep", "pre_ln", "above pre-LN at 6+6")))
-# The GPU study's base size (6+6, d=512; benchmarks/gpu_job.sh part 7): its milestones, a
-# checkpoint every 100 updates, the attention kernels it trains with; its schedule is the
-# sweep's choice (resnmt.study.plan.sweep_choice), read from the reference lines.
+assert all(ms[-1] == VERDICT_BUDGETS[size] for size, ms in CPU.milestones.items())
+# The GPU study's base size (6+6, d=512): its milestones, a checkpoint every 100 updates,
+# the attention kernels it trains with, and its schedule (inverse square root, peak 5e-4,
+# 4000 warm-up updates: the study's choice from a sweep of post-LN at this size).
 CUDA = Protocol(
-    "cuda", {"base": DEFAULT_MILESTONES["base"]}, {"base": DEFAULT_MILESTONES["base"][:1]},
+    "cuda", {"base": (1000, 2000, 3000, 4000)}, {"base": (1000,)},
     (("base", "post_ln", "above post-LN at 6+6, d=512"), ("base", "pre_ln", "above pre-LN at 6+6, d=512")),
-    ("--device", "cuda", "--sizes", "base", "--save-every", "100", "--sdpa-backends", "flash,efficient,math"))
+    ("--device", "cuda", "--save-every", "100", "--sdpa-backends", "flash,efficient,math"), (5e-4, 4000))
 PROTOCOLS = {p.device: p for p in (CPU, CUDA)}
 # The smoke test (--tiny): the tiny model to a few updates, on any corpus; its rows are set
 # beside the shipped rows at the quick look's budget, and every verdict line says so.
@@ -84,14 +90,38 @@ def best_row(rows: dict, updates: int, exclude: str) -> str:
     return max(means, key=means.get) if means else ""
 
 
-def verdict(ours: Dict[int, float], theirs: Dict[int, float], ref: str, budget: int, at_least: bool) -> str:
-    """``claim_verdict`` of ``ours`` minus ``theirs`` ({seed: BLEU}), paired by seed (a seed
-    the reference lacks is compared with the reference's lowest seed)."""
+def seeds_text(seeds) -> str:
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+
+
+def compared(ours: Dict[int, float], theirs: Dict[int, float]) -> Tuple[List[float], str]:
+    """The differences the verdict rule reads (``ours`` minus ``theirs``, {seed: BLEU}) and
+    what they are: paired by seed over the seeds both have (named); where they share none,
+    the mean of ours against the mean of theirs (said so, with each side's seeds)."""
+    common = sorted(set(ours) & set(theirs))
+    if common:
+        return [ours[s] - theirs[s] for s in common], f"paired by seed: {seeds_text(common)}"
+    return ([statistics.mean(ours.values()) - statistics.mean(theirs.values())],
+            f"mean against mean, no seed in common: yours {seeds_text(sorted(ours))}, "
+            f"the reference's {seeds_text(sorted(theirs))}")
+
+
+def verdict(ours: Dict[int, float], theirs: Dict[int, float], ref: str, budget: int, level: bool,
+            protocol: bool = True) -> str:
+    """One question's answer: ``claim_verdict`` (``level``: ``level_verdict``) of the
+    differences :func:`compared` gives, those differences, what they are, how many seeds
+    stand behind them and whether the study's rule calls that a verdict (the protocol's
+    budget, :data:`VERDICT_SEEDS` seeds paired) or a first look (``protocol`` False: a
+    quick look or a smoke test)."""
     if not ours or not theirs:
         return "not measured yet" if not ours else f"no {ref} row at {budget} updates"
-    diffs = [value - theirs.get(seed, theirs[min(theirs)]) for seed, value in sorted(ours.items())]
+    diffs, what = compared(ours, theirs)
+    word = level_verdict(diffs) if level else claim_verdict(diffs).split(" ")[0]
+    paired = what.startswith("paired")
+    n = len(diffs) if paired else len(ours)
+    weight = "a verdict" if protocol and paired and n >= VERDICT_SEEDS else "a first look"
     spread = ", ".join(f"{d:+.2f}" for d in diffs)
-    return f"{claim_verdict(diffs, at_least=at_least)} ({spread})"
+    return f"{word}: {spread} ({what}; {n} seed{'s' if n > 1 else ''}: {weight})"
 
 
 def missing_reference(sizes, device: str, shipped: dict) -> str:
@@ -126,7 +156,8 @@ def report(records: List[dict], reference: List[dict], row: str, protocol: Proto
             lines.append(f"  {name:28s} {cell(list(bleu_at(rows, name, budget).values()))}{tail}")
         questions = [(ref, q, False) for s, ref, q in protocol.questions if s == size]
         if best:
-            questions.append((best, f"level with the best shipped row ({best}, within {LEVEL} BLEU)", True))
+            questions.append((best, f"level with the best shipped row ({best}, within ±{LEVEL} BLEU)", True))
         for ref, question, level in questions:
-            lines.append(f"{tag}{question}? {verdict(mine, bleu_at(rows, ref, budget), ref, budget, level)}")
+            answer = verdict(mine, bleu_at(rows, ref, budget), ref, budget, level, protocol=not tag)
+            lines.append(f"{tag}{question}? {answer}")
     return lines

@@ -16,7 +16,10 @@ or, in a pytest file, one test per case and check::
 A kind's cases are its defaults and one case per other value of each switch and choice it
 declares (``cases``); ``Case(name, flags)`` makes one of your own (other numbers, the
 encoder and decoder of different kinds). The checks, in order (:data:`CHECKS`, their
-docstrings in :mod:`resnmt.testing.contract`): ``spec`` (the class, its flags and
+docstrings in :mod:`resnmt.testing.contract`): ``preflight`` (what every command checks
+before training: the tiny model built, one forward and one incremental step, each
+connection returning its input's shape; where it fails, it alone reports the cause and
+the other checks say in one line that they did not run), ``spec`` (the class, its flags and
 statistics), ``forward`` (several depths, training, evaluation, bf16), ``gradients`` (every parameter gets one,
 except those the kind lists in ``no_gradient_by_design``), ``incremental`` (step-by-step
 decoding equals the full forward; bf16), ``torchscript``, ``checkpoint`` (saved,
@@ -26,6 +29,8 @@ fairseq's), ``normalization`` (``--normalization``), ``analysis`` (the statistic
 corpus of made-up words (:mod:`resnmt.testing.tiny`), so a kind's whole contract takes
 seconds on a CPU.
 """
+import functools
+import sys
 from typing import Iterable, List, Optional, Sequence, Union
 
 from resnmt.testing.contract import CHECKS, Case, cases
@@ -33,9 +38,34 @@ from resnmt.testing.contract import CHECKS, Case, cases
 __all__ = ["CHECKS", "Case", "cases", "check_connection", "contract_params", "run_check"]
 
 
+@functools.lru_cache(maxsize=None)
+def preflight_failure(case: Case) -> Optional[str]:
+    """Why ``case`` fails the ``preflight`` check (None: it passes); checked once per case."""
+    try:
+        CHECKS["preflight"][0](case)
+    except AssertionError as e:
+        return str(e)
+    return None
+
+
+def failed(message: str) -> None:
+    """A failure reported as its one line (under pytest, without a traceback)."""
+    if "pytest" in sys.modules:
+        import pytest
+
+        pytest.fail(message, pytrace=False)
+    raise AssertionError(message)
+
+
 def run_check(case: Case, check: str) -> None:
-    """Run the check named ``check`` on ``case``."""
-    CHECKS[check][0](case)
+    """Run the check named ``check`` on ``case``; where the case fails the ``preflight``
+    check, that check reports the cause in one line and every other says it did not run."""
+    cause = preflight_failure(case)
+    if cause is not None:
+        failed(cause if check == "preflight" else f"{case.name}: {check} not run: the preflight check failed "
+               f"(see {case.name}-preflight)")
+    if check != "preflight":  # passed above
+        CHECKS[check][0](case)
 
 
 def contract_items(kinds: Iterable[Union[str, Case]], checks: Optional[Sequence[str]] = None) -> List[tuple]:

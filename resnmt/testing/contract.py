@@ -2,7 +2,9 @@
 
 A :class:`Case` is a kind with flag values (:func:`cases`: its defaults, and one case per
 other value of each of its switches and choices); a check takes a case and raises an
-AssertionError saying what is wrong. :data:`CHECKS` lists them in order, each with whether
+AssertionError saying what is wrong. :data:`CHECKS` lists them in order (the first,
+``preflight``, is what every command checks before training; where it fails, the others
+are not run and say so in one line), each with whether
 it also runs on the flag variants or on the defaults alone (the class and its flags, the
 forward at several depths, the checkpoint, the fast path and the normalization: a flag's
 code path is in the forward that the gradients, incremental decoding and TorchScript
@@ -62,6 +64,19 @@ def forward(model, net_input) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ the checks
+
+
+def check_preflight(case: Case) -> None:
+    """What a command checks before it trains (:mod:`resnmt.testing.preflight`): the kinds
+    registered, the tiny model built, one forward and one incremental decoding step, each
+    connection returning its input's shape. Where it fails, the other checks of the case are
+    not run: its cause is reported here, once."""
+    from resnmt.testing.preflight import PreflightError, check_kinds
+
+    try:
+        check_kinds(case.flags, environ={})
+    except PreflightError as e:
+        raise AssertionError(str(e)) from None
 
 
 def check_spec(case: Case) -> None:
@@ -267,6 +282,7 @@ def check_analysis(case: Case) -> None:
 
 # name -> (check, whether it also runs on a kind's flag variants)
 CHECKS: Dict[str, Tuple[Callable[[Case], None], bool]] = {
+    "preflight": (check_preflight, True),
     "spec": (check_spec, False),
     "forward": (check_forward, False),
     "gradients": (check_gradients, True),

@@ -1,5 +1,5 @@
 """The curves study's tables and verdicts, from ``benchmarks/results/curves.jsonl``
-(written by ``resnmt-study curves``): sacreBLEU per row and budget, each row's difference
+(written by ``benchmarks/curves.py``): sacreBLEU per row and budget, each row's difference
 from its reference row paired by seed, the results at a glance (the papers' claims and
 whether they hold) and the cross-layer methods' verdicts. benchmarks/make_tables.py writes
 them into the documents; benchmarks/plot_curves.py draws the figures of the same runs.
@@ -9,14 +9,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-from resnmt.data.corpora import DATASETS
 from resnmt.experiment.results import read_jsonl
-from resnmt.study.flags import STUDY_LR, STUDY_WARMUP
-from resnmt.study.rows import CONTROLS, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, SAME_RUN
+from resnmt.study.lines import (MAIN_PAIR, SIZE_SHORT, SIZE_TITLES, VERDICT_BUDGETS, pair_of,  # noqa: F401
+                                pair_title, runs_of, setting_of)
 from resnmt.study.verdicts import LEVEL, claim_verdict
 
-SIZE_TITLES = {"small": "2+2 layers, d=128", "deep": "6+6 layers, d=128", "base": "6+6 layers, d=512",
-               "base12": "12+12 layers, d=512"}
+from campaign.rows import CONTROLS, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS, SAME_RUN
+
 MARKERS = {
     "curves-table": ("<!-- curves-table:begin -->", "<!-- curves-table:end -->"),
     "glance-table": ("<!-- glance-table:begin -->", "<!-- glance-table:end -->"),
@@ -32,37 +31,6 @@ def load(path: Path):
     return runs_of(read_jsonl(path))
 
 
-# The study's own language pair: its settings are named without it (``"cpu"``); another
-# pair's name it (``"cpu, Multi30k EN-FR"``).
-MAIN_PAIR = "en-de"
-
-
-def pair_of(record) -> str:
-    """The language pair a curves line was trained on (``"en-fr"``): its corpus's, by the
-    dataset its settings name (resnmt.data.corpora)."""
-    dataset = DATASETS[record.get("settings", {}).get("corpus", "multi30k")]
-    return f"{dataset.src}-{dataset.tgt}"
-
-
-def pair_title(pair: str) -> str:
-    """``"en-fr"`` -> ``"Multi30k EN-FR"``."""
-    return f"Multi30k {pair.upper()}"
-
-
-def setting_of(record) -> str:
-    """Where and how a curves line was trained, as its panels and tables name it: the device
-    (cpu, cuda), and where they are not the CPU study's, the schedule, the fast path, bf16 and
-    the language pair (``"cuda, lr 0.0007, warm-up 2000, bf16"``, ``"cpu, Multi30k EN-FR"``):
-    lines of another schedule, precision or pair are other runs."""
-    s = record.get("settings", {})
-    where = record.get("device", "cpu")
-    if (s.get("lr", STUDY_LR), s.get("warmup_updates", STUDY_WARMUP)) != (STUDY_LR, STUDY_WARMUP):
-        where += f", lr {s['lr']:g}, warm-up {s['warmup_updates']}"
-    pair = pair_of(record)
-    where += (", fast path" if s.get("fast_path") else "") + (f", {s['dtype']}" if s.get("dtype") else "")
-    return where + (f", {pair_title(pair)}" if pair != MAIN_PAIR else "")
-
-
 def of_main_pair(setting: str) -> bool:
     """Whether a setting (:func:`setting_of`) is of the study's own pair: only another pair's is named in it."""
     return "Multi30k" not in setting
@@ -71,17 +39,6 @@ def of_main_pair(setting: str) -> bool:
 def titled(setting: str) -> str:
     """A setting as a table's or a figure's title names it, its language pair always said."""
     return f"{setting}, {pair_title(MAIN_PAIR)}" if of_main_pair(setting) else setting
-
-
-def runs_of(records):
-    """{(setting, size): {row: {seed: {updates: record}}}} of the curves lines among
-    ``records``; the setting is :func:`setting_of`'s (``cpu``, ``cuda`` for the CPU study's
-    schedule)."""
-    runs = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
-    for r in records:
-        if r.get("benchmark") == "curves":
-            runs[(setting_of(r), r["size"]["name"])][r["row"]][r["seed"]][r["updates"]] = r
-    return runs
 
 
 def ordered_keys(runs):
@@ -178,7 +135,6 @@ class Claim(NamedTuple):
     method: str = ""  # the glance table's row: claims of one method share it (default: the claim's own)
 
 
-SIZE_SHORT = {"small": "2+2, d=128", "deep": "6+6, d=128", "base": "6+6, d=512", "base12": "12+12, d=512"}
 # The papers' numbers are IWSLT'15 EN-VI BLEU at base size, trained to convergence; the
 # study's are Multi30k EN-DE sacreBLEU, so only the direction compares. The 2+2 rows are
 # measured at the final budget; the 6+6 rows at the last budget most of their seeds reach.
@@ -299,7 +255,6 @@ def _gap(rows: dict, row: str, other: str, upto: float = float("inf")):
 
 # The budgets a verdict waits for: 2+2 post-LN and pre-LN differ from 2400 updates on;
 # 6+6 post-LN is far behind every repair from 1200 on.
-VERDICT_BUDGETS = {"small": 2400, "deep": 1200}
 
 
 def cross_layer_table(runs, rows=NEW_KINDS) -> str:

@@ -1,6 +1,6 @@
 """BLEU against the training budget: one run per (depth, row, seed), scored at several budgets.
 
-Each run trains with ``fairseq-train`` (the rows of ``resnmt.study.rows``, on Multi30k
+Each run trains with ``fairseq-train`` (the rows of ``campaign.rows``, on Multi30k
 EN-DE, or EN-FR with ``--pair en-fr``) and stops at every milestone (``--milestones``, in updates): the newest
 ``--average`` update checkpoints are averaged, test2016 is decoded with beam 4 and the
 GNMT length penalty 0.6 (maximum length source + 50, tensor2tensor's), scored with
@@ -12,38 +12,43 @@ validation losses so far and the analysis. Training then resumes to the next mil
 Runs are taken in the study's priority order. Several copies of this command can run at
 once (``--workers`` starts them): each run directory is locked by the copy working on it.
 A killed run resumes from its last checkpoint; milestones already in ``--out`` are not
-scored again, so a stopped study continues where it stopped.
+scored again, so the study can be continued over several sessions.
 
-Checkpoints live in the (ignored) ``--workdir``, so a run continues from them only on a
-machine that keeps them (``--list`` names the update each unfinished run's checkpoints
+Checkpoints live in the (ignored) ``--workdir``, so a run continues across sessions only on
+a machine that keeps it (``--list`` names the update each unfinished run's checkpoints
 reach); on a fresh checkout a run restarts at update 0 and skips the milestones already
-recorded. On a 2-core CPU a 2+2 run to its final 14400 updates takes 2.7-5.4 h, and two
-6+6 runs side by side reach 2400 updates in about 2.5 h (docs/study.md). The thread count is how a
+recorded. On a 2-core CPU a 2+2 run to its final 14400 updates takes 2.7-5.4 h, more than a
+3-hour working session leaves for training, and two 6+6 runs side by side reach 2400
+updates in about 2.5 h (the measured rates are in docs/study.md). The thread count is how a
 run was executed, not what it computes: it is recorded per line (``torch_threads``) and
 left out of the settings key.
 
-    resnmt-study curves                        # the whole study, one run at a time
-    resnmt-study curves --list                 # what is done, what is missing, what can resume
-    resnmt-study curves --only small:post_ln:1 # one run
-    resnmt-study curves --workers 2 --threads 1 --only deep:pre_ln:1,deep:sas:1   # a pair side by side
-    resnmt-study curves --device cuda --workers 8 --threads 1   # on a GPU: the study, plus the base size
-    resnmt-study curves --device cuda --sizes base,base12 --lr 7e-4 --warmup 2000 --save-every 100 --bf16 \
-        --sdpa-backends flash,efficient,math --workers 4 --pin-cores --threads 1  # the papers' sizes
-    resnmt-study curves --device cuda --bf16 --pin-cores --threads 1 --concurrency-sweep 1,4,8,12 \
-        --sweep-lines sweep.jsonl        # how many runs share the GPU best
+    python benchmarks/curves.py                        # the whole study, one run at a time
+    python benchmarks/curves.py --list                 # what is done, what is missing, what can resume
+    python benchmarks/curves.py --only small:post_ln:1 # one run
+    python benchmarks/curves.py --workers 2 --threads 1 --only deep:pre_ln:1,deep:sas:1   # a pair side by side
+    python benchmarks/curves.py --device cuda --workers 8 --threads 1   # on a GPU: the study, plus the base size
+    python benchmarks/curves.py --device cuda --sizes base,base12 --lr 7e-4 --warmup 2000 --save-every 100 --bf16 \
+        --sdpa-backends flash,efficient,math --workers 4 --pin-cores --threads 1  # the papers' sizes (gpu_job.sh part 7)
+    python benchmarks/curves.py --device cuda --bf16 --pin-cores --threads 1 --concurrency-sweep 1,4,8,12 \
+        --sweep-lines sweep.jsonl        # how many runs share the GPU best (gpu_job.sh part 11)
+    python benchmarks/curves.py --executor slurm --partition gpu --time 240 --device cuda --sizes base \
+        --workdir /shared/runs --out /shared/curves.jsonl   # each run a SLURM job (submitit)
 
 With ``--device cuda`` every run trains and decodes on the (first) GPU, several at once
 with ``--workers`` (these models are far too small to fill one), and the study adds the
-papers' sizes (base: 6+6 layers, d=512; base12: 12+12), too large to train on a CPU. GPU lines record their device, are kept apart from the CPU lines (a GPU run never
+papers' sizes (base: 6+6 layers, d=512; base12: 12+12), which a CPU cannot train in a
+session. GPU lines record their device, are kept apart from the CPU lines (a GPU run never
 skips a milestone because the CPU run has it) and are plotted in panels of their own; fp32
 on both unless ``--bf16`` (resnmt-train's bf16, which the papers' sizes train in: another
 settings key). Every line records its schedule; another schedule (the papers' sizes are trained
-under one of their own, chosen by ``--choose-schedule`` from a sweep of post-LN at base
-size) gives another settings key, so its runs and their lines are
+under one of their own, chosen by ``--choose-schedule`` from a sweep of post-LN:
+benchmarks/gpu_job.sh part 6) gives another settings key, so its runs and their lines are
 others, tabulated and drawn apart. ``--concurrency-sweep`` measures how many runs side by side
-give the GPU's highest total updates per second (resnmt.study.concurrency).
+give the GPU's highest total updates per second (campaign.concurrency).
 """
 import argparse
+import copy
 import sys
 from pathlib import Path
 
@@ -52,19 +57,20 @@ from resnmt.experiment.presets import SIZES
 from resnmt.experiment.results import append_jsonl, read_jsonl
 from resnmt.experiment.runtime import tool_env
 from resnmt.options import Option, add_to_command
-from resnmt.study import concurrency, flags, runs
-from resnmt.study.cores import start_side_by_side
-from resnmt.study.milestones import (done_milestones, execution_flags, resume_point, run_dir_of, run_plan,
-                                     schedule_of, study_settings, trainer)
-from resnmt.study.plan import (GPU_ONLY_SIZES, PAIRS, PLANS, plan_order, planned, sweep_choice, updates_per_second,
-                               workers_for, workers_from_sweep)
+from resnmt.study import flags, runs
+from resnmt.study.jobs import add_executor_options, executor, run_jobs, with_absolute_paths
+from resnmt.study.milestones import (PAIRS, add_run_options, done_milestones, execution_flags, progress, resume_point,
+                                     run_dir_of, run_plan, schedule_of, study_settings, trainer)
 from resnmt.study.records import cpu_description, cuda_description, run_id, settings_key
-from resnmt.study.rows import CURVES_ROWS, DEFAULT_MILESTONES, slug
+from resnmt.study.rows import slug
+
+from campaign import concurrency, files
+from campaign.cores import start_side_by_side
+from campaign.plan import (GPU_ONLY_SIZES, PLANS, plan_order, planned, sweep_choice, updates_per_second, workers_for,
+                           workers_from_sweep)
+from campaign.rows import CURVES_ROWS, DEFAULT_MILESTONES
 
 
-PAIR = Option("pair", "en-de", kind="choice", choices=tuple(PAIRS), help=(
-    "the Multi30k language pair, which picks the plan (the runs and milestones) and the prepared corpus (default: "
-    "%(default)s; " + "; ".join(f"{pair}: resnmt-prepare {d.name} data/{d.name}" for pair, d in PAIRS.items()) + ")"))
 MILESTONES = Option("milestones", kind="int", listed=True, minimum=1, metavar="N,N,...", help=(
     "comma-separated budgets in updates at which each run of every size is scored; the last is the run's length "
     "(default, per pair and size: " + "; ".join(f"{pair} {size} {','.join(map(str, ms))}"
@@ -72,33 +78,17 @@ MILESTONES = Option("milestones", kind="int", listed=True, minimum=1, metavar="N
     + ")"))
 ONLY = Option("only", metavar="SIZE:ROW:SEED,...",
               help="comma-separated runs SIZE:ROW:SEED (e.g. small:post_ln:1,deep:sas:1)")
-TRAINING = (
-    Option("dropout", 0.3, "default: %(default)s, the usual choice for Multi30k's 29k pairs trained this long",
-           kind="number", minimum=0, metavar="P"),
-)
-ANALYSIS = Option("analyze_sentences", 500, "validation sentences resnmt-analyze runs at each milestone (default: "
-                  "%(default)s)", kind="int", minimum=1, metavar="N")
+DEVICE = Option("device", "cpu", "where every run trains and decodes (default: %(default)s); cuda adds the base size "
+                "(6+6, d=512)", kind="choice", choices=("cpu", "cuda"))
 EXECUTION = (
-    Option("workers", 1, "runs at a time (copies of this command; default: %(default)s)", kind="int", minimum=1,
-           metavar="N"),
-    Option("device", "cpu", "where every run trains and decodes (default: %(default)s); cuda adds the base size "
-           "(6+6, d=512)", kind="choice", choices=("cpu", "cuda")),
+    Option("workers", 1, "runs at a time (copies of this command; default: %(default)s)", kind="int", minimum=1, metavar="N"),
     Option("workdir", help="checkpoints and logs (default: runs/curves, runs/curves-cuda with --device cuda)",
            metavar="DIR"),
 )
 PLANNING = (
     Option("sizes", metavar="SIZE,...", help=(
         "comma-separated sizes to plan, of " + ", ".join(DEFAULT_MILESTONES) + " (default: every size the device "
-        "trains; the GPU study at the papers' sizes is base,base12)")),
-    Option("sdpa_backends", "", metavar="B,B,...", help=(
-        "the attention kernels torch may use (resnmt_translation's flag, e.g. flash,efficient,math: no cuDNN kernel "
-        "planning every new batch shape on Hopper); recorded per line, not in the key")),
-    Option("fast_path", False, kind="switch", help=(
-        "train on resnmt's fast path (resnmt_translation --fast-path: static batch shapes, CUDA graphs); its batches "
-        "differ, so it is part of the settings key")),
-    Option("bf16", False, kind="switch", help=(
-        "train in bf16 (resnmt-train's --bf16: float32 master weights; fairseq 0.12's own --bf16 asks for a TPU); "
-        "other arithmetic, so part of the settings key")),
+        "trains; the GPU study of benchmarks/gpu_job.sh plans base,base12)")),
     Option("pin_cores", False, kind="switch", help=(
         "with --workers N (and --concurrency-sweep): each copy on its own share of this process's CPU cores "
         "(os.sched_setaffinity), so runs side by side do not take turns on a core")),
@@ -108,7 +98,7 @@ SWEEP = (
         "measure instead of training: for each N, N post-LN runs (base size; --tiny: tiny) side by side for "
         "--sweep-seconds, each one's updates per second from fairseq's log; one line per N appended to the first "
         "--sweep-lines, a readable line per N printed, the last line the runs to train side by side "
-        "(resnmt.study.plan.workers_from_sweep); then exit")),
+        "(campaign.plan.workers_from_sweep); then exit")),
     Option("sweep_seconds", 60.0, "each step's window of --concurrency-sweep, start-up included (default: "
            "%(default)g)", kind="number", above=0, metavar="S"),
     Option("sweep_lines", [], repeat=True, metavar="JSONL", help=(
@@ -120,14 +110,13 @@ SWEEP = (
 )
 ACTIONS = (
     Option("choose_schedule", False, kind="switch", help=(
-        "print the GPU study's schedule as 'LR WARMUP', chosen by resnmt.study.plan.choose_schedule from the post-LN "
-        "base runs (seed 1) of the schedule sweep (resnmt.study.plan.SWEEP_SCHEDULES) in --out and --done-from, the "
+        "print the GPU study's schedule as 'LR WARMUP', chosen by campaign.plan.choose_schedule from the post-LN "
+        "base runs (seed 1) of the schedule sweep (campaign.plan.SWEEP_SCHEDULES) in --out and --done-from, the "
         "other settings as given; then exit")),
     Option("throughput", False, kind="switch", help=(
         "print each run's updates per second in --workdir (fairseq's, its newest 10 intervals), their sum and the "
-        "runs that can train side by side, each reaching the last --milestones within resnmt.study.plan's time "
-        "limit per run (resnmt.study.plan.workers_for; the last line is that number); then exit")),
-    Option("tiny", False, "train every run at the tiny size (smoke tests)", kind="switch"),
+        "runs that can train side by side, each reaching the last --milestones within the plan's time limit per run (campaign.plan.workers_for; the last "
+        "line is that number); then exit")),
     Option("list", False, kind="switch", help=(
         "print the planned runs, the milestones each has recorded and, for an unfinished run, the update its "
         "checkpoints in --workdir reach; then exit")),
@@ -135,27 +124,22 @@ ACTIONS = (
 
 
 def parser() -> argparse.ArgumentParser:
-    """``resnmt-study curves``' command line; its defaults are the study's settings."""
-    p = OneLineErrorParser(prog="resnmt-study curves", description=__doc__,
+    """``python benchmarks/curves.py``' command line; its defaults are the study's settings."""
+    p = OneLineErrorParser(prog="benchmarks/curves.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(command="curves", rows=CURVES_ROWS)  # what a progress line is named, the rows it trains
-    add_to_command(p, [PAIR])
-    flags.add_data(p, binarized=False, default=None)
-    flags.add_reference(p)
+    files.add_data(p, binarized=False, default=None)
+    add_run_options(p, DEVICE)
     add_to_command(p, [MILESTONES, ONLY])
-    flags.add_schedule(p)
-    add_to_command(p, TRAINING)
-    flags.add_checkpoints(p)
-    add_to_command(p, [ANALYSIS])
-    flags.add_threads(p, 2, note="; not part of the settings key, recorded per line")
     add_to_command(p, EXECUTION)
-    flags.add_out(p, "curves.jsonl")
+    files.add_out(p, "curves.jsonl")
     add_to_command(p, (*PLANNING, *SWEEP, *ACTIONS))
+    add_executor_options(p)
     return p
 
 
 def main(argv) -> int:
-    """``resnmt-study curves ARGV``: check the arguments, then list, choose, measure or train."""
+    """``python benchmarks/curves.py ARGV``: check the arguments, then list, choose, measure or train."""
     p = parser()
     a = p.parse_args(argv)
     check_sizes_and_milestones(p, a)
@@ -180,15 +164,30 @@ def main(argv) -> int:
         print_plan(a, plan, lines, key)
         return 0
     a.bin_dir, a.ref = flags.scored_corpus(p, a.data, a.ref, PAIRS[a.pair])
-    if a.device == "cuda":
+    if a.device == "cuda" and a.executor != "slurm":  # a SLURM job's GPU is on its node
         check_cuda(p)
+    env = tool_env(threads=a.threads, cpu_only=a.device == "cpu")
+    if a.executor and not a.concurrency_sweep:
+        return run_as_jobs(a, settings, key, plan, lines, env)
     if a.workers > 1:
         return run_copies(argv, a.workers, a.pin_cores)
-    env = tool_env(threads=a.threads, cpu_only=a.device == "cpu")
     device = cpu_description() if a.device == "cpu" else cuda_description()
     if a.concurrency_sweep:
         return run_sweep(a, settings, key, env, device)
     return run_plan(a, settings, key, plan, lines, env, device)
+
+
+def run_as_jobs(a, settings, key, plan, lines, env) -> int:
+    """--executor: each planned run not done a submitit job (resnmt.study.jobs), every job
+    appending to --out; 1 where a job failed for good (one line each)."""
+    done = done_milestones(lines, key, a.device)
+    todo = [r for r in plan if not set(a.milestones[r[0]]) <= done.get(r, set())]
+    job_args = with_absolute_paths(copy.copy(a))
+    failures = run_jobs(executor(a, "curves"), todo, lambda run: (job_args, settings, key, run, env), a.retries,
+                        lambda text: progress(a, text))
+    for line in failures:
+        progress(a, f"error: {line}")
+    return 1 if failures else 0
 
 
 def check_cuda(p) -> None:
@@ -205,7 +204,7 @@ def run_copies(argv, workers: int, pin: bool = False) -> int:
     directories' locks. The highest exit status of them."""
     argv = [c for i, c in enumerate(argv) if not (c == "--workers" or (i and argv[i - 1] == "--workers")
                                                   or c.startswith("--workers="))]
-    child = [sys.executable, "-m", "resnmt.cli.study", "curves", *argv]
+    child = [sys.executable, str(Path(__file__).resolve().parents[1] / "curves.py"), *argv]
     procs = start_side_by_side([child] * workers, pin)
     return max(proc.wait() for proc in procs)
 
@@ -254,7 +253,7 @@ def check_sizes_and_milestones(p, a) -> None:
         gpu_only = [x for x in a.sizes if x in GPU_ONLY_SIZES]
         if gpu_only and a.device == "cpu" and not a.tiny:
             p.error(f"--sizes {','.join(gpu_only)}: run only with --device cuda (or --tiny, a smoke test)")
-    a.data = a.data or str(flags.CORPUS.parent / PAIRS[a.pair].name)
+    a.data = a.data or str(files.CORPUS.parent / PAIRS[a.pair].name)
     if a.milestones is None:
         a.milestones = {size: list(ms) for size, ms in PLANS[a.pair].milestones.items()}
     else:
@@ -318,7 +317,7 @@ def print_throughput(a) -> None:
         print(f"{run.relative_to(a.workdir)}: {ups:.2f} updates/s")
     longest = longest_milestones(a)
     print(f"{len(rates)} runs side by side: {sum(rates.values()):.2f} updates/s in all; each run to "
-          f"{longest[-1]} updates ({len(longest)} milestones) within the time limit: workers")
+          f"{longest[-1]} updates ({len(longest)} milestones) within a lease: workers")
     sweep = [r for path in a.sweep_lines if Path(path).is_file() for r in read_jsonl(path)]
     if not print_sweep_workers(a, sweep):
         print(workers_for(sum(rates.values()), longest[-1], len(longest)) if rates else 1)

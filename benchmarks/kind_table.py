@@ -1,7 +1,7 @@
 """Print (or write) the tables of connection kinds, generated from the registry.
 
-    python -m resnmt.cli.kind_table            # the README's table, in markdown
-    python -m resnmt.cli.kind_table --write    # rewrite every committed copy
+    python benchmarks/kind_table.py            # the README's table, in markdown
+    python benchmarks/kind_table.py --write    # rewrite every committed copy
 
 Each kind class carries its ``equation``, ``note``, ``source`` and ``flags``
 (:mod:`resnmt.connections`); the tables are made of them, in registry order:
@@ -21,7 +21,7 @@ WRITE = Option("write", False, "rewrite the committed tables (README, docs, docs
 
 BUILTIN = {kind: CONNECTION_CLASSES[kind] for kind in BUILTIN_KINDS}  # the user's kinds are in no table
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def output(cls, code: bool) -> str:

@@ -2,7 +2,7 @@
 fixed window, each one's updates per second read from fairseq's ``train_inner`` lines, and
 their total per N, one JSON line per N (``n_runs``, ``total_ups``, ``per_run_ups``, whether
 NVIDIA MPS ran, the device). The study then trains the N of the highest total that still
-lets each run reach its length within a lease (:func:`resnmt.study.plan.workers_from_sweep`).
+lets each run reach its length within a lease (:func:`campaign.plan.workers_from_sweep`).
 """
 import os
 import statistics
@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Optional
 
 from resnmt.experiment import steps
-from resnmt.study.cores import start_side_by_side
+
+from campaign.cores import start_side_by_side
 
 # the interval fairseq logs a train_inner line at in a sweep's runs (updates), and the
 # intervals left out of each run's rate (start-up: the first batches, allocator warm-up)

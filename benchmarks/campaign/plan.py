@@ -6,13 +6,14 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from resnmt.data.corpora import MULTI30K, MULTI30K_EN_FR
 from resnmt.experiment import steps
 from resnmt.experiment.results import read_jsonl
-from resnmt.study import tables
+from resnmt.study.milestones import PAIRS
 from resnmt.study.records import settings_key
-from resnmt.study.rows import (CONTROL_ROWS, CURVES_ROWS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS,
-                               SAME_RUN, slug)
+
+from campaign import tables
+from campaign.rows import (CONTROL_ROWS, CURVES_ROWS, DEFAULT_MILESTONES, GEN2025_KINDS, GEN2025_VARIANTS, NEW_KINDS,
+                           SAME_RUN, slug)
 
 # The papers' sizes (GPU only), most decisive first: post-LN against pre-LN, rSkip+LN and
 # SAS at base (6+6, d=512) under the GPU schedule; second seeds of the first three; the
@@ -75,9 +76,6 @@ class Plan:
     milestones: dict
 
 
-# the study's language pairs: "en-de" -> the Multi30k dataset of that pair
-PAIRS = {"-".join(d.langs): d for d in (MULTI30K, MULTI30K_EN_FR)}
-
 # language pair -> its plan; the pair names the prepared corpus (resnmt.data.corpora)
 PLANS = {
     "en-de": Plan(STUDY_ORDER, DEFAULT_MILESTONES),
@@ -93,7 +91,7 @@ GPU_ONLY_SIZES = ("base", "base12")
 # The GPU study's schedule: inverse square root, as the CPU study's, with a lower
 # peak and a longer warm-up, chosen on the GPU by a measured sweep of post-LN at base size
 # (benchmarks/gpu_job.sh part 6 trains post-LN seed 1 under each candidate to 2000 updates,
-# side by side; `resnmt-study curves --choose-schedule` applies choose_schedule). The candidates:
+# side by side; `benchmarks/curves.py --choose-schedule` applies choose_schedule). The candidates:
 # Transformer-base's peak 7e-4 with 1000 and 2000 warm-up updates, and fairseq's IWSLT peak
 # 5e-4 with 1000; each reaches its peak within the sweep, where post-LN at lr 1e-3 failed
 # (diverged with 300 warm-up updates, stalled at 24 BLEU with 1000). FALLBACK_SCHEDULE, the
@@ -181,7 +179,7 @@ def workers_for(total_ups: float, updates: int, milestones: int) -> int:
 
 def workers_from_sweep(lines, device: str, updates: int, milestones: int):
     """(N, why): the runs side by side with the highest total updates per second in the
-    concurrency sweep's ``lines`` (dicts; resnmt.study.concurrency) on ``device``, among
+    concurrency sweep's ``lines`` (dicts; campaign.concurrency) on ``device``, among
     those where each run reaches ``updates`` within a lease (as :func:`workers_for`: its
     share of the total, plus ``milestones`` * MILESTONE_SECONDS); where none does, the N whose
     runs each go fastest. A step where a run ended early (a crash: out of memory) or logged no
