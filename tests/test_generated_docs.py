@@ -2,7 +2,7 @@
 writes from the committed results, byte for byte: each document holding a marker of
 benchmarks/make_tables.py is copied, rewritten by ``make_tables.py --write`` from
 benchmarks/results/ and compared with the committed file; every ``<!-- NAME:begin -->`` marker
-of the documents belongs to make_tables.py or to resnmt.cli.kind_table (whose tables
+of the documents belongs to make_tables.py or to benchmarks/kind_table.py (whose tables
 tests/test_kind_table.py compares with the registry)."""
 import re
 import shutil
@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from resnmt.cli import kind_table
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCH = REPO_ROOT / "benchmarks"
 RESULTS = BENCH / "results"
@@ -20,11 +18,16 @@ DOCUMENTS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))
 BEGIN = re.compile(r"^<!-- ([\w-]+):begin -->$", re.M)
 
 
-def table_writer():
-    """The tables' generator: its markers (name -> begin, end) and its command-line entry point."""
+def lab_module(name: str):
+    """A generator of the lab folder (benchmarks/), imported as its commands import it."""
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))
-    import make_tables
+    return __import__(name)
+
+
+def table_writer():
+    """The tables' generator: its markers (name -> begin, end) and its command-line entry point."""
+    make_tables = lab_module("make_tables")
 
     return make_tables.MARKERS, make_tables.main
 
@@ -67,7 +70,7 @@ def test_every_marker_of_the_documents_has_a_generator():
              for name in BEGIN.findall(doc.read_text(encoding="utf-8"))}
     assert {"glance-table", "speed-glance", "pairs-glance", "pairs-table", "curves-table", "cross-layer-table",
             "gen2025-table", "speed-table", "gpu-train-table", "fp16-table", "fp16-headroom-table"} <= set(found)
-    orphans = {name: doc for name, doc in found.items() if name not in generated | set(kind_table.TABLES)}
+    orphans = {name: doc for name, doc in found.items() if name not in generated | set(lab_module("kind_table").TABLES)}
     assert not orphans, orphans
 
 
