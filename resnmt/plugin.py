@@ -34,11 +34,12 @@ def plug_into_fairseq() -> None:
     from resnmt.checkpoints.compat import refuse_unsafe_checkpoints
     from resnmt.options import shorten_choice_errors
     from resnmt.training.bf16 import keep_fp32_master_weights
-    from resnmt.training.launch import ddp_on_cpu_modules
+    from resnmt.training.launch import cpu_ranks_with_every_launcher, ddp_on_cpu_modules
     from resnmt.training.quiet import lower_fairseqs_debug_logging
 
     keep_fp32_master_weights()
     ddp_on_cpu_modules()  # fairseq's default DDP on CPU ranks (resnmt.training.launch)
+    cpu_ranks_with_every_launcher()  # spawn, torchrun and SLURM start CPU ranks (resnmt.training.launch)
     refuse_unsafe_checkpoints()  # a crafted checkpoint: one line naming the global it asks for
     from resnmt import models  # noqa: F401  (registers the model and archs)
     from resnmt import tasks  # noqa: F401  (registers resnmt_translation)
