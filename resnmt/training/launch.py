@@ -70,13 +70,16 @@ def _slurm_port(environ) -> int:
     return random.Random(int(job)).randint(10000, 60000)
 
 
-def _first_slurm_host(node_list: str) -> str:
+def _first_slurm_host(node_list: str, environ) -> str:
+    """The first host of SLURM's compressed ``node_list`` (``node[1-2]``), as fairseq asks
+    ``scontrol`` for it (found on ``environ``'s PATH)."""
     import subprocess
 
     try:
-        hosts = subprocess.check_output(["scontrol", "show", "hostnames", node_list], text=True).split()
+        hosts = subprocess.check_output(["scontrol", "show", "hostnames", node_list], text=True,
+                                        env=dict(environ)).split()
     except FileNotFoundError:
-        raise LaunchError(f"SLURM's node list is set (SLURM_JOB_NODELIST={node_list}) but its 'scontrol' command is "
+        raise LaunchError(f"SLURM's node list is set ({node_list}) but its 'scontrol' command is "
                           "not on PATH: run inside the SLURM allocation (srun ...), on a node where SLURM's client "
                           "commands are installed") from None
     return hosts[0]
@@ -111,7 +114,7 @@ def plan_cpu_ranks(dt, environ, argv) -> int:
             raise LaunchError(f"--distributed-world-size {world} but SLURM started {tasks} task(s): on the CPU each "
                               f"task is one rank (srun --ntasks {world}, or drop --distributed-world-size)")
         port = dt.distributed_port if dt.distributed_port > 0 else _slurm_port(environ)
-        dt.distributed_init_method = f"tcp://{_first_slurm_host(node_list)}:{port}"
+        dt.distributed_init_method = f"tcp://{_first_slurm_host(node_list, environ)}:{port}"
         dt.distributed_world_size, dt.distributed_rank = tasks, int(environ.get("SLURM_PROCID", 0))
         dt.device_id, dt.distributed_no_spawn = int(environ.get("SLURM_LOCALID", 0)), True
         return 0
