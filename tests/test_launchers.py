@@ -255,3 +255,78 @@ def test_nccl_on_the_cpu_is_refused_in_one_line_before_any_work(tiny_bin, tmp_pa
         "fairseq-train: error: --distributed-backend nccl: NCCL runs on GPUs only; ranks on the CPU talk over gloo "
         "(--distributed-backend gloo, the default with --cpu)")
     assert "Traceback" not in proc.stderr and not save_dir.exists()
+
+
+# ------------------------------------------------------------------ the project's commands: the same launch with --cpu
+
+from test_train_scripts import dry_run, flag, train_sh  # noqa: E402,F401  (fixtures: train.sh in-process)
+
+
+@pytest.mark.parametrize("launcher, head", [
+    ("spawn", ["fairseq-train"]),
+    ("torchrun", ["torchrun", "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
+                  "--master-port", "29500"]),
+    ("slurm", ["srun", "--nodes", "2", "--ntasks-per-node", "{tasks}"]),
+])
+def test_cpu_rehearses_the_cluster_command(dry_run, launcher, head):
+    """--cpu runs the GPU cluster's command on CPU ranks: the same launcher, ranks, batch and
+    flags, plus fairseq's --cpu (SLURM: one task per CPU rank, where a GPU node spawns its GPUs)."""
+    nodes = [] if launcher == "spawn" else ["--nodes", "2"]
+    where = ["--node-rank", "1", "--master-addr", "10.0.0.1"] if launcher == "torchrun" else []
+    args = ["--launcher", launcher, *nodes, *where, "--gpus", "2", "--preset", "small", "--max-update", "50",
+            "multi30k", "transformer_sas_base"]
+    gpu, _ = dry_run(*args)
+    cpu, err = dry_run("--cpu", *args)
+    world = "2" if launcher == "spawn" else "4"
+    assert f"{world} process(es) (2 CPU rank(s) x {1 if launcher == 'spawn' else 2} node(s))" in err
+    assert cpu[:len(head)] == [h.format(tasks=2) for h in head] and flag(cpu, "--distributed-world-size") == world
+    assert gpu[:len(head)] == [h.format(tasks=1) for h in head]
+    assert [w for w in cpu if w != "--cpu"][len(head):] == gpu[len(head):] and cpu.count("--cpu") == 1
+
+
+def test_slurm_without_srun_says_what_is_missing(train_sh, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(BIN_DIR))  # the venv's tools, no SLURM
+    save_dir = tmp_path / "run"
+    status, _, err = train_sh("--cpu", "--launcher", "slurm", "--nodes", "2", "--save-dir", save_dir,
+                              "multi30k", "transformer_sas_base")
+    assert status == 1 and "Traceback" not in err
+    assert err.splitlines()[-1] == (
+        "[train] error: 'srun' not found on PATH: --launcher slurm runs inside a SLURM allocation, on a cluster "
+        "whose administrators installed SLURM (it is not a Python package): on its login node, salloc --nodes 2 then "
+        "this command, or this command in an sbatch script; on a machine without SLURM, --launcher torchrun starts "
+        "the same ranks (add --cpu to rehearse on this machine's CPU)")
+    assert not save_dir.exists()
+
+
+def test_experiment_takes_the_launch_options(tmp_path, capsys, monkeypatch):
+    from resnmt.cli import experiment as cli
+    from resnmt.experiment import presets
+    from test_train_scripts import call_main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(presets, "count_gpus", lambda: 0)
+    status, out, err = call_main(cli.main, ["--help"], capsys)
+    for word in ("--nodes", "--launcher", "--cpu", "--node-rank", "spawn", "torchrun", "slurm"):
+        assert word in out, word
+    status, out, err = call_main(cli.main, ["--dry-run", "--cpu", "--gpus", "2", "--launcher", "torchrun", "--nodes",
+                                            "2", "--node-rank", "1", "multi30k", "transformer_sas_base"], capsys)
+    assert status == 0, err
+    train = next(line for line in out.splitlines() if line.startswith("2. train"))
+    assert "torchrun --nnodes 2 --nproc-per-node 2 --node-rank 1 " in train and " --cpu " in train
+
+
+def test_train_sh_launches_cpu_ranks_with_torchrun(train_sh, tiny_bin, tmp_path):
+    """scripts/train.sh --cpu --gpus 2 --launcher torchrun: torchrun starts two CPU ranks
+    that train together; checkpoint_last.pt holds the updates asked for."""
+    save_dir = tmp_path / "run"
+    status, out, err = train_sh("--cpu", "--gpus", "2", "--launcher", "torchrun", "--master-port", free_port(),
+                                "--data", tiny_bin, "--save-dir", save_dir, "--max-update", "3", "--max-tokens", "600",
+                                "multi30k", "transformer_sas_base", "--", *TINY, "--num-workers", "0",
+                                "--no-epoch-checkpoints", "--disable-validation")
+    log = (save_dir / "train.log").read_text()
+    assert status == 0, err + log[-3000:]
+    assert (save_dir / "train.cmd").read_text().startswith("torchrun --nnodes 1 --nproc-per-node 2 ")
+    assert "distributed init (rank 0): env://" in log and "distributed init (rank 1): env://" in log
+    assert "training on 2 devices" in log
+    ckpt = torch.load(save_dir / "checkpoint_last.pt", weights_only=True)
+    assert ckpt["optimizer_history"][-1]["num_updates"] == 3
