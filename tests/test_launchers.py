@@ -330,3 +330,58 @@ def test_train_sh_launches_cpu_ranks_with_torchrun(train_sh, tiny_bin, tmp_path)
     assert "training on 2 devices" in log
     ckpt = torch.load(save_dir / "checkpoint_last.pt", weights_only=True)
     assert ckpt["optimizer_history"][-1]["num_updates"] == 3
+
+
+# ------------------------------------------------------------------ docs/training.md's launch commands
+
+def documented_launch_commands():
+    """The command lines of docs/training.md's section on launchers, ``$ARGS`` expanded."""
+    import re
+    import shlex
+
+    text = (REPO_ROOT / "docs" / "training.md").read_text()
+    section = text.split("## One GPU, several GPUs, several nodes")[1].split("\n## ")[0]
+    lines = [line for block in re.findall(r"```bash\n(.*?)```", section, re.S) for line in block.splitlines()]
+    args, commands = None, []
+    for line in [line for line in "\n".join(lines).replace('"\n  ', '" ').replace("\n  ", " ").splitlines()]:
+        if line.startswith("ARGS="):
+            args = shlex.split(line[len("ARGS="):])[0]
+        elif line and not line.startswith("#"):
+            words = shlex.split(line.split("  #")[0].replace("$ARGS", args or "").replace("$(which fairseq-train)",
+                                                                                      "fairseq-train"))
+            commands.append([w for w in words if not re.fullmatch(r"[A-Z_]+=\S*", w)])  # VAR=value prefixes
+    return commands
+
+
+def test_documented_launch_commands_parse(capsys, monkeypatch, tmp_path):
+    """Each command of the section parses as its program parses it: fairseq-train's flags (also
+    behind torchrun and srun: torchrun's own parser for its part) and scripts/train.sh's
+    (--dry-run, which checks the fairseq flags it builds too)."""
+    from fairseq import options
+    from torch.distributed.run import get_args_parser
+
+    from resnmt.cli import experiment as cli
+    from resnmt.experiment import presets
+    from test_train_scripts import call_main
+
+    commands = documented_launch_commands()
+    programs = {c[0] for c in commands}
+    assert programs == {"fairseq-train", "torchrun", "srun", "scripts/train.sh"}, programs
+    assert sum(c[0] == "scripts/train.sh" and "--cpu" in c for c in commands) >= 5
+    monkeypatch.setattr(presets, "count_gpus", lambda: 0)
+    for command in commands:
+        monkeypatch.chdir(REPO_ROOT)
+        program, rest = command[0], command[1:]
+        if program == "scripts/train.sh":
+            monkeypatch.chdir(tmp_path)
+            status, _, err = call_main(cli.train_main, ["--dry-run", *rest], capsys)
+            assert status == 0, f"{command}: {err}"
+            continue
+        if program == "torchrun":
+            parsed = get_args_parser().parse_args(rest)
+            assert parsed.training_script == "fairseq-train", command
+            rest = parsed.training_script_args
+        elif program == "srun":
+            rest = rest[rest.index("fairseq-train") + 1:]
+        args = options.parse_args_and_arch(options.get_training_parser(), input_args=rest)
+        assert args.cpu and args.arch == "transformer_sas_base" and args.max_update == 20, command
