@@ -222,6 +222,10 @@ def test_each_launchers_variables_make_ranks_on_gloo(tmp_path):
     procs, dt = planned({}, ["--distributed-num-procs", "2"], distributed_world_size=4, distributed_num_procs=2,
                         distributed_rank=2, distributed_init_method="tcp://10.0.0.1:9000")
     assert procs == 2 and dt.distributed_init_method == "tcp://10.0.0.1:9000"
+    # ... also in a SLURM allocation's shell, where srun started no task
+    procs, dt = planned({k: v for k, v in env.items() if k != "SLURM_PROCID"},
+                        ["--distributed-world-size", "2"], distributed_world_size=2)
+    assert procs == 2 and dt.distributed_init_method.startswith("tcp://127.0.0.1:")
     assert planned({})[0] == -1  # one process: not distributed
 
 

@@ -109,7 +109,8 @@ def plan_cpu_ranks(dt, environ, argv) -> int:
         return 0
     node_list = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
     tasks = int(environ.get("SLURM_NTASKS") or environ.get("SLURM_STEP_NUM_TASKS") or 1)
-    if node_list and (tasks > 1 or world > 1):
+    # a task of srun (SLURM_PROCID); in an allocation's shell (salloc) the ranks are this process's to start
+    if node_list and "SLURM_PROCID" in environ and (tasks > 1 or world > 1):
         if world != tasks and _given(argv, "--distributed-world-size"):
             raise LaunchError(f"--distributed-world-size {world} but SLURM started {tasks} task(s): on the CPU each "
                               f"task is one rank (srun --ntasks {world}, or drop --distributed-world-size)")
