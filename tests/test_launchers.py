@@ -288,6 +288,17 @@ def test_cpu_rehearses_the_cluster_command(dry_run, launcher, head):
     assert [w for w in cpu if w != "--cpu"][len(head):] == gpu[len(head):] and cpu.count("--cpu") == 1
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "2", "multi30k", "transformer"], "--nodes 2 needs --launcher torchrun or --launcher slurm"),
+    (["--launcher", "slurm", "--nodes", "2", "--node-rank", "1", "multi30k", "transformer"],
+     "--node-rank 1 is torchrun's (--launcher torchrun); spawn runs on one node and SLURM numbers the nodes itself"),
+])
+def test_a_launch_the_launcher_cannot_make_is_refused(train_sh, tmp_path, args, message):
+    status, _, err = train_sh("--cpu", "--save-dir", tmp_path / "run", *args)
+    assert status == 2 and err.splitlines()[-1].startswith(f"[train] error: {message}")
+    assert not (tmp_path / "run").exists()
+
+
 def test_slurm_without_srun_says_what_is_missing(train_sh, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(BIN_DIR))  # the venv's tools, no SLURM
     save_dir = tmp_path / "run"
