@@ -249,6 +249,17 @@ def test_a_launch_that_would_train_nothing_is_refused(environ, argv, settings, m
     assert message in str(refused.value.code) and "\n" not in str(refused.value.code)
 
 
+def test_fp16_on_the_cpu_is_refused_where_fairseq_needs_a_gpu_for_it():
+    from fairseq.dataclass.configs import CommonConfig
+
+    from resnmt.training.launch import LaunchError, refuse_gpu_only_precision
+
+    with pytest.raises(LaunchError, match="--fp16 trains on GPUs only .* on the CPU train in float32"):
+        refuse_gpu_only_precision(CommonConfig(fp16=True, cpu=True))
+    for fine in (dict(), dict(fp16=True, memory_efficient_fp16=True), dict(fp16=True, bf16=True)):
+        refuse_gpu_only_precision(CommonConfig(cpu=True, **fine))  # these run on the CPU
+
+
 def test_nccl_on_the_cpu_is_refused_in_one_line_before_any_work(tiny_bin, tmp_path):
     save_dir = tmp_path / "run"
     proc = run_cli(["fairseq-train", tiny_bin, "--user-dir", REPO_ROOT / "resnmt", "--task", "resnmt_translation",

@@ -92,6 +92,16 @@ def _first_slurm_host(node_list: str, environ) -> str:
     return hosts[0]
 
 
+def refuse_gpu_only_precision(common) -> None:
+    """``--fp16`` on the CPU: fairseq's FP16Optimizer keeps its flattened float32 master weights
+    on ``torch.cuda.current_device()`` (a traceback after the model is built); refused in one
+    line (LaunchError) naming what trains on the CPU instead."""
+    flattened = not (common.bf16 or common.memory_efficient_fp16 or common.amp or common.fp16_no_flatten_grads)
+    if common.fp16 and flattened:
+        raise LaunchError("--fp16 trains on GPUs only (fairseq's fp16 optimizer keeps its float32 master weights on "
+                          "one); on the CPU train in float32 (no flag), or in bf16 with resnmt-train --bf16")
+
+
 def plan_cpu_ranks(dt, environ, argv) -> int:
     """Fill fairseq's distributed settings ``dt`` (``cfg.distributed_training``) for ranks on
     the CPU from the launcher that started this process; returns how many processes this one
@@ -162,7 +172,8 @@ def cpu_ranks_with_every_launcher() -> None:
     ``plan_cpu_ranks`` (gloo; torchrun's WORLD_SIZE/RANK/LOCAL_RANK; SLURM's
     SLURM_NTASKS/SLURM_PROCID/SLURM_LOCALID and its first host by ``scontrol``; else
     ``--distributed-world-size`` processes started here, ``CPU_START_METHOD``), then runs
-    fairseq's own ``distributed_main`` in each rank. Runs on GPUs go to fairseq's ``call_main`` unchanged."""
+    fairseq's own ``distributed_main`` in each rank; ``--fp16``, which needs a GPU, is
+    refused first (``refuse_gpu_only_precision``). Runs on GPUs go to fairseq's ``call_main`` unchanged."""
     from fairseq.distributed import utils as distributed_utils
 
     if getattr(distributed_utils.call_main, "resnmt_cpu_ranks", False):
@@ -176,6 +187,7 @@ def cpu_ranks_with_every_launcher() -> None:
 
         if cfg.common.tpu or (not cfg.common.cpu and torch.cuda.is_available()):
             return fairseq_call_main(cfg, main, **kwargs)
+        refuse_gpu_only_precision(cfg.common)
         dt = cfg.distributed_training
         procs = plan_cpu_ranks(dt, os.environ, sys.argv[1:])
         if procs < 0:
