@@ -173,7 +173,8 @@ def cpu_ranks_with_every_launcher() -> None:
     SLURM_NTASKS/SLURM_PROCID/SLURM_LOCALID and its first host by ``scontrol``; else
     ``--distributed-world-size`` processes started here, ``CPU_START_METHOD``), then runs
     fairseq's own ``distributed_main`` in each rank; ``--fp16``, which needs a GPU, is
-    refused first (``refuse_gpu_only_precision``). Runs on GPUs go to fairseq's ``call_main`` unchanged."""
+    refused first (``refuse_gpu_only_precision``). Runs on GPUs go to fairseq's
+    ``call_main`` unchanged."""
     from fairseq.distributed import utils as distributed_utils
 
     if getattr(distributed_utils.call_main, "resnmt_cpu_ranks", False):
@@ -182,7 +183,6 @@ def cpu_ranks_with_every_launcher() -> None:
 
     @functools.wraps(fairseq_call_main)
     def call_main(cfg, main, **kwargs):
-
         import torch
 
         if cfg.common.tpu or (not cfg.common.cpu and torch.cuda.is_available()):
