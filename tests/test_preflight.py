@@ -57,7 +57,7 @@ def mistakes(kinds_dir, monkeypatch):
         "syntax error": (["--residual", "gru_gate", "--connections", str(tmp_path / "syntax_error.py")],
                          f"--residual gru_gate: connection module '{tmp_path / 'syntax_error.py'}' cannot be "
                          "imported: SyntaxError: invalid syntax (syntax_error.py, line 1)"),
-        "mistyped kind": (["--residual", "rskip_lm"], "--residual rskip_lm (no module named): no such connection kind; "),
+        "mistyped kind": (["--residual", "rskip_lm"], "--residual rskip_lm: no such connection kind (closest: rskip_ln"),
         "entry point without its module": (["--residual", "ghost"], (
             "--residual ghost: its entry point ghost = ghost_module_missing (package ghostpkg) failed to load: "
             "ModuleNotFoundError: No module named 'ghost_module_missing'")),

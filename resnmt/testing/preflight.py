@@ -104,10 +104,11 @@ def check_registered(kinds: Sequence[str], sources: Sequence[str]) -> None:
         if broken:
             raise PreflightError(f"--residual {kind}: its {broken[0]}")
         close = difflib.get_close_matches(kind, list(CONNECTION_CLASSES), n=3)
-        loaded = f"the modules loaded ({', '.join(sources)}) register " if sources else ""
-        raise PreflightError(f"--residual {kind} ({module_of(kind, sources)}): no such connection kind; "
-                             f"{loaded}{', '.join(CONNECTION_CLASSES)}"
-                             + (f" (closest: {', '.join(close)})" if close else "") + f"; {HOW_TO_PROVIDE}")
+        where = f" (module {', '.join(sources)})" if sources else ""
+        loaded = f"the modules loaded register " if sources else "choose from "
+        raise PreflightError(f"--residual {kind}{where}: no such connection kind"
+                             + (f" (closest: {', '.join(close)})" if close else "")
+                             + f"; {loaded}{', '.join(CONNECTION_CLASSES)}; {HOW_TO_PROVIDE}")
 
 
 def kind_argv(argv: Sequence[str]) -> List[str]:
