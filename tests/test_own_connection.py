@@ -172,3 +172,18 @@ def test_an_installed_kind_that_fails_to_load_leaves_the_others_and_is_named_whe
     with pytest.raises(ConnectionConfigError, match=r"^--residual broken_kind is not a connection kind: .*\(entry "
                        r"point broken_kind = no_such_module_of_a_kind \(package \?\) failed to load: Module"):
         plugins.require_kinds(["broken_kind"], None)
+
+
+def test_the_look_up_of_a_kind_not_registered_imports_resnmt_connections_first(tmp_path, monkeypatch):
+    """From Python: a kind named by RESNMT_CONNECTIONS is found when first asked for (its
+    module imported then), and a name no module registers is one ConnectionConfigError line."""
+    from resnmt.connections import CONNECTION_CLASSES, ConnectionConfigError, ConnectionSpec
+
+    kind_file = tmp_path / "looked_up.py"
+    kind_file.write_text(HALF_POST_LN.replace('"half_post_ln"', '"half_post_ln_looked_up"'))
+    monkeypatch.setenv("RESNMT_CONNECTIONS", str(kind_file))
+    assert "half_post_ln_looked_up" not in CONNECTION_CLASSES
+    assert ConnectionSpec("half_post_ln_looked_up").kind == "half_post_ln_looked_up"
+    with pytest.raises(ConnectionConfigError, match=r"^--residual 'no_such_kind' is not a connection kind; choose one "
+                       r"of post_ln, .*half_post_ln_looked_up$"):
+        ConnectionSpec("no_such_kind")
