@@ -23,7 +23,10 @@ the replacing callable's class declares the method it stands in for, so whether 
 object carries one is asked of that declaration (:meth:`Replacement.on`), never by
 probing the object. They are listed in :data:`REPLACEMENTS`.
 
-Standard library only at import: each patch's own module is imported when it is applied.
+How ``import resnmt`` waits for a library it has not seen loaded (a finder on
+``sys.meta_path`` that steps aside once fairseq and torch are loaded) is
+:func:`resnmt.plugin.when_imported`; it changes neither library. Standard library only at
+import: each patch's own module is imported when it is applied.
 """
 import importlib
 import sys
