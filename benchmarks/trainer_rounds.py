@@ -74,16 +74,16 @@ def process_wide(c: Config, torch_default_kernels) -> None:
     (``--sdpa-backends``, ``--fused-master-weights``) as configuration ``c``'s parsed task
     asks, before anything of ``c`` runs: configurations share this process, and each must
     run as its own command line would, not with what the last one built left behind."""
-    from resnmt.training import master_sync
+    from resnmt import fairseq_patches
     from resnmt.training.attention import use_sdpa_backends
 
     cfg = c.trainer.task.cfg  # fairseq's translation task has neither flag: torch's defaults
     kernels = getattr(cfg, "sdpa_backends", "")
     use_sdpa_backends(kernels.split(",") if kernels else torch_default_kernels)
     if getattr(cfg, "fused_master_weights", False):
-        master_sync.install()
+        fairseq_patches.apply("fused-master-weights")
     else:
-        master_sync.uninstall()
+        fairseq_patches.remove("fused-master-weights")
 
 
 def trainer_records(configs: List[Config], tokens_setting: int, peak_tflops: Dict[str, float]) -> List[dict]:

@@ -2,15 +2,17 @@
 
 Load with ``fairseq-train --user-dir resnmt`` (or ``import resnmt``): importing the
 package registers the ``resnmt_transformer`` model, its named architectures
-(``transformer_sas_base`` ...), the ``resnmt_translation`` task and the ``adam_fused``
-optimizer (fairseq's ``adam`` in multi-tensor kernels), allow-lists the
-types fairseq checkpoints hold so that they load under torch's ``weights_only``,
-lets a training run that stops mid-epoch exit cleanly (``resnmt.training.prefetch_exit``), and
-keeps the float32 master weights of ``--fp16``/``--bf16`` runs in their checkpoints so
-that a resumed run continues exactly (``resnmt.training.bf16``), and hides the deprecation notices
-fairseq's calls cause in hydra and torch (``resnmt.training.quiet``). What needs fairseq or torch
-happens as soon as that library is loaded (``resnmt.plugin``), so that data preparation
-(``resnmt.data``) imports neither.
+(``transformer_sas_base`` ...), the connection kinds (built in, and those of installed
+packages), the ``resnmt_translation`` task and the ``adam_fused`` optimizer (fairseq's
+``adam`` in multi-tensor kernels), and applies resnmt's patches of fairseq, torch and the
+standard library, each listed with what it changes and why in ``resnmt.fairseq_patches``
+(checkpoints that load under torch's ``weights_only``, float32 master weights kept in
+``--fp16``/``--bf16`` checkpoints, a clean exit mid-epoch, third-party deprecation notices
+hidden ...). It reads neither the command line nor the environment: the user's own kinds
+(``--connections``, ``RESNMT_CONNECTIONS``) are imported when fairseq parses the arguments,
+or when a name not registered is looked up (``resnmt.connections.plugins``). What needs
+fairseq or torch happens as soon as that library is loaded (``resnmt.plugin``), so that
+data preparation (``resnmt.data``) imports neither.
 
 ``resnmt.from_pretrained(checkpoint_dir, checkpoint_file=..., data_name_or_path=...)``
 loads a checkpoint for translation from Python (fairseq's hub interface; ``resnmt.hub``).
@@ -27,12 +29,10 @@ learned); ``experiment`` (the papers' pipeline, step by step); ``cli`` (the comm
 all of it). ``plugin`` plugs it into fairseq, ``hub`` loads it from Python.
 """
 from resnmt.version import __version__  # noqa: F401
+from resnmt import fairseq_patches
 from resnmt.plugin import allow_fairseq_checkpoints, plug_into_fairseq, when_imported
-from resnmt.training.prefetch_exit import park_prefetch_threads_at_exit
-from resnmt.training.quiet import hide_third_party_deprecations
 
-hide_third_party_deprecations()  # hydra's and torch's notices about fairseq's calls (resnmt.training.quiet)
-park_prefetch_threads_at_exit()  # (resnmt.training.prefetch_exit)
+fairseq_patches.apply_loaded("python")  # the standard library's: warnings filters, the exit, one-line errors
 when_imported({"torch": allow_fairseq_checkpoints, "fairseq": plug_into_fairseq})
 
 

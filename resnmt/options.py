@@ -46,6 +46,14 @@ NO_DEFAULT = object()  # Option.add_to without a default: the parser's own (fair
 _INTEGER_RE = re.compile(r"[+-]?\d+")
 
 
+class OptionError(ValueError):
+    """A value resnmt refuses, from Python or on a command line alike: the message is the one
+    line a command prints after ``PROG: error:`` (``one_line``: printed so, alone, where it
+    ends a process uncaught: the ``one-line-errors`` patch of resnmt.fairseq_patches)."""
+
+    one_line = True
+
+
 def shown(value: Any) -> str:
     """A value as a model flag's error shows it: strings quoted, floats as %g."""
     return repr(value) if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
@@ -317,15 +325,12 @@ def shorten_choice_errors() -> None:
     """fairseq's parsers (those with ``--user-dir``: ``fairseq-train --user-dir resnmt --arch
     transformer_sas_bas``) stop on an invalid choice with one line naming the closest choices
     (among many, ``short_choice_error``: those alone), without the usage block; every other
-    error, and other parsers, as before."""
+    error, and other parsers, as before. Applied once, by resnmt.fairseq_patches."""
     error = argparse.ArgumentParser.error
-    if getattr(error, "shortens_choice_errors", False):
-        return
 
     def short_error(self, message):
         if "--user-dir" not in self._option_string_actions or not _INVALID_CHOICE_RE.match(message):
             return error(self, message)
         self.exit(2, f"{self.prog}: error: {short_choice_error(message) or with_closest_names(message, self)}\n")
 
-    short_error.shortens_choice_errors = True
     argparse.ArgumentParser.error = short_error

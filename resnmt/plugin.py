@@ -2,14 +2,9 @@
 
 Plugging in (``plug_into_fairseq``) registers the ``resnmt_transformer`` model and its named
 architectures, the ``resnmt_translation`` task, the ``adam_fused`` optimizer and the
-``token_bleu`` scorer (``resnmt.decoding.token_bleu``), keeps the
-float32 master weights of ``--fp16``/``--bf16`` runs in their checkpoints
-(``resnmt.training.bf16``), lets fairseq's launch code run ranks on the CPU
-(``resnmt.training.launch``), words torch's refusal of an unsafe checkpoint in one line
-(``resnmt.checkpoints.compat``), words an invalid choice in fairseq's parser (``--arch``'s ~180 names) as one line
-naming the closest (``resnmt.options``) and lowers the DEBUG level fairseq's import leaves on the root logger
-(``resnmt.training.quiet``). ``allow_fairseq_checkpoints`` (``resnmt.checkpoints.compat``)
-allow-lists the types fairseq checkpoints hold for torch's ``weights_only`` loading.
+``token_bleu`` scorer (``resnmt.decoding.token_bleu``), then applies resnmt's patches of
+fairseq, and ``allow_fairseq_checkpoints`` those of torch: every one is listed, with what
+it changes and why, in ``resnmt.fairseq_patches``, the one place that applies them.
 
 All of that needs fairseq or torch, about two seconds to import, which data preparation
 (``resnmt.data``, ``resnmt-prepare``) never uses. So ``import resnmt`` does each part as
@@ -29,31 +24,23 @@ from typing import Callable, Dict, List
 
 
 def plug_into_fairseq() -> None:
-    """Register resnmt's model, archs, task and optimizer with fairseq and install its
-    patches of fairseq's training (idempotent: the registrations are module imports)."""
-    from resnmt.checkpoints.compat import refuse_unsafe_checkpoints
-    from resnmt.options import shorten_choice_errors
-    from resnmt.training.bf16 import keep_fp32_master_weights
-    from resnmt.training.launch import cpu_ranks_with_every_launcher, ddp_on_cpu_modules
-    from resnmt.training.quiet import lower_fairseqs_debug_logging
-
-    keep_fp32_master_weights()
-    ddp_on_cpu_modules()  # fairseq's default DDP on CPU ranks (resnmt.training.launch)
-    cpu_ranks_with_every_launcher()  # spawn, torchrun and SLURM start CPU ranks (resnmt.training.launch)
-    refuse_unsafe_checkpoints()  # a crafted checkpoint: one line naming the global it asks for
+    """Register resnmt's model, archs, task and optimizer with fairseq and apply resnmt's
+    patches of fairseq (resnmt.fairseq_patches; idempotent: the registrations are module
+    imports, and each patch is applied once)."""
+    from resnmt import fairseq_patches
     from resnmt import models  # noqa: F401  (registers the model and archs)
     from resnmt import tasks  # noqa: F401  (registers resnmt_translation)
     from resnmt.decoding import token_bleu  # noqa: F401  (registers --scoring token_bleu)
     from resnmt.training import optim  # noqa: F401  (registers --optimizer adam_fused)
 
-    lower_fairseqs_debug_logging()  # fairseq's import leaves the root logger at DEBUG (resnmt.training.quiet)
-    shorten_choice_errors()  # an invalid --arch (or other long choice): the closest names on one line (resnmt.options)
+    fairseq_patches.apply_loaded("fairseq")
 
 
 def allow_fairseq_checkpoints() -> None:
-    from resnmt.checkpoints.compat import allow_fairseq_checkpoints as allow
+    """torch's patches (resnmt.fairseq_patches): fairseq's checkpoints load under ``weights_only``."""
+    from resnmt import fairseq_patches
 
-    allow()
+    fairseq_patches.apply_loaded("torch")
 
 
 def when_imported(actions: Dict[str, Callable[[], None]]) -> None:

@@ -16,7 +16,7 @@ SHARED_DATA = Path(os.environ.get("RESNMT_TEST_DATA") or REPO_ROOT.parent / "sha
 BIN_DIR = Path(sys.executable).parent  # the venv's bin: fairseq-train & co. live here
 
 # Triton's interpreter is chosen when triton is first imported (its library's own jit
-# functions are made then, and torch may import it before tests/test_triton_kernels.py
+# functions are made then, and torch may import it before tests/test_fused_loss_kernel.py
 # does): on a machine without an NVIDIA device every test process runs Triton interpreted.
 if not Path("/dev/nvidia0").exists():
     os.environ.setdefault("TRITON_INTERPRET", "1")

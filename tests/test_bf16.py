@@ -131,5 +131,5 @@ def test_stock_fairseq_train_bf16_names_resnmt_train(tiny_bin, tmp_path):
                     "--optimizer", "adam", "--lr", "1e-3", "--max-update", "1", "--max-tokens", "500", "--cpu",
                     "--bf16", "--save-dir", tmp_path, "--num-workers", "0"], check=False)
     assert proc.returncode != 0
-    assert proc.stderr.strip().splitlines()[-1] == bf16_needs_resnmt_train_message()
+    assert proc.stderr.strip().splitlines()[-1] == f"fairseq-train: error: {bf16_needs_resnmt_train_message()}"
     assert not list(tmp_path.glob("*.pt"))

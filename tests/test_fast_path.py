@@ -37,6 +37,7 @@ from fairseq.trainer import Trainer
 from conftest import REPO_ROOT, run_cli
 from cpu_graph import HOST_TENSOR_LINES, op_capture
 from model_utils import TINY
+from resnmt import fairseq_patches
 from resnmt.training import fast
 from resnmt.connections import BUILTIN_KINDS
 from resnmt.training.bf16 import untie_bf16_from_tpu
@@ -56,7 +57,7 @@ MAX_TOKENS = 600
 def fairseq_trains_own_trainer_afterwards():
     """A --fast-path task makes fairseq-train's Trainer the fast one, process-wide."""
     yield
-    fast.uninstall()
+    fairseq_patches.remove("fast-path-trainer")
 
 
 def train_argv(data, *extra, cpu=True):
@@ -682,10 +683,11 @@ def test_install_replaces_fairseq_trains_trainer_and_uninstall_restores_it():
 
     original = train_cli.Trainer
     try:
-        assert fast.install() and train_cli.Trainer is FastPathTrainer and fast.installed()
+        assert fairseq_patches.apply("fast-path-trainer") and train_cli.Trainer is FastPathTrainer
+        assert fast.installed() and fairseq_patches.original("fast-path-trainer", "fairseq_cli.train.Trainer") is original
     finally:
-        fast.uninstall()
-    assert train_cli.Trainer is original and not fast.installed()
+        fairseq_patches.remove("fast-path-trainer")
+    assert train_cli.Trainer is original and not fast.installed() and not fairseq_patches.applied("fast-path-trainer")
 
 
 @pytest.mark.slow  # two gloo ranks, ~40 s: with make test-slow

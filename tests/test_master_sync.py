@@ -7,6 +7,7 @@ import torch
 from fairseq import utils
 from fairseq.optim.fp16_optimizer import _FP16OptimizerMixin
 
+from resnmt import fairseq_patches
 from resnmt.training import master_sync
 from test_bf16 import write_resnmt_train_probe
 from test_distributed import ARCHS, probe_train_args, read_losses
@@ -18,7 +19,7 @@ SHAPES = [(5, 3), (7,), (2, 4, 3), (1,)]
 @pytest.fixture(autouse=True)
 def fairseq_restored():
     yield
-    master_sync.uninstall()
+    fairseq_patches.remove("fused-master-weights")
 
 
 class Wrapper(_FP16OptimizerMixin):
@@ -69,7 +70,7 @@ def test_copies_and_zeroing_are_fairseqs_to_the_bit(flat, dtype):
     steps = ("_sync_fp16_grads_to_fp32", "_sync_fp32_params_to_fp16", "zero_grad")
     for step in steps:
         getattr(theirs, step)()
-    master_sync.install()
+    fairseq_patches.apply("fused-master-weights")
     for step in steps:
         getattr(mine, step)()
     assert _FP16OptimizerMixin.zero_grad is master_sync.zero_grad
@@ -84,11 +85,11 @@ def test_gradient_norm_agrees_with_fairseqs():
     for p in params:
         p.grad = torch.randn(p.shape, generator=g)
     theirs = utils.clip_grad_norm_(params, 0)
-    master_sync.install()
+    fairseq_patches.apply("fused-master-weights")
     assert utils.multi_tensor_l2norm_available and utils.multi_tensor_total_norm is master_sync.total_norm
     mine = utils.clip_grad_norm_(params, 0)
     assert mine.dtype == torch.float32 and mine.item() == pytest.approx(theirs.item(), rel=1e-6)
-    master_sync.uninstall()
+    fairseq_patches.remove("fused-master-weights")
     assert _FP16OptimizerMixin.zero_grad is not master_sync.zero_grad and utils.clip_grad_norm_(params, 0) == theirs
 
 

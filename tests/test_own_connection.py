@@ -3,6 +3,8 @@
 single file (``--connections FILE``) train through fairseq-train, decode through
 fairseq-generate and the hub, and their checkpoint names the modules they come from; a
 checkpoint whose module is gone, and a kind named as a built-in one, are one line each."""
+import re
+import sys
 import textwrap
 
 import pytest
@@ -58,9 +60,13 @@ def test_kinds_from_a_package_and_a_file_train_decode_and_load(tiny_bin, tmp_pat
 
 
 def assert_loading_stops_in_one_line(checkpoint, moved, data, capsys, kind_file):
-    """Loading (fairseq-generate, the hub) a checkpoint whose kind no module registers, or
-    whose recorded module is gone, stops with one line naming the kind and the module."""
+    """Loading a checkpoint whose kind no module registers, or whose recorded module is gone:
+    from Python (the hub, fairseq's loading) an exception whose message is one line naming the
+    kind and the module, and fairseq-generate ends with that line."""
+    import resnmt
     from fairseq import checkpoint_utils
+
+    from resnmt.connections import ConnectionConfigError
 
     state = torch.load(checkpoint, weights_only=True)
     state["cfg"]["model"].decoder_residual = "gone_kind"  # a kind no module registers
@@ -72,13 +78,17 @@ def assert_loading_stops_in_one_line(checkpoint, moved, data, capsys, kind_file)
     ):
         state["cfg"]["model"].connections = connections
         torch.save(state, moved)
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as stop:
+        with pytest.raises(ConnectionConfigError) as stop:
             checkpoint_utils.load_model_ensemble_and_task([str(moved)], arg_overrides={"data": str(data)})
-        last = capsys.readouterr().err.strip().splitlines()[-1]
-        assert stop.value.code == 2 and expected in last and "pip install the package" in last, last
+        last = str(stop.value)
+        assert "\n" not in last and expected in last and "pip install the package" in last, last
         if connections != str(elsewhere):
             assert f"nor registered by the modules loaded (resnmt_layerscale.connection, {kind_file})" in last, last
+    with pytest.raises(ConnectionConfigError, match="^" + re.escape(last) + "$"):  # a notebook's: not SystemExit
+        resnmt.from_pretrained(moved.parent, checkpoint_file=moved.name, data_name_or_path=str(data))
+    proc = run_cli(["fairseq-generate", data, "--user-dir", USER_DIR, "--path", moved, "--gen-subset", "valid",
+                    "--beam", "2", "--batch-size", "32"], check=False)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == f"fairseq-generate: error: {last}"
 
 
 def test_help_lists_the_kinds_and_flags_of_a_package_and_of_a_file_loaded_later(tmp_path):
@@ -108,25 +118,44 @@ def test_a_kind_named_as_a_built_in_one_is_refused_in_one_line(tmp_path, tiny_bi
                     "--residual", "post_ln", "--max-tokens", "800"], check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"resnmt-train: error: connection kind 'post_ln' of module {clash} clashes with the built-in kind post_ln: "
+        f"resnmt-train: error: --residual post_ln: connection kind 'post_ln' of module {clash} clashes with the built-in kind post_ln: "
         "give it another name")
 
 
-def test_a_module_that_cannot_be_imported_stops_a_command_in_one_line(tmp_path, capsys):
+def test_a_module_that_cannot_be_imported_stops_a_command_in_one_line(tmp_path, tiny_bin, capsys):
     """RESNMT_CONNECTIONS (or --connections) naming a missing file: the exception in Python,
-    one line and exit status 2 in a command."""
+    one line and exit status 2 when fairseq parses a command line."""
+    from fairseq import options
+
     from resnmt.connections import ConnectionConfigError
-    from resnmt.connections.plugins import load_plugins
+    from resnmt.connections.plugins import load_user_kinds
 
     missing = tmp_path / "missing.py"
-    with pytest.raises(ConnectionConfigError, match=f"connection module '{missing}' cannot be imported: "
-                       "FileNotFoundError: no such file"):
-        load_plugins(["python"], {"RESNMT_CONNECTIONS": str(missing)})
+    message = f"connection module '{missing}' cannot be imported: FileNotFoundError: no such file {missing}"
+    with pytest.raises(ConnectionConfigError, match="^" + re.escape(message) + "$"):
+        load_user_kinds(environ={"RESNMT_CONNECTIONS": str(missing)})
+    with pytest.raises(ConnectionConfigError, match="^" + re.escape(message) + "$"):
+        load_user_kinds(str(missing), environ={})
+    parser = options.get_training_parser()
+    parser.prog = "resnmt-train"
     with pytest.raises(SystemExit) as stop:
-        load_plugins(["/venv/bin/resnmt-train", "--connections", str(missing)], {})
+        options.parse_args_and_arch(parser, [str(tiny_bin), "--arch", "resnmt_transformer", "--connections",
+                                             str(missing)])
     assert stop.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
-        f"resnmt-train: error: connection module '{missing}' cannot be imported: FileNotFoundError")
+    assert capsys.readouterr().err.strip().splitlines() == [f"resnmt-train: error: {message}"]
+
+
+def test_importing_reads_neither_the_command_line_nor_the_environment(tmp_path):
+    """``import resnmt.connections`` with --connections and RESNMT_CONNECTIONS naming missing
+    files raises nothing; the kinds a file registers come back from load_user_kinds."""
+    kind_file = tmp_path / "half_post_ln.py"
+    kind_file.write_text(HALF_POST_LN.replace('"half_post_ln"', '"half_post_ln_import"'))
+    code = ("import os, sys; sys.argv = ['x', '--connections', 'missing.py']; os.environ['RESNMT_CONNECTIONS'] = "
+            "'gone.py'\nimport resnmt, resnmt.connections\nfrom resnmt.connections import CONNECTION_CLASSES, "
+            f"load_user_kinds\nassert 'half_post_ln_import' not in CONNECTION_CLASSES\n"
+            f"print(load_user_kinds({str(kind_file)!r}, environ={{}}))")
+    proc = run_cli([sys.executable, "-c", code], check=False)
+    assert proc.returncode == 0 and proc.stdout.split() == ["('half_post_ln_import',)"], proc.stderr
 
 
 def test_an_installed_kind_that_fails_to_load_leaves_the_others_and_is_named_when_asked_for(monkeypatch, caplog):
@@ -143,3 +172,18 @@ def test_an_installed_kind_that_fails_to_load_leaves_the_others_and_is_named_whe
     with pytest.raises(ConnectionConfigError, match=r"^--residual broken_kind is not a connection kind: .*\(entry "
                        r"point broken_kind = no_such_module_of_a_kind \(package \?\) failed to load: Module"):
         plugins.require_kinds(["broken_kind"], None)
+
+
+def test_the_look_up_of_a_kind_not_registered_imports_resnmt_connections_first(tmp_path, monkeypatch):
+    """From Python: a kind named by RESNMT_CONNECTIONS is found when first asked for (its
+    module imported then), and a name no module registers is one ConnectionConfigError line."""
+    from resnmt.connections import CONNECTION_CLASSES, ConnectionConfigError, ConnectionSpec
+
+    kind_file = tmp_path / "looked_up.py"
+    kind_file.write_text(HALF_POST_LN.replace('"half_post_ln"', '"half_post_ln_looked_up"'))
+    monkeypatch.setenv("RESNMT_CONNECTIONS", str(kind_file))
+    assert "half_post_ln_looked_up" not in CONNECTION_CLASSES
+    assert ConnectionSpec("half_post_ln_looked_up").kind == "half_post_ln_looked_up"
+    with pytest.raises(ConnectionConfigError, match=r"^--residual 'no_such_kind' is not a connection kind; choose one "
+                       r"of post_ln, .*half_post_ln_looked_up$"):
+        ConnectionSpec("no_such_kind")

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from resnmt.activations import native
+from resnmt.options import OptionError
 from resnmt.training.compile import FLAG, CompileUnavailableError, compiled, require_compile
 
 PAPER = 'Yuan et al. 2022, "ANAct: Adaptive Normalization for Activation Functions"'
@@ -50,7 +51,7 @@ STATS_MODES = ("instance", "batch")
 SIDES = ("encoder", "decoder")
 
 
-class ActivationConfigError(ValueError):
+class ActivationConfigError(OptionError):
     """A normalized-activation option with a value outside what is allowed."""
 
 

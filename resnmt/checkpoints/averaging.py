@@ -91,13 +91,14 @@ def read_checkpoint(path: Path, mmap: bool = False) -> dict:
     ``torch.load(weights_only=True)`` (fairseq's types allow-listed by resnmt); ``mmap``:
     its tensors memory-mapped, not read (a zip checkpoint). Anything else is an AverageError
     naming the file and what is wrong with it, on one line."""
-    from resnmt.checkpoints.compat import allow_fairseq_checkpoints, unsafe_checkpoint
+    from resnmt import fairseq_patches
+    from resnmt.checkpoints.compat import unsafe_checkpoint
 
     path = Path(path)
     problem = _file_problem(path)
     if problem:
         raise AverageError(f"{path} is not a checkpoint: {problem}")
-    allow_fairseq_checkpoints()
+    fairseq_patches.apply("safe-checkpoint-globals")  # done when torch was loaded, unless resnmt was imported after
     zipped = checkpoint_complete(path)
     try:
         with warnings.catch_warnings():  # a plain pickle's protocol: the error below says what is wrong

@@ -20,7 +20,6 @@ which averaging, analysis, the hub and decoding (``refuse_unsafe_checkpoints``) 
 import argparse
 import pickle
 import re
-import sys
 from typing import Optional
 
 import torch
@@ -29,10 +28,8 @@ FAIRSEQ_CHECKPOINT_GLOBALS = (argparse.Namespace,)
 
 
 def allow_fairseq_checkpoints() -> None:
-    """Register the classes fairseq checkpoints contain as safe for ``torch.load``.
-
-    Idempotent; a no-op on torch versions without ``add_safe_globals``.
-    """
+    """Register the classes fairseq checkpoints contain as safe for ``torch.load`` (a no-op on
+    torch versions without ``add_safe_globals``). Applied once, by resnmt.fairseq_patches."""
     add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
     if add_safe_globals is None:  # torch < 2.4 loads everything anyway
         return
@@ -56,16 +53,17 @@ def unsafe_checkpoint(error: BaseException, path) -> Optional[str]:
 class UnsafeCheckpointError(pickle.UnpicklingError):
     """A checkpoint refused as unsafe (``unsafe_checkpoint``): one line, no traceback from a command."""
 
+    one_line = True  # printed as "PROG: error: ..." where uncaught (resnmt.fairseq_patches)
+
 
 def refuse_unsafe_checkpoints() -> None:
     """fairseq's checkpoint loading (fairseq-generate, the hub, resnmt-analyze) raises
     UnsafeCheckpointError naming the file and the global where torch refuses a pickle, and a
-    command that does not catch it ends with that line alone (exit status 1)."""
+    command that does not catch it ends with that line alone (exit status 1: the
+    ``one-line-errors`` patch). Applied once, by resnmt.fairseq_patches."""
     from fairseq import checkpoint_utils
 
     load = checkpoint_utils.load_checkpoint_to_cpu
-    if getattr(load, "refuses_unsafe", False):
-        return
 
     def load_checkpoint_to_cpu(path, *args, **kwargs):
         try:
@@ -76,13 +74,4 @@ def refuse_unsafe_checkpoints() -> None:
                 raise
             raise UnsafeCheckpointError(reason) from None
 
-    load_checkpoint_to_cpu.refuses_unsafe = True
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
-    hook = sys.excepthook
-
-    def one_line(kind, value, traceback):
-        if not isinstance(value, UnsafeCheckpointError):
-            return hook(kind, value, traceback)
-        print(f"{sys.argv[0].rsplit('/', 1)[-1]}: error: {value}", file=sys.stderr)
-
-    sys.excepthook = one_line

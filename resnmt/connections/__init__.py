@@ -20,7 +20,8 @@ The package, by job:
   :class:`ConnectionSpec`, one side's resolved and validated choices (flags are
   declared with :class:`resnmt.options.Option`);
 * :mod:`~resnmt.connections.plugins`: the user's own kinds (an installed package's entry
-  point, a module or file named by ``--connections`` or ``RESNMT_CONNECTIONS``);
+  point, registered on import; a module or file named by ``--connections`` or
+  ``RESNMT_CONNECTIONS``, imported by :func:`load_user_kinds` when arguments are parsed);
 * :mod:`~resnmt.connections.norms`: ``--normalization``, every norm a kind or a stack owns;
 * :mod:`~resnmt.connections.base`: :class:`SublayerConnection`, what every kind
   is, and the forms several kinds share;
@@ -120,8 +121,9 @@ from resnmt.connections.mhc import ManifoldHyperConnection  # noqa: F401
 
 CONNECTION_KINDS = BUILTIN_KINDS = tuple(CONNECTION_CLASSES)  # the built-in kinds (the tables, the study)
 
-# the user's kinds (an installed package's entry point, RESNMT_CONNECTIONS, --connections), after
-# every built-in one: resnmt.connections.plugins
-from resnmt.connections.plugins import import_connections, load_plugins  # noqa: E402, F401
+# the kinds of installed packages (their entry points), after every built-in one; the user's
+# modules of RESNMT_CONNECTIONS and --connections are imported when fairseq parses the
+# arguments, or at the look-up of a name not registered (resnmt.connections.plugins)
+from resnmt.connections.plugins import import_connections, load_entry_points, load_user_kinds  # noqa: E402, F401
 
-load_plugins()
+load_entry_points()

@@ -9,15 +9,21 @@ in a module resnmt imports from one of three places:
   ``pip install`` of the package is enough;
 * the ``RESNMT_CONNECTIONS`` environment variable: module names or ``.py`` files,
   comma-separated;
-* the ``--connections MODULE_OR_FILE[,...]`` model flag (read from the command line when
-  resnmt is loaded, as fairseq reads ``--user-dir``, so that ``--residual NAME`` and the
-  kind's own flags are known when fairseq parses them).
+* the ``--connections MODULE_OR_FILE[,...]`` model flag.
 
-All three are loaded when :mod:`resnmt.connections` is imported, after the built-in
-kinds, so ``--residual`` offers the user's kinds beside them. A model records the
-module (or absolute file) of every kind of its own it uses in its flags' ``connections``
-(:func:`sources_of`), so its checkpoint names what it needs, and loading the checkpoint
-imports it (:func:`require_kinds`) or says in one line which kind and module are missing.
+Installed packages' kinds are registered when :mod:`resnmt.connections` is imported, after
+the built-in kinds; importing reads neither the command line nor the environment. The
+other two are loaded by :func:`load_user_kinds`, which fairseq's parsing calls before it
+parses (``fairseq-train``, ``fairseq-generate``, ``resnmt-train``: the
+``user-kinds-when-parsing`` patch of :mod:`resnmt.fairseq_patches`), so that ``--residual``
+offers the user's kinds and their flags when fairseq parses them, and which a look-up of a
+kind not registered calls first (:func:`require_kinds`: building a model from Python,
+loading a checkpoint). From Python, ``load_user_kinds("my_kind.py")`` registers a file's
+kinds and returns their names. A model records the module (or absolute file) of every kind
+of its own it uses in its flags' ``connections`` (:func:`sources_of`), so its checkpoint
+names what it needs, and loading the checkpoint imports it (:func:`require_kinds`) or says
+in one line which kind and module are missing. Every failure is a ConnectionConfigError
+whose message is the one line a command prints (``PROG: error: MESSAGE``).
 """
 import hashlib
 import importlib
@@ -28,7 +34,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from resnmt.connections.spec import CONNECTION_CLASSES, FILE_MODULE_PREFIX, ConnectionConfigError, is_builtin, origin
 
@@ -107,7 +113,7 @@ def load_entry_points() -> None:
 
 
 def command_line_sources(argv: Sequence[str]) -> List[str]:
-    """The values of ``--connections`` on the command line ``argv``."""
+    """The values of ``--connections`` among the arguments ``argv``."""
     found = []
     for i, arg in enumerate(argv):
         if arg == FLAG and i + 1 < len(argv):
@@ -117,23 +123,20 @@ def command_line_sources(argv: Sequence[str]) -> List[str]:
     return found
 
 
-def load_plugins(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]] = None) -> None:
-    """Load the user's kinds: the installed entry points, ``RESNMT_CONNECTIONS``, and
-    ``--connections`` on the command line. A module named by the last two that fails, or a
-    kind that clashes, is, in a command (fairseq-*, resnmt-*), one ``PROG: error:`` line
-    and exit status 2; elsewhere the ConnectionConfigError."""
-    argv = sys.argv if argv is None else argv
+def load_user_kinds(sources: Union[str, Sequence[str], None] = None,
+                    environ: Optional[Dict[str, str]] = None) -> Tuple[str, ...]:
+    """Import the user's connection modules, each once: ``sources`` (a ``--connections``
+    value: module names or ``.py`` files, comma-separated, or a list of such values) and
+    those ``RESNMT_CONNECTIONS`` names in ``environ`` (``os.environ`` where None; ``{}``
+    leaves it out). Returns the kinds those modules registered, in registry order. A module
+    that cannot be imported, or a kind that clashes with one registered, is a
+    ConnectionConfigError naming it, in one line."""
     environ = os.environ if environ is None else environ
-    try:
-        load_entry_points()
-        for source in split_sources(environ.get(ENVIRONMENT)) + command_line_sources(argv[1:]):
-            import_connections(source)
-    except ConnectionConfigError as e:
-        prog = Path(argv[0]).name if argv and argv[0] else ""
-        if not prog.startswith(("fairseq-", "resnmt-")):
-            raise
-        sys.stderr.write(f"{prog}: error: {e}\n")
-        raise SystemExit(2)
+    given = [sources] if isinstance(sources, str) or sources is None else list(sources)
+    names = split_sources(environ.get(ENVIRONMENT)) + [s for value in given for s in split_sources(value)]
+    modules = {import_connections(source) for source in names}
+    return tuple(kind for kind, cls in CONNECTION_CLASSES.items()
+                 if not is_builtin(cls) and sys.modules.get(cls.__module__) in modules)
 
 
 def source_of(kind: str) -> Optional[str]:
@@ -150,11 +153,13 @@ def sources_of(kinds: Iterable[str]) -> Optional[str]:
 
 
 def require_kinds(kinds: Iterable[str], sources: Optional[str]) -> None:
-    """Import ``sources`` (a model's ``--connections``), then check every kind of ``kinds``
-    is registered: a missing one is one line naming the kind and the module it needs."""
+    """Check every kind of ``kinds`` is registered, where one is not first importing the
+    modules of ``RESNMT_CONNECTIONS`` and ``sources`` (a model's ``--connections``): a
+    missing one is one line naming the kind and the module it needs."""
     missing = [kind for kind in dict.fromkeys(kinds) if kind not in CONNECTION_CLASSES]
     if not missing:
         return
+    load_user_kinds()  # RESNMT_CONNECTIONS's modules
     for source in split_sources(sources):
         try:
             import_connections(source)

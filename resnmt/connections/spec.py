@@ -20,13 +20,13 @@ from resnmt.connections.norms import (
     NORMALIZATION,
     build_norm,
 )
-from resnmt.options import Option
+from resnmt.options import Option, OptionError
 
 SIDES = ("encoder", "decoder")
 
 
-class ConnectionConfigError(ValueError):
-    """A connection option with a value outside what is allowed."""
+class ConnectionConfigError(OptionError):
+    """A connection option with a value outside what is allowed, or a kind that cannot be had."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,16 @@ def register_connection(cls):
 
 
 def connection_class(kind: str):
+    """The class registered as ``kind``. The look-up of a name not registered first imports the
+    user's modules named by ``RESNMT_CONNECTIONS`` (:func:`resnmt.connections.plugins.load_user_kinds`);
+    a name still unknown is one ConnectionConfigError line."""
+    if kind not in CONNECTION_CLASSES:
+        from resnmt.connections.plugins import load_user_kinds
+
+        load_user_kinds()
+    if kind not in CONNECTION_CLASSES:
+        raise ConnectionConfigError(
+            f"--residual {kind!r} is not a connection kind; choose one of {', '.join(CONNECTION_CLASSES)}")
     return CONNECTION_CLASSES[kind]
 
 
@@ -243,13 +253,9 @@ def _rebuild_spec(kind, settings, options) -> ConnectionSpec:
 
 def check_connection_spec(spec: ConnectionSpec) -> None:
     """Raise ConnectionConfigError naming the flag, the value and what is allowed."""
-    if spec.kind not in CONNECTION_CLASSES:
-        raise ConnectionConfigError(
-            f"--residual {spec.kind!r} is not a connection kind; choose one of {', '.join(CONNECTION_CLASSES)}"
-        )
+    cls = connection_class(spec.kind)
     if spec.side not in SIDES:
         raise ConnectionConfigError(f"connection side {spec.side!r}: choose encoder or decoder")
-    cls = connection_class(spec.kind)
     problem = NORMALIZATION.problem(spec.normalization)
     if problem:
         raise ConnectionConfigError(problem)

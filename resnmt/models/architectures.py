@@ -18,7 +18,7 @@ from fairseq.models.transformer.transformer_legacy import (
 from resnmt.analysis.training_log import check_log_connection_stats_task
 from resnmt.connections import CONNECTION_CLASSES
 from resnmt.models.model_spec import resolve_model
-from resnmt.models.resnmt_transformer import exit_on_bad_args
+from resnmt.models.resnmt_transformer import refuse_bad_args
 
 MODEL = "resnmt_transformer"
 
@@ -31,9 +31,9 @@ SIZES = {"base": fairseq_base_sizes, "big": fairseq_big_sizes}
 
 def stop_on_bad_choices(args) -> None:
     """Resolve the model's choices once, at parsing, to stop with one clear line on a bad
-    value (the model resolves them again from the same flags when it is built)."""
-    exit_on_bad_args(resolve_model, args)
-    exit_on_bad_args(check_log_connection_stats_task, args)
+    value (an OptionError; the model resolves them again from the same flags when it is built)."""
+    refuse_bad_args(resolve_model, args)
+    refuse_bad_args(check_log_connection_stats_task, args)
 
 
 @register_model_architecture(MODEL, MODEL)

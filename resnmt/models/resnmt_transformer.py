@@ -6,9 +6,11 @@ from fairseq.models import register_model
 from fairseq.models.transformer import TransformerModel, TransformerModelBase
 
 from resnmt.analysis.training_log import LOG_CONNECTION_STATS
+from resnmt.connections.plugins import command_line_sources, load_user_kinds
 from resnmt.models.encoder_decoder import ResidualTransformerDecoder, ResidualTransformerEncoder
 from resnmt.models.flags import add_model_args
 from resnmt.models.model_spec import record_connection_sources, resolve_model
+from resnmt.options import OptionError
 from resnmt.training.bf16 import check_bf16_device
 
 
@@ -60,15 +62,39 @@ class ResidualTransformerModel(TransformerModel, ResolvedChoices):
                                           spec=cfg.model_spec)
 
 
-def exit_on_bad_args(check, args) -> None:
-    """Run ``check(args)``; on a ValueError stop the program with one argparse-style line.
+def refuse_bad_args(check, args) -> None:
+    """Run ``check(args)``; its ValueError as an OptionError (the same one-line message).
 
-    Used by the arch functions, which fairseq calls while parsing the command line, so
-    a bad value stops ``fairseq-train`` before any data is loaded or file written.
-    """
+    Used by the arch functions, which fairseq calls while parsing the command line (where
+    :func:`load_user_kinds_when_parsing` makes it one ``PROG: error:`` line, exit status 2,
+    before any data is loaded or file written) and when it builds a model (from Python, the
+    hub, a checkpoint: the exception)."""
     try:
         check(args)
+    except OptionError:
+        raise
     except ValueError as err:
-        prog = sys.argv[0].rsplit("/", 1)[-1] if sys.argv and sys.argv[0] else "fairseq"
-        sys.stderr.write(f"{prog}: error: {err}\n")
-        raise SystemExit(2)
+        raise OptionError(str(err)) from None
+
+
+def load_user_kinds_when_parsing() -> None:
+    """fairseq's ``options.parse_args_and_arch`` (every fairseq command's parsing) first imports
+    the user's connection modules its arguments name with ``--connections`` (and those of
+    ``RESNMT_CONNECTIONS``: :func:`resnmt.connections.plugins.load_user_kinds`), so that
+    ``--residual`` offers their kinds and the kinds' flags are on the parser; a module that
+    fails, and an OptionError of the arch functions' checks, end the command with one line
+    ``PROG: error: MESSAGE`` and exit status 2, as argparse's errors do. Arguments without
+    them parse as fairseq's own. The ``user-kinds-when-parsing`` patch (resnmt.fairseq_patches)."""
+    from fairseq import options
+
+    parse = options.parse_args_and_arch
+
+    def parse_args_and_arch(parser, input_args=None, *args, **kwargs):
+        try:
+            load_user_kinds(command_line_sources(sys.argv[1:] if input_args is None else input_args))
+            return parse(parser, input_args, *args, **kwargs)
+        except OptionError as err:
+            parser.exit(2, f"{parser.prog}: error: {err}\n")
+
+    parse_args_and_arch.__doc__ = parse.__doc__
+    options.parse_args_and_arch = parse_args_and_arch

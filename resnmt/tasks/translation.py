@@ -39,13 +39,12 @@ from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithA
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from resnmt import fairseq_patches
 from resnmt.analysis.training_log import attach_training_logger, training_level
 from resnmt.decoding.sequence_generator import LENPEN_FORMS, with_gnmt_penalty
 from resnmt.training.attention import use_sdpa_backends
 from resnmt.training.bf16 import check_bf16_device
 from resnmt.training.compile import COMPILE_BACKENDS, COMPILE_MODES, CUDA_GRAPH_MODES, compile_layers_for_training
-from resnmt.training import fast
-from resnmt.training.master_sync import install as fuse_master_weights
 
 
 @dataclass
@@ -134,11 +133,11 @@ class ResNMTTranslationTask(TranslationTask):
         if cfg.sdpa_backends:
             use_sdpa_backends(cfg.sdpa_backends.split(","))
         if cfg.fused_master_weights:
-            fuse_master_weights()
+            fairseq_patches.apply("fused-master-weights")
         if cfg.fast_path:
             if cfg.shape_buckets < 1:
                 raise ValueError(f"--shape-buckets {cfg.shape_buckets}: give at least 1")
-            fast.install()
+            fairseq_patches.apply("fast-path-trainer")
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         """fairseq's; with --fast-path the training split's batches come in --shape-buckets

@@ -46,7 +46,7 @@ def compare_with_fairseq(flags: Sequence[str]) -> None:
     """``UPDATES`` updates of both trainers on the same batches: equal losses and weights."""
     from fairseq.trainer import Trainer
 
-    from resnmt.training import fast
+    from resnmt import fairseq_patches
     from resnmt.training.fast.attention import use_sdpa_attention
     from resnmt.training.fast.step import FastPathTrainer
 
@@ -69,6 +69,6 @@ def compare_with_fairseq(flags: Sequence[str]) -> None:
                 loss = float(out["loss"]) / out["sample_size"]
                 assert math.isclose(loss, ref.contract_loss, rel_tol=1e-6), (i, loss, ref.contract_loss)
     finally:
-        fast.uninstall()  # a --fast-path task makes fairseq's Trainer the fast one, process-wide
+        fairseq_patches.remove("fast-path-trainer")  # a --fast-path task makes fairseq's Trainer the fast one, process-wide
     for (name, p), q in zip(ref.model.named_parameters(), ours.model.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-7, msg=name)

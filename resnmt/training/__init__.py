@@ -15,6 +15,7 @@
 * ``quiet``: the third-party deprecation notices and dumps hidden at start-up;
 * ``prefetch_exit``: a clean exit when training stops while batches are prefetched.
 
-``import resnmt`` installs them (``resnmt.plugin``); this package imports nothing itself,
-so that ``quiet`` and ``prefetch_exit`` load without torch or fairseq.
+Each change to fairseq or torch among them is listed, and applied, in
+``resnmt.fairseq_patches``; this package imports nothing itself, so that ``quiet`` and
+``prefetch_exit`` load without torch or fairseq.
 """

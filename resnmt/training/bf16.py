@@ -15,8 +15,9 @@ wrapped optimizer and copies them back into the bf16 model, with no loss scaling
 * :func:`check_bf16_device` is called where resnmt's code first sees the parsed flags
   in a stock ``fairseq-train --user-dir resnmt`` run (the resnmt model's and the
   resnmt_translation task's ``build_model``, before fairseq asks torch_xla for a
-  device): without torch_xla it stops with one line naming ``resnmt-train``.
-* :func:`keep_fp32_master_weights` (installed when resnmt is imported) adds the float32
+  device): without torch_xla it raises an OptionError, which ends the command with one
+  line naming ``resnmt-train``.
+* :func:`keep_fp32_master_weights` (applied when resnmt is imported: resnmt.fairseq_patches) adds the float32
   master weights of ``FP16Optimizer`` (``--bf16``, ``--fp16``) to the optimizer state
   that fairseq saves in checkpoints, and puts them back on load. fairseq saves only the
   half-precision model, so a resumed run restarted from rounded master weights and
@@ -62,9 +63,12 @@ def bf16_needs_resnmt_train_message() -> str:
 
 
 def check_bf16_device(args) -> None:
-    """Stop with one line where fairseq would send bf16 training to a missing TPU."""
+    """An OptionError (one line where it ends a command) where fairseq would send bf16 training
+    to a missing TPU."""
     if getattr(args, "bf16", False) and getattr(args, "tpu", False) and not torch_xla_installed():
-        raise SystemExit(bf16_needs_resnmt_train_message())
+        from resnmt.options import OptionError
+
+        raise OptionError(bf16_needs_resnmt_train_message())
 
 
 # --------------------------------------------------------------------------- master weights in checkpoints
@@ -84,7 +88,6 @@ def _state_dict_with_master_weights(original):
         return state
 
     state_dict.__doc__ = original.__doc__
-    state_dict.resnmt_master_weights = True
     return state_dict
 
 
@@ -105,15 +108,13 @@ def _load_state_dict_with_master_weights(original):
                 target.data.copy_(value.to(device=target.device, dtype=target.dtype))
 
     load_state_dict.__doc__ = original.__doc__
-    load_state_dict.resnmt_master_weights = True
     return load_state_dict
 
 
 def keep_fp32_master_weights() -> None:
-    """Save and restore FP16Optimizer's float32 master weights with its state (idempotent)."""
+    """Save and restore FP16Optimizer's float32 master weights with its state (applied once,
+    by resnmt.fairseq_patches)."""
     from fairseq.optim.fp16_optimizer import FP16Optimizer
 
-    if getattr(FP16Optimizer.state_dict, "resnmt_master_weights", False):
-        return
     FP16Optimizer.state_dict = _state_dict_with_master_weights(FP16Optimizer.state_dict)
     FP16Optimizer.load_state_dict = _load_state_dict_with_master_weights(FP16Optimizer.load_state_dict)

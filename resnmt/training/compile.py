@@ -65,6 +65,8 @@ from typing import Optional
 
 import torch
 
+from resnmt.fairseq_patches import Replacement
+
 logger = logging.getLogger(__name__)
 
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
@@ -82,12 +84,14 @@ def check_compile_options(backend: str, mode: Optional[str]) -> None:
         raise ValueError(f"--compile-mode {mode} needs --compile-backend inductor ({backend} ignores the mode)")
 
 
-class CompiledForTraining:
+class CompiledForTraining(Replacement):
     """A layer's forward: the compiled one while training with gradients, else the eager one."""
 
+    method = "forward"
+
     def __init__(self, layer: torch.nn.Module, backend: str = "inductor", mode: Optional[str] = None):
+        super().__init__(layer)
         self.layer = layer
-        self.eager = layer.forward
         kwargs = {"mode": mode} if mode else {}
         self.compiled = torch.compile(self.eager, dynamic=True, backend=backend, **kwargs)
         self.compiled_calls = 0
@@ -112,8 +116,7 @@ def compile_layers_for_training(model: torch.nn.Module, backend: str = "inductor
     mode = None if mode == "default" else mode  # torch.compile's own default
     layers = 0
     for layer in model_layers(model):
-        if not isinstance(layer.__dict__.get("forward"), CompiledForTraining):
-            layer.forward = CompiledForTraining(layer, backend, mode)
+        CompiledForTraining.put_on(layer, backend, mode)
         layers += 1
     logger.info(f"--compile-layers: {layers} layers compiled for training (torch.compile, dynamic shapes, "
                 f"backend {backend}{', mode ' + mode if mode else ''}); "
@@ -123,8 +126,7 @@ def compile_layers_for_training(model: torch.nn.Module, backend: str = "inductor
 
 def compiled_calls(model: torch.nn.Module) -> int:
     """How many layer calls ran compiled so far."""
-    return sum(layer.forward.compiled_calls for layer in model_layers(model)
-               if isinstance(layer.__dict__.get("forward"), CompiledForTraining))
+    return sum(compiled.compiled_calls for compiled in map(CompiledForTraining.on, model_layers(model)) if compiled)
 
 # ---------------------------------------------------- --fused-connections: the elementwise chains
 
@@ -168,15 +170,23 @@ def require_compile() -> None:
                            f"train without {FLAG} (the eager path computes the same)")
 
 
-@functools.lru_cache(maxsize=None)
-def _compiler():
-    require_compile()
+def raise_recompile_limit() -> None:
+    """Dynamo's recompile limit (``cache_size_limit`` before torch 2.6) at least
+    MIN_RECOMPILE_LIMIT (the ``dynamo-recompile-limit`` patch of resnmt.fairseq_patches)."""
     import torch._dynamo
 
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     if getattr(config, name) < MIN_RECOMPILE_LIMIT:
         setattr(config, name, MIN_RECOMPILE_LIMIT)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler():
+    from resnmt import fairseq_patches
+
+    require_compile()
+    fairseq_patches.apply("dynamo-recompile-limit")
     return functools.partial(torch.compile, dynamic=True)
 
 

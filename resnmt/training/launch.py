@@ -26,8 +26,6 @@ def ddp_on_cpu_modules() -> None:
     everything else on unchanged; a GPU module is built exactly as before."""
     from fairseq.models import distributed_fairseq_model as dfm
 
-    if getattr(dfm.DistributedDataParallel, "resnmt_cpu_ddp", False):
-        return
     ddp = dfm.DistributedDataParallel
 
     @functools.wraps(ddp, updated=())
@@ -36,7 +34,6 @@ def ddp_on_cpu_modules() -> None:
             device_ids = output_device = None
         return ddp(module, *args, device_ids=device_ids, output_device=output_device, **kwargs)
 
-    distributed_data_parallel.resnmt_cpu_ddp = True
     dfm.DistributedDataParallel = distributed_data_parallel
 
 
@@ -177,8 +174,6 @@ def cpu_ranks_with_every_launcher() -> None:
     ``call_main`` unchanged."""
     from fairseq.distributed import utils as distributed_utils
 
-    if getattr(distributed_utils.call_main, "resnmt_cpu_ranks", False):
-        return
     fairseq_call_main = distributed_utils.call_main
 
     @functools.wraps(fairseq_call_main)
@@ -198,5 +193,4 @@ def cpu_ranks_with_every_launcher() -> None:
         torch.multiprocessing.start_processes(distributed_utils.distributed_main, args=(main, cfg, kwargs),
                                               nprocs=procs, join=True, start_method=CPU_START_METHOD)
 
-    call_main.resnmt_cpu_ranks = True
     distributed_utils.call_main = call_main

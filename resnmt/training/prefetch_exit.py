@@ -28,8 +28,6 @@ PARK_TIMEOUT_S = 30.0
 # How often the exit looks whether a thread it waits for has ended instead of arriving.
 POLL_S = 0.01
 
-_registered = False
-
 
 def _park(consumer) -> threading.Event:
     """Make ``consumer`` wait forever at its next ``put``; return the event it sets there."""
@@ -81,8 +79,6 @@ def park_prefetch_threads(timeout: float = PARK_TIMEOUT_S) -> dict:
 
 
 def park_prefetch_threads_at_exit() -> None:
-    """Register :func:`park_prefetch_threads` to run at interpreter exit (once)."""
-    global _registered
-    if not _registered:
-        atexit.register(park_prefetch_threads)
-        _registered = True
+    """Register :func:`park_prefetch_threads` to run at interpreter exit (applied once, by
+    resnmt.fairseq_patches)."""
+    atexit.register(park_prefetch_threads)

@@ -13,7 +13,8 @@ One flag turns on, for every connection kind and activation:
 :func:`install` makes fairseq-train build :class:`FastPathTrainer` instead of fairseq's
 ``Trainer``: ``fairseq_cli.train.main`` looks the name ``Trainer`` up in its module when it
 builds the trainer, after the task is set up, so the task replaces it there (process-wide,
-as ``--fused-master-weights`` patches fairseq's optimizer; :func:`uninstall` puts it back).
+as ``--fused-master-weights`` patches fairseq's optimizer; :func:`uninstall` puts it back):
+the ``fast-path-trainer`` patch, applied by resnmt.fairseq_patches.
 Nothing is imported here: a process that never sets the flag loads none of it.
 """
 import logging

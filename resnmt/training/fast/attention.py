@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from resnmt.fairseq_patches import Replacement
+
 
 def sdpa_attention(attention, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor],
                    causal: bool, extra_mask: Optional[Tensor] = None) -> Tensor:
@@ -62,13 +64,16 @@ def sdpa_attention(attention, query: Tensor, key: Tensor, value: Tensor, key_pad
     return attention.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim))
 
 
-class SDPAForward:
+class SDPAForward(Replacement):
     """An attention module's forward: :func:`sdpa_attention` while it trains and nothing asks
     for weights or an incremental state, else fairseq's (module docstring). ``causal``: the
     decoder's self-attention; ``right_padded``: its targets are right-padded."""
 
+    method = "forward"
+
     def __init__(self, attention, causal: bool, right_padded: bool = True):
-        self.attention, self.eager = attention, attention.forward
+        super().__init__(attention)
+        self.attention = attention
         self.causal, self.right_padded = causal, right_padded
         self.calls = 0  # the calls that took SDPA
 
@@ -111,13 +116,11 @@ def use_sdpa_attention(model, right_padded_targets: bool = True) -> int:
     docstring); returns how many. Calling it again changes nothing."""
     count = 0
     for attention, causal in attention_modules(model):
-        if not isinstance(attention.__dict__.get("forward"), SDPAForward):
-            attention.forward = SDPAForward(attention, causal, right_padded_targets)
+        SDPAForward.put_on(attention, causal, right_padded_targets)
         count += 1
     return count
 
 
 def sdpa_calls(model) -> int:
     """How many attention calls took SDPA so far."""
-    return sum(a.forward.calls for a, _ in attention_modules(model) if isinstance(a.__dict__.get("forward"),
-                                                                                  SDPAForward))
+    return sum(sdpa.calls for sdpa in (SDPAForward.on(a) for a, _ in attention_modules(model)) if sdpa)

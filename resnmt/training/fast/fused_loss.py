@@ -34,6 +34,8 @@ import logging
 
 import torch
 
+from resnmt.fairseq_patches import Replacement
+
 logger = logging.getLogger(__name__)
 
 MAX_BLOCK = 4096  # logits of a row read at once
@@ -164,15 +166,18 @@ def plain_log_softmax(model) -> bool:
             and getattr(decoder, "adaptive_softmax", None) is None)
 
 
-class FusedCompute:
+class FusedCompute(Replacement):
     """A criterion's ``compute_loss(model, net_output, sample, reduce)`` through
     :func:`label_smoothed_cross_entropy` where the model's log-probabilities are a plain
     ``log_softmax`` and the loss is summed, else fairseq's (module docstring). A kernel that
     fails at its first call for a dtype, with or without the gradient, gives the criterion back
     its own ``compute_loss``, with one line."""
 
+    method = "compute_loss"
+
     def __init__(self, criterion):
-        self.criterion, self.eager = criterion, criterion.compute_loss
+        super().__init__(criterion)
+        self.criterion = criterion
         self.eps = float(getattr(criterion, "eps", 0.0))  # cross_entropy: none
         self.checked = set()  # the (dtype, gradient) calls that ran
         self.calls = 0  # the calls that took the kernel
@@ -190,7 +195,7 @@ class FusedCompute:
                 raise
             logger.warning("[fast path] the fused cross-entropy kernel failed (%s: %s); the loss runs as fairseq's "
                            "criterion", type(error).__name__, (str(error).strip().splitlines() or [""])[0])
-            self.criterion.__dict__.pop("compute_loss", None)
+            self.take_off()
             return self.eager(model, net_output, sample, reduce=reduce)
         self.checked.add(key)
         if not torch.compiler.is_compiling():
@@ -214,9 +219,9 @@ def use_fused_loss(criterion, device) -> bool:
     """Give ``criterion`` the fused ``compute_loss`` (:class:`FusedCompute`) where the kernel
     runs on ``device`` (:func:`kernel_wanted`) and the criterion is one it computes
     (:func:`fusable`); returns whether it has it. Calling it again changes nothing."""
-    if isinstance(criterion.__dict__.get("compute_loss"), FusedCompute):
+    if FusedCompute.on(criterion):
         return True
     if not kernel_wanted(device) or not fusable(criterion):
         return False
-    criterion.compute_loss = FusedCompute(criterion)
+    FusedCompute.put_on(criterion)
     return True

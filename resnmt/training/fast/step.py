@@ -55,6 +55,7 @@ from typing import Optional
 import torch
 from fairseq import metrics
 from fairseq.distributed import utils as fairseq_distributed
+from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.trainer import Trainer
 
 from resnmt.training.compile import CUDA_GRAPH_MODES
@@ -131,7 +132,7 @@ def presize_future_masks(model) -> int:
     (new memory) whenever a batch is longer than the cache, and validation's longest target
     may be longer than any training batch, which would leave a recorded step reading freed
     memory. Returns how many decoders."""
-    decoders = [m for m in model.modules() if hasattr(m, "buffered_future_mask") and hasattr(m, "max_positions")]
+    decoders = [m for m in model.modules() if isinstance(m, TransformerDecoderBase)]
     for decoder in decoders:
         weight = next(decoder.parameters())
         decoder.buffered_future_mask(torch.empty(int(decoder.max_positions()), 1, device=weight.device,
@@ -140,10 +141,11 @@ def presize_future_masks(model) -> int:
 
 
 def use_static_padding(model) -> int:
-    """Ask every module of ``model`` with a ``static_padding`` attribute to pass its
-    padding mask on whether or not a batch holds padding (deciding that reads the mask on
-    the host); returns how many modules offer it."""
-    modules = [m for m in model.modules() if hasattr(m, "static_padding")]
+    """Ask every module of ``model`` whose class declares ``static_padding`` (resnmt's encoder
+    and decoder, :class:`~resnmt.models.encoder_decoder.ResidualStack`) to pass its padding mask
+    whether or not a batch holds padding (deciding that reads the mask on the host); returns
+    how many modules offer it."""
+    modules = [m for m in model.modules() if isinstance(getattr(type(m), "static_padding", None), bool)]
     for m in modules:
         m.static_padding = True
     return len(modules)
@@ -217,7 +219,7 @@ class FastPathTrainer(Trainer):
         else ``fairseq``."""
         from resnmt.training.fast.fused_loss import FusedCompute
 
-        return "triton" if isinstance(self._criterion.__dict__.get("compute_loss"), FusedCompute) else "fairseq"
+        return "triton" if FusedCompute.on(self._criterion) else "fairseq"
 
     def prime_graphs(self) -> None:
         """Warm up and record every bucket's step and the update before the first counted
