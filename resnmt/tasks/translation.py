@@ -46,6 +46,7 @@ from resnmt.training.bf16 import check_bf16_device
 from resnmt.training.compile import COMPILE_BACKENDS, COMPILE_MODES, CUDA_GRAPH_MODES, compile_layers_for_training
 from resnmt.training import fast
 from resnmt.training.master_sync import install as fuse_master_weights
+from resnmt.training.resume import DEFAULT_TIMEOUT_S
 
 
 @dataclass
@@ -105,6 +106,13 @@ class ResNMTTranslationConfig(TranslationConfig):
         default=8,
         metadata={"help": "with --fast-path, how many batch shapes: sentence pairs bucketed by length at the "
                           "training set's quantiles, each bucket's batches padded to one shape"},
+    )
+    distributed_timeout: int = field(
+        default=DEFAULT_TIMEOUT_S,
+        metadata={"help": "seconds a rank waits in a collective for the other ranks before it stops, naming the "
+                          "rank that was lost and the checkpoint a re-run resumes from (torch's default: 30 "
+                          "minutes); raise it where writing a checkpoint or a rank's start takes longer "
+                          "(resnmt/training/resume.py)"},
     )
     no_step_capture: bool = field(
         default=False,

@@ -12,7 +12,9 @@
 * ``fast``: ``--fast-path``, static batch shapes, an update without host synchronisation
   and its steps captured as CUDA graphs (a package of its own);
 * ``quiet``: the third-party deprecation notices and dumps hidden at start-up;
-* ``prefetch_exit``: a clean exit when training stops while batches are prefetched.
+* ``prefetch_exit``: a clean exit when training stops while batches are prefetched;
+* ``resume``: several ranks resume without a flag and on any number of ranks, a bounded
+  wait for a lost rank (``--distributed-timeout``) and whole checkpoints when one dies.
 
 ``import resnmt`` installs them (``resnmt.plugin``); this package imports nothing itself,
 so that ``quiet`` and ``prefetch_exit`` load without torch or fairseq.
