@@ -11,7 +11,7 @@ that calls the real fairseq-train entry point with two read-only hooks:
 * ``checkpoint_utils.save_checkpoint`` (called on every rank) first writes the rank's
   model state_dict to ``PROBE_OUT/state.rankR.pt``;
 * ``Trainer.train_step`` notes the sentence ids of the update's batches on this rank
-  (``ids`` in the loss record);
+  and ``Trainer.begin_epoch`` the epoch (``ids`` and ``epoch`` in the loss record);
 * ``PROBE_STOP=RANKS@UPDATE:HOW`` (tests/test_resume_ranks.py) stops the listed ranks
   (``0,1``) right after update UPDATE: ``KILL`` (SIGKILL), ``STOP`` (SIGSTOP: a hung
   rank), or ``COPY``: killed (SIGKILL) half-way through copying the checkpoint saved at
@@ -61,7 +61,8 @@ def _reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm=None):
         nll = sum(float(log.get("nll_loss", 0.0)) for log in logging_outputs)
         size = float(sample_size)
         record = {"update": self.get_num_updates(), "loss": loss / size, "nll_loss": nll / size,
-                  "sample_size": size, "pid": os.getpid(), "ids": getattr(self, "probe_ids", None)}
+                  "sample_size": size, "pid": os.getpid(), "ids": getattr(self, "probe_ids", None),
+                  "epoch": getattr(self, "probe_epoch", None)}
         with open(os.path.join(OUT, "loss.rank%d.jsonl" % self.data_parallel_rank), "a") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
@@ -102,6 +103,15 @@ def train_step(self, samples, *args, **kwargs):
 
 
 Trainer.train_step = train_step
+_begin_epoch = Trainer.begin_epoch
+
+
+def begin_epoch(self, epoch):
+    self.probe_epoch = epoch
+    return _begin_epoch(self, epoch)
+
+
+Trainer.begin_epoch = begin_epoch
 _copyfile = shutil.copyfile
 
 

@@ -276,7 +276,8 @@ def say_when_the_global_batch_changes() -> None:
 
 
 def bounded_process_group_timeout() -> None:
-    """fairseq's ``distributed_init`` creates the process group with a timeout of
+    """fairseq's ``distributed_init`` creates the process group, and every group made after it
+    in the process (fairseq's global and data-parallel groups), with a timeout of
     ``--distributed-timeout`` seconds (resnmt_translation's; :data:`DEFAULT_TIMEOUT_S` with
     another task): a collective that waits longer for a rank that hangs or vanished raises
     instead of blocking. fairseq 0.12.3 passes none, so torch's default applies: 30 minutes
@@ -290,10 +291,14 @@ def bounded_process_group_timeout() -> None:
     @functools.wraps(init)
     def distributed_init(cfg):
         import torch.distributed as dist
+        from torch.distributed import distributed_c10d
 
-        seconds = timeout_of(cfg)
+        timeout = timedelta(seconds=timeout_of(cfg))
+        # the groups fairseq makes later (its global and data-parallel groups: dist.new_group)
+        # take torch's default, not the default group's timeout
+        distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = timeout
         create = dist.init_process_group
-        dist.init_process_group = functools.partial(create, timeout=timedelta(seconds=seconds))
+        dist.init_process_group = functools.partial(create, timeout=timeout)
         try:
             return init(cfg)
         finally:
