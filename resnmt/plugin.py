@@ -4,8 +4,10 @@ Plugging in (``plug_into_fairseq``) registers the ``resnmt_transformer`` model a
 architectures, the ``resnmt_translation`` task, the ``adam_fused`` optimizer and the
 ``token_bleu`` scorer (``resnmt.decoding.token_bleu``), keeps the
 float32 master weights of ``--fp16``/``--bf16`` runs in their checkpoints
-(``resnmt.training.bf16``), lets runs of several ranks resume on any number of ranks and
-stop within a bounded time when one is lost (``resnmt.training.resume``), words torch's refusal of an unsafe checkpoint in one line
+(``resnmt.training.bf16``), lets fairseq's launch code run ranks on the CPU
+(``resnmt.training.launch``), lets runs of several ranks resume on any number of ranks and
+stop within a bounded time when one is lost (``resnmt.training.resume``), words torch's
+refusal of an unsafe checkpoint in one line
 (``resnmt.checkpoints.compat``), words an invalid choice in fairseq's parser (``--arch``'s ~180 names) as one line
 naming the closest (``resnmt.options``) and lowers the DEBUG level fairseq's import leaves on the root logger
 (``resnmt.training.quiet``). ``allow_fairseq_checkpoints`` (``resnmt.checkpoints.compat``)
@@ -34,10 +36,13 @@ def plug_into_fairseq() -> None:
     from resnmt.checkpoints.compat import refuse_unsafe_checkpoints
     from resnmt.options import shorten_choice_errors
     from resnmt.training.bf16 import keep_fp32_master_weights
+    from resnmt.training.launch import cpu_ranks_with_every_launcher, ddp_on_cpu_modules
     from resnmt.training.quiet import lower_fairseqs_debug_logging
     from resnmt.training.resume import install as resume_with_any_ranks
 
     keep_fp32_master_weights()
+    ddp_on_cpu_modules()  # fairseq's default DDP on CPU ranks (resnmt.training.launch)
+    cpu_ranks_with_every_launcher()  # spawn, torchrun and SLURM start CPU ranks (resnmt.training.launch)
     resume_with_any_ranks()  # several ranks: resume without a flag, on any number of ranks (resnmt.training.resume)
     refuse_unsafe_checkpoints()  # a crafted checkpoint: one line naming the global it asks for
     from resnmt import models  # noqa: F401  (registers the model and archs)

@@ -104,7 +104,7 @@ def test_train_to_counts_every_call_and_a_stopped_one_up_to_the_checkpoint_it_re
 ])
 def test_update_freq_from_the_gpu_count(gpus, nodes, tokens, expected):
     req = presets.TrainRequest("wmt14-en-de", "transformer_sas_base", gpus=gpus, nodes=nodes, tokens_per_update=tokens,
-                          launcher="torchrun" if nodes != "1" else "none")
+                          launcher="torchrun" if nodes != "1" else "spawn")
     cmd = presets.plan_training(req, dry_run=True).cmd
     assert (cmd[cmd.index("--max-tokens") + 1], cmd[cmd.index("--update-freq") + 1]) == expected
 
@@ -127,7 +127,7 @@ def test_requests_convert_command_line_text_once_on_construction(tmp_path):
     (lambda: presets.TrainRequest("multi30k", "transformer", preset="cpu", gpus=1),
      r"^--preset cpu runs on the CPU; it cannot take --gpus 1$"),
     (lambda: presets.TrainRequest("multi30k", "transformer", launcher="mpi"),
-     r"^--launcher 'mpi' is not one of: none torchrun slurm$"),
+     r"^--launcher 'mpi' is not one of: spawn torchrun slurm$"),
     (lambda: ExperimentRequest(train=None, lenpen="-0.1"), r"^--lenpen '-0.1': must be a real number >= 0$"),
     (lambda: ExperimentRequest(train=None, lenpen="nan"), r"^--lenpen 'nan': must be a real number >= 0$"),
     (lambda: ExperimentRequest(train=None, batch_size="0"), r"^--batch-size '0': must be an integer >= 1$"),

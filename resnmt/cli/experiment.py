@@ -28,7 +28,7 @@ from resnmt.experiment.pipeline import EXPERIMENT_OPTIONS, Experiment, Experimen
 from resnmt.options import Option, add_to_command
 from resnmt.progress import format_seconds
 
-TRAIN_OPTIONS = ("data", "save_dir", *presets.SHARED_TRAIN_OPTIONS, *presets.TRAIN_ONLY_OPTIONS[2:])
+TRAIN_OPTIONS = (*presets.TRAIN_ONLY_OPTIONS, *presets.SHARED_TRAIN_OPTIONS)
 RUN_OPTIONS = ("save_dir", *presets.SHARED_TRAIN_OPTIONS)
 # each command's own switches, beside the requests' options, and the operands DATASET ARCH
 TRAIN_SWITCHES = (
@@ -191,6 +191,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "resnmt-experiment") 
             print("\n".join(experiment.plan()))
             return 0
         record = experiment.run()
+        if record is None:  # torchrun's node R > 0: trained, node 0 does the rest
+            return 0
         log(f"done in {format_seconds(time.time() - started)}: {experiment.save_dir}/result.json")
         report_warnings([record], log)
         if req.strict and record.get("score_meaningless"):

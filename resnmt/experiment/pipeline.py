@@ -123,11 +123,16 @@ class Experiment:
     def step(self, number: int, message: str) -> None:
         self.log(f"step {number}/{self.STEPS}: {message}")
 
-    def run(self) -> dict:
-        """The experiment's record (also in SAVE_DIR/result.json)."""
+    def run(self) -> Optional[dict]:
+        """The experiment's record (also in SAVE_DIR/result.json); None on a node other than
+        torchrun's node 0 (--node-rank R > 0), whose ranks train and stop: node 0 averages,
+        decodes and scores."""
         self.prepare()
         self.post_process()  # a --post-process in --gen-args that cannot undo the data's subwords: refused before training
         self.train()
+        if self.req.train.node_rank:
+            self.log(f"node {self.req.train.node_rank}: its ranks trained; node 0 averages, decodes and scores")
+            return None
         checkpoint, updates, kind, label = self.average()
         key = decoding_key(label, self.req.beam, self.req.lenpen, self.req.gen_args)
         gen = self.decode(checkpoint, key)

@@ -121,12 +121,12 @@ def default_save_dir(dataset: str, arch: str, tag: Optional[str], size: str = ""
 # ------------------------------------------------------------------------------ request
 
 PRESETS = ("paper", "small", "cpu")
-LAUNCHERS = ("none", "torchrun", "slurm")
+LAUNCHERS = ("spawn", "torchrun", "slurm")
 # the options resnmt-experiment shares with the training command; the others are the training command's own
-SHARED_TRAIN_OPTIONS = ("tag", "preset", "gpus", "dtype", "seed", "max_update", "max_epoch", "max_tokens",
-                        "tokens_per_update")
+SHARED_TRAIN_OPTIONS = ("tag", "preset", "gpus", "cpu", "dtype", "seed", "max_update", "max_epoch", "max_tokens",
+                        "tokens_per_update", "nodes", "launcher", "node_rank", "master_addr", "master_port")
 DTYPES = ("fp32", "fp16", "bf16")
-TRAIN_ONLY_OPTIONS = ("data", "save_dir", "nodes", "launcher", "node_rank", "master_addr", "master_port")
+TRAIN_ONLY_OPTIONS = ("data", "save_dir")
 
 
 @dataclass
@@ -148,16 +148,19 @@ class TrainRequest:
         None, "P", "paper: the papers' settings for DATASET and the arch's size (default with GPUs); small: "
         "2+2 layers d=128 FFN 512 for CPU runs and demos (default without GPUs); cpu: small, forced onto "
         "the CPU", kind="choice", choices=PRESETS)
-    gpus: Optional[int] = option(None, "N", "GPUs per node (default: all visible; 0 = CPU)", kind="int")
+    gpus: Optional[int] = option(None, "N", "GPUs per node (default: all visible; 0 = CPU); with --cpu, the "
+                                 "processes per node, each a rank on the CPU (default 1)", kind="int")
+    cpu: bool = option(False, "", "ranks on the CPU (fairseq's --cpu, over gloo): the command of a GPU cluster, "
+                       "--gpus N per node, run on this machine's CPU first", kind="switch")
     dtype: Optional[str] = option(
         None, "D", "precision: fp32; fp16 (fairseq's --fp16, GPUs only); bf16 (bf16 with float32 master weights, "
         "run by resnmt-train, which keeps fairseq 0.12's --bf16 off TPUs; GPUs or the CPU) (default: fp16 with "
         "the paper preset on GPUs, else fp32)", kind="choice", choices=DTYPES)
     nodes: int = option(1, "N", "nodes (N > 1 needs --launcher torchrun or slurm)", kind="int", minimum=1)
     launcher: str = option(
-        "none", "L", "none: fairseq spawns one process per GPU; torchrun: run this command once per node "
-        "with --node-rank; slurm: run inside an allocation (srun, one task per node)", kind="choice",
-        choices=LAUNCHERS)
+        "spawn", "L", "spawn: fairseq-train starts one process per GPU (with --cpu, --gpus N of them); "
+        "torchrun: run this command once per node with --node-rank; slurm: run it inside an allocation (srun, "
+        "one task per node, or per rank with --cpu)", kind="choice", choices=LAUNCHERS)
     node_rank: int = option(0, "R", "this node's rank, torchrun only", kind="int")
     master_addr: str = option("127.0.0.1", "HOST", "torchrun rendezvous host")
     master_port: int = option(29500, "PORT", "torchrun rendezvous / slurm port", kind="int", minimum=1)
@@ -180,9 +183,13 @@ class TrainRequest:
         self.extra = list(self.extra)
         if self.node_rank >= self.nodes:
             raise UsageError(f"--node-rank {self.node_rank} must be < --nodes {self.nodes}")
-        if self.nodes > 1 and self.launcher == "none":
-            raise UsageError(f"--nodes {self.nodes} needs --launcher torchrun or --launcher slurm")
-        if self.preset == "cpu" and self.gpus not in (None, 0):
+        if self.nodes > 1 and self.launcher == "spawn":
+            raise UsageError(f"--nodes {self.nodes} needs --launcher torchrun or --launcher slurm (spawn starts "
+                             "processes on one machine)")
+        if self.node_rank and self.launcher != "torchrun":
+            raise UsageError(f"--node-rank {self.node_rank} is torchrun's (--launcher torchrun); spawn runs on one "
+                             "node and SLURM numbers the nodes itself")
+        if self.preset == "cpu" and self.gpus not in (None, 0) and not self.cpu:
             raise UsageError(f"--preset cpu runs on the CPU; it cannot take --gpus {self.gpus}")
 
 
@@ -234,12 +241,18 @@ def count_gpus() -> int:
 
 class Hardware(NamedTuple):
     """Where a run trains: its preset (paper or small, once the defaults are decided), GPUs
-    per node, nodes, and the processes over all of them."""
+    per node (0 on the CPU), nodes, the processes over all of them, and whether they run
+    on the CPU."""
 
     preset: str
     gpus: int
     nodes: int
     world: int
+    cpu: bool = False
+
+    @property
+    def per_node(self) -> int:
+        return self.world // self.nodes
 
 
 class Batch(NamedTuple):
@@ -266,11 +279,11 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
     flags += ["--max-tokens", str(batch.max_tokens), "--update-freq", str(batch.update_freq)]
     flags += length_flags(req, preset_max_update)
     dtype = decide_dtype(req, hardware)
-    flags += precision_flags(req, dtype, hardware.gpus)
+    flags += precision_flags(req, dtype, hardware.cpu)
     data = req.data or default_data_root(req.dataset) / "bin"
     save_dir = req.save_dir or default_save_dir(dataset.name, req.arch, req.tag,
                                                 trained_size(req.arch, [*flags, *req.extra]))
-    launch, trainer, dist = launcher(req, hardware, trainer)
+    launch, trainer, dist = launcher(req, hardware, trainer, dry_run)
 
     def fairseq_args():
         return [str(data), "--user-dir", str(USER_DIR), *flags, *dist, "--save-dir", str(save_dir), "--log-format",
@@ -284,7 +297,8 @@ def plan_training(req: TrainRequest, log: Log = quiet, *, dry_run: bool = False)
         check_data(req, dataset, data)
     log(f"{dataset.name} {dataset.src}->{dataset.tgt}, {req.arch} ({trained_size(req.arch, cmd)}), "
         f"preset {hardware.preset}, {dtype}, "
-        f"{hardware.world} process(es) ({hardware.gpus} GPU(s) x {hardware.nodes} node(s))")
+        f"{hardware.world} process(es) ({hardware.per_node} {'CPU rank' if hardware.cpu else 'GPU'}(s) x "
+        f"{hardware.nodes} node(s))")
     log(f"batch: {hardware.world} x max-tokens {batch.max_tokens} x update-freq {batch.update_freq} = "
         f"{hardware.world * batch.max_tokens * batch.update_freq} tokens per update (target {batch.target})"
         + (f", {schedule.epoch_updates} updates per epoch" if schedule.epoch_updates else ""))
@@ -306,8 +320,12 @@ def trainer_command(req: TrainRequest) -> List[str]:
 
 def decide_hardware(req: TrainRequest, log: Log, dry_run: bool) -> Hardware:
     """The GPUs (asked for, or all visible; none with the cpu preset) against those visible,
-    the launcher's need of GPUs, and the preset they make the default (paper on GPUs)."""
+    or with --cpu the ranks per node on the CPU (--gpus N of them, default 1), and the preset
+    they make the default (paper on GPUs)."""
     nodes, gpus, preset = req.nodes, req.gpus, req.preset
+    if req.cpu:
+        per_node = gpus or 1
+        return Hardware("small" if preset in (None, "cpu") else preset, 0, nodes, nodes * per_node, cpu=True)
     if preset == "cpu":
         gpus = 0
     detected = count_gpus()
@@ -318,11 +336,9 @@ def decide_hardware(req: TrainRequest, log: Log, dry_run: bool) -> Hardware:
         if not dry_run:
             raise UsageError(f"--gpus {gpus} but only {detected} GPU(s) visible here (nvidia-smi / CUDA_VISIBLE_DEVICES)")
         log(f"warning: --gpus {gpus} but {detected} visible here (dry run: printing the command anyway)")
-    if gpus == 0 and (nodes > 1 or req.launcher != "none"):
-        raise UsageError(f"--launcher {req.launcher} / --nodes {nodes} need GPUs (--gpus N > 0)")
     preset = preset or ("paper" if gpus > 0 else "small")
     preset = "small" if preset == "cpu" else preset
-    return Hardware(preset, gpus, nodes, nodes * max(gpus, 1))
+    return Hardware(preset, gpus, nodes, nodes * max(gpus, 1), cpu=gpus == 0)
 
 
 def preset_flags(req: TrainRequest, dataset: Dataset, preset: str, size: str) -> Tuple[List[str], Batch, int]:
@@ -378,41 +394,52 @@ def decide_dtype(req: TrainRequest, hardware: Hardware) -> str:
     """The precision: --dtype, else bf16 when fairseq's bf16 flags follow ``--``, fp16 with
     the paper preset on GPUs, fp32 otherwise; fp16 needs GPUs, and one precision only."""
     extra_bf16 = [f for f in req.extra if f in FAIRSEQ_BF16_FLAGS]  # fairseq's bf16 flags after --
-    dtype = req.dtype or ("bf16" if extra_bf16 else "fp16" if hardware.preset == "paper" and hardware.gpus > 0
+    dtype = req.dtype or ("bf16" if extra_bf16 else "fp16" if hardware.preset == "paper" and not hardware.cpu
                           else "fp32")
     if extra_bf16 and dtype != "bf16":
         raise UsageError(f"--dtype {dtype} and {extra_bf16[0]} after --: choose one precision")
-    if dtype == "fp16" and hardware.gpus == 0:
+    if dtype == "fp16" and hardware.cpu:
         raise UsageError("--dtype fp16 trains on GPUs only (fairseq's --fp16); on the CPU use fp32 or bf16")
     return dtype
 
 
-def precision_flags(req: TrainRequest, dtype: str, gpus: int) -> List[str]:
+def precision_flags(req: TrainRequest, dtype: str, cpu: bool) -> List[str]:
     """fairseq's flags for ``dtype`` (--bf16 not repeated where it follows ``--``), and --cpu."""
     given_bf16 = any(f in FAIRSEQ_BF16_FLAGS for f in req.extra)
-    flags = ["--cpu"] if gpus == 0 else []
+    flags = ["--cpu"] if cpu else []
     return flags + {"fp32": [], "fp16": ["--fp16"], "bf16": [] if given_bf16 else ["--bf16"]}[dtype]
 
 
-def launcher(req: TrainRequest, hardware: Hardware, trainer: List[str]) -> Tuple[List[str], List[str], List[str]]:
+def srun_missing(nodes: int) -> str:
+    return ("'srun' not found on PATH: --launcher slurm runs inside a SLURM allocation, on a cluster whose "
+            "administrators installed SLURM (it is not a Python package): on its login node, salloc --nodes "
+            f"{nodes} then this command, or this command in an sbatch script; on a machine without SLURM, "
+            "--launcher torchrun starts the same ranks (add --cpu to rehearse on this machine's CPU)")
+
+
+def launcher(req: TrainRequest, hardware: Hardware, trainer: List[str],
+             dry_run: bool = False) -> Tuple[List[str], List[str], List[str]]:
     """(the launcher's command before the trainer, the trainer, fairseq's distributed
-    flags) for runs over several processes: fairseq's own spawning, torchrun or slurm."""
+    flags) for runs over several processes: fairseq's own spawning, torchrun or slurm.
+    On the CPU (``hardware.cpu``) fairseq-train reads the same launchers' variables
+    (resnmt.training.launch): the commands are the GPU run's, ranks per node for GPUs."""
     launch, dist = [], []
-    gpus, nodes = hardware.gpus, hardware.nodes
-    if gpus > 1 or nodes > 1:
+    nodes, per_node = hardware.nodes, hardware.per_node
+    if hardware.world > 1:
         dist = ["--distributed-world-size", str(hardware.world)]
         if req.launcher == "torchrun":
             # torchrun sets MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK/LOCAL_RANK; fairseq reads
             # them (infer_init_method) when no --distributed-init-method is given.
             require_commands("torchrun")
-            launch = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(gpus), "--node-rank", str(req.node_rank),
-                      "--master-addr", req.master_addr, "--master-port", str(req.master_port)]
+            launch = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(per_node), "--node-rank",
+                      str(req.node_rank), "--master-addr", req.master_addr, "--master-port", str(req.master_port)]
             trainer = [which(trainer[0]), *trainer[1:]]
         elif req.launcher == "slurm":
-            # One task per node; fairseq reads SLURM_* (scontrol for the first host) and
-            # spawns one process per GPU, ranks node_id*gpus + local.
-            require_commands("srun")
-            launch = ["srun", "--nodes", str(nodes), "--ntasks-per-node", "1"]
+            # GPUs: one task per node; fairseq reads SLURM_* (scontrol for the first host) and
+            # spawns one process per GPU, ranks node_id*gpus + local. CPU: one task per rank.
+            if which("srun") is None and not dry_run:
+                raise ExperimentError(srun_missing(nodes))
+            launch = ["srun", "--nodes", str(nodes), "--ntasks-per-node", str(per_node if hardware.cpu else 1)]
             dist += ["--distributed-port", str(req.master_port)]
     return launch, trainer, dist
 

@@ -11,6 +11,7 @@
   master weights in multi-tensor kernels;
 * ``fast``: ``--fast-path``, static batch shapes, an update without host synchronisation
   and its steps captured as CUDA graphs (a package of its own);
+* ``launch``: data-parallel ranks on the CPU with every launcher and DDP backend;
 * ``quiet``: the third-party deprecation notices and dumps hidden at start-up;
 * ``prefetch_exit``: a clean exit when training stops while batches are prefetched;
 * ``resume``: several ranks resume without a flag and on any number of ranks, a bounded
