@@ -31,7 +31,7 @@ from conftest import built_once, run_cli
 from test_distributed import _named_parameters, free_port, probe_train_args, write_probe
 
 ARCH = ["--arch", "transformer_postln_base"]
-DDP = ["--ddp-backend", "legacy_ddp"]
+DDP = []  # fairseq's default DDP backend (pytorch_ddp)
 MAX_UPDATE = 6
 SAVE_EVERY = ["--save-interval-updates", "2"]
 CENSUS_S = 5  # resnmt.training.resume.CENSUS_S
