@@ -15,7 +15,8 @@ that calls the real fairseq-train entry point with two read-only hooks:
 * ``PROBE_STOP=RANKS@UPDATE:HOW`` (tests/test_resume_ranks.py) stops the listed ranks
   (``0,1``) right after update UPDATE: ``KILL`` (SIGKILL), ``STOP`` (SIGSTOP: a hung
   rank), or ``COPY``: killed (SIGKILL) half-way through copying the checkpoint saved at
-  that update to ``checkpoint_last.pt`` (the copy primitive, ``shutil.copyfile``).
+  that update to ``checkpoint_last.pt`` (the copy primitive, ``shutil.copyfile``); in the
+  first attempt of a torchrun run only.
 
 Checks: both ranks end with bit-identical parameters; for SAS the per-update losses and
 the final parameters match a single process that accumulates the same two batches per
@@ -71,7 +72,8 @@ def _reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm=None):
 
 Trainer._reduce_and_log_stats = _reduce_and_log_stats
 _save = checkpoint_utils.save_checkpoint
-STOP = os.environ.get("PROBE_STOP")  # RANKS@UPDATE:HOW
+# RANKS@UPDATE:HOW, in a run's first attempt only (torchrun's restarts do not stop again)
+STOP = os.environ.get("PROBE_STOP") if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" else None
 STOP_RANKS, STOP_AT, STOP_HOW = None, None, None
 if STOP:
     where, STOP_HOW = STOP.split(":")

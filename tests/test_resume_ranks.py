@@ -18,16 +18,19 @@ epoch is 5 updates of 2 ranks and the runs stop and resume inside epoch 1.
 * Where the batch of an update changes (1 process -> 2 ranks, same --update-freq), one
   line says so before the first update, and every sentence of the epoch is still seen once.
 * A rank that hangs (SIGSTOP) stops the others after --distributed-timeout.
+* ``torchrun --max-restarts 1`` with a rank killed once restarts the run, which resumes and
+  ends with the uninterrupted run's losses and weights.
 """
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import built_once, run_cli
+from conftest import BIN_DIR, REPO_ROOT, built_once, cli_env, run_cli
 from test_distributed import _named_parameters, free_port, probe_train_args, write_probe
 
 ARCH = ["--arch", "transformer_postln_base"]
@@ -290,3 +293,21 @@ def test_a_hung_rank_stops_the_others_after_the_timeout(tiny_bin, tmp_path):
         "fairseq-train: error: rank 1 of 2 lost (its connection closed, or no answer within --distributed-timeout "
         f"6 s); training stopped, and a re-run of the same command resumes from {ckpt}/checkpoint_last.pt "
         "(epoch 1, 2 updates)")
+
+
+def test_torchrun_restarts_a_run_whose_rank_was_killed_once(tiny_bin, tmp_path, reference):
+    """torchrun --nnodes 1 --nproc-per-node 2 --max-restarts 1, rank 1 killed after update 3 in
+    the first attempt: torchrun restarts both ranks, which resume from the checkpoint of update
+    2 and end with the uninterrupted run's losses and weights, bit for bit."""
+    probe, ckpt, out = write_probe(tmp_path), tmp_path / "ckpt", tmp_path / "out"
+    args = probe_train_args(probe, tiny_bin, ckpt, ARCH, "--max-update", str(MAX_UPDATE), *SAVE_EVERY, *DDP)[1:]
+    command = [BIN_DIR / "torchrun", "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "1",
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args]
+    proc = subprocess.run([str(a) for a in command], cwd=str(REPO_ROOT), env=cli_env(PROBE_OUT=str(out),
+                          PROBE_STOP="1@3:KILL"), capture_output=True, text=True, timeout=300)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "Loaded checkpoint" in log and "(epoch 1 @ 2 updates)" in log, "the restart did not resume"
+    assert sorted(int(json.loads(line)["pid"]) for line in (out / "loss.rank1.jsonl").read_text().splitlines()
+                  ) and len({json.loads(line)["pid"] for line in (out / "loss.rank1.jsonl").read_text().splitlines()}) == 2
+    assert_same_as(reference, out)

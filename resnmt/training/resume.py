@@ -298,7 +298,7 @@ def bounded_process_group_timeout() -> None:
         # take torch's default, not the default group's timeout
         distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = timeout
         create = dist.init_process_group
-        dist.init_process_group = functools.partial(create, timeout=timeout)
+        dist.init_process_group = functools.partial(init_process_group, create, timeout)
         try:
             return init(cfg)
         finally:
@@ -306,6 +306,27 @@ def bounded_process_group_timeout() -> None:
 
     distributed_init.resnmt_timeout = True
     distributed_utils.distributed_init = distributed_init
+
+
+def init_process_group(create, timeout, backend=None, init_method=None, world_size=-1, rank=-1, **kwargs):
+    """torch's ``init_process_group`` (``create``) with ``timeout``; under torchrun
+    (``env://`` with the agent's store) in a store of this attempt's own.
+
+    torchrun's static rendezvous (``--master-addr``/``--master-port``) keeps one store over
+    its restarts, and torch's ``env://`` joins it without a prefix per attempt: the ranks of
+    a restarted run read the addresses the previous attempt's ranks left there and fail to
+    connect (gloo: ``connectFullMesh failed ... Connection refused``), so ``--max-restarts``
+    could never resume a run. The ranks meet under ``resnmt/attempt_N`` instead
+    (``TORCHELASTIC_RESTART_COUNT``)."""
+    if init_method == "env://" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        from torch.distributed import PrefixStore, TCPStore
+
+        agent = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, False,
+                         timeout=timeout)
+        store = PrefixStore(f"resnmt/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent)
+        return create(backend=backend, store=store, world_size=world_size, rank=rank, timeout=timeout, **kwargs)
+    return create(backend=backend, init_method=init_method, world_size=world_size, rank=rank, timeout=timeout,
+                  **kwargs)
 
 
 def timeout_of(cfg) -> float:
@@ -344,7 +365,7 @@ def silent_ranks(wait_s: float = CENSUS_S) -> list:
         store, rank, world = _get_default_store(), dist.get_rank(), dist.get_world_size()
     except Exception:
         return None
-    prefix = f"resnmt/alive/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    prefix = "resnmt/alive/"
     try:
         store.set_timeout(timedelta(seconds=max(1.0, wait_s)))
         store.set(prefix + str(rank), "1")
