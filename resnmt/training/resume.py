@@ -38,7 +38,7 @@ from datetime import timedelta
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 300  # --distributed-timeout's default (torch's own: 30 minutes for gloo, 10 for NCCL)
-CENSUS_S = 5.0  # how long a rank whose collective failed waits for the others to answer
+CENSUS_S = 3.0  # how long a rank whose collective failed waits for the others to answer
 LAYOUT_KEY = "data_parallel"  # extra_state: the ranks, --update-freq and batch size of the run that saved it
 
 
