@@ -312,3 +312,77 @@ def test_torchrun_restarts_a_run_whose_rank_was_killed_once(tiny_bin, tmp_path, 
     assert sorted(int(json.loads(line)["pid"]) for line in (out / "loss.rank1.jsonl").read_text().splitlines()
                   ) and len({json.loads(line)["pid"] for line in (out / "loss.rank1.jsonl").read_text().splitlines()}) == 2
     assert_same_as(reference, out)
+
+
+class Items(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+def epoch_iterators(world: int, n: int = 23):
+    """fairseq's EpochBatchIterator of each of ``world`` ranks over ``n`` one-item batches."""
+    from fairseq.data import iterators
+
+    from resnmt.training.resume import install
+
+    install()
+    return [iterators.EpochBatchIterator(Items(n), collate_fn=list, batch_sampler=[[i] for i in range(n)], seed=1,
+                                         num_shards=world, shard_id=rank, epoch=1, buffer_size=0)
+            for rank in range(world)]
+
+
+@pytest.mark.parametrize("worlds", [(2, 1), (1, 2), (2, 3), (3, 2), (4, 3), (2, 3, 1), (1, 4, 2)])
+def test_an_epoch_continued_on_other_numbers_of_ranks_takes_each_batch_once(worlds):
+    """fairseq's own iterators, in this process: an epoch of 23 batches taken in turns by
+    each number of ranks of ``worlds`` (a few updates each, then its state handed to the
+    next): every batch of the epoch is taken exactly once, in the epoch's order."""
+    world, itrs = worlds[0], epoch_iterators(worlds[0])
+    running = [itr.next_epoch_itr(shuffle=True) for itr in itrs]
+    order = [b[0] for b in epoch_iterators(1)[0].next_epoch_itr(shuffle=True)]  # one process's order
+    taken = []
+    for following in worlds[1:]:
+        for _ in range(3):  # 3 updates of `world` ranks: each rank takes a batch per update
+            taken += [b[0] for it in running for b in [next(it)] if b]
+        state = itrs[0].state_dict()
+        assert all(itr.state_dict() == state for itr in itrs)
+        world, itrs = following, epoch_iterators(following)
+        for itr in itrs:
+            itr.load_state_dict(state)
+        running = [itr.next_epoch_itr(shuffle=True) for itr in itrs]
+    rest = [list(it) for it in running]  # the last run of ranks ends the epoch
+    assert len({len(r) for r in rest}) == 1, "the ranks would take different numbers of updates"
+    taken += [b[0] for update in zip(*rest) for b in update if b]
+    assert taken == order
+
+
+def test_what_a_resumed_run_does_is_said_in_one_line():
+    """Another --max-tokens: the epoch's other batches, the share of it done skipped, said;
+    the same update split otherwise (2 ranks x 1 -> 1 x 2): nothing to say; another
+    global batch: one line; --distributed-timeout 0: refused in one line."""
+    from types import SimpleNamespace
+
+    from resnmt.training.launch import LaunchError
+    from resnmt.training.resume import global_batch_change, resume_point, timeout_of
+
+    state = {"epoch": 2, "iterations_in_epoch": 5, "num_shards": 2, "batches_done": 10, "batches_in_epoch": 20}
+    assert resume_point(state, 1, 20) == (10, 0, None)
+    assert resume_point(state, 4, 20) == (2, 2, None)
+    iterations, shift, note = resume_point(state, 2, 40)
+    assert (iterations, shift) == (10, 0)
+    assert note == ("epoch 2 now has 40 batches, the checkpoint's run had 20 (other --max-tokens, --batch-size or "
+                    "data): the run skips the first 20, the share of the epoch done (10 of 20); sentences of the "
+                    "epoch may be seen twice or not at all")
+    two = {"world_size": 2, "update_freq": [1], "max_tokens": 4096, "batch_size": None}
+    assert global_batch_change(two, dict(two, world_size=1, update_freq=[2]), epoch=3) is None
+    assert global_batch_change(two, dict(two, max_tokens=8192), epoch=1).startswith(
+        "resuming a run of 2 ranks x --update-freq 1 x --max-tokens 4096 on 2 ranks x --update-freq 1 x "
+        "--max-tokens 8192; the rest of epoch 1 is seen once")
+    with pytest.raises(LaunchError, match=r"--distributed-timeout 0: must be a number of seconds > 0$"):
+        timeout_of(SimpleNamespace(task=SimpleNamespace(distributed_timeout=0)))
+    assert timeout_of(SimpleNamespace(task=SimpleNamespace())) == 300

@@ -330,11 +330,15 @@ def init_process_group(create, timeout, backend=None, init_method=None, world_si
 
 
 def timeout_of(cfg) -> float:
+    """``--distributed-timeout`` of ``cfg`` (:data:`DEFAULT_TIMEOUT_S` where its task has
+    none); a value not above 0 stops the rank in one line (``LaunchError``)."""
     task = getattr(cfg, "task", None)
     seconds = getattr(task, "distributed_timeout", None) if task is not None else None
     seconds = float(seconds if seconds is not None else DEFAULT_TIMEOUT_S)
     if not seconds > 0:
-        raise ValueError(f"--distributed-timeout {seconds:g}: must be a number of seconds > 0")
+        from resnmt.training.launch import LaunchError
+
+        raise LaunchError(f"--distributed-timeout {seconds:g}: must be a number of seconds > 0")
     return seconds
 
 
