@@ -342,8 +342,9 @@ def timeout_of(cfg) -> float:
     return seconds
 
 
-COMMUNICATION_ERRORS = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "gloo",
-                        "nccl", "socket", "peer")
+# what torch's collectives say when a peer is gone or silent (gloo's pair.cc, NCCL's watchdog)
+COMMUNICATION_ERRORS = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out waiting",
+                        "gloo", "nccl", "processgroup", "watchdog")
 
 
 def communication_failed(error: BaseException) -> bool:
