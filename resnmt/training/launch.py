@@ -1,9 +1,16 @@
 """Data-parallel ranks on the CPU with every launcher: fairseq 0.12.3's launch code assumes
-one CUDA device per rank. Each function below patches one place of it (idempotent), so that
-a cluster command runs as printed on a laptop with ``--cpu`` (gloo over TCP), the same
-``torch.distributed`` code a GPU run takes, NCCL aside.
+one CUDA device per rank. Two patches, each of one place of fairseq and idempotent:
+``ddp_on_cpu_modules`` (its default DDP backend on a CPU module) and
+``cpu_ranks_with_every_launcher`` (its launch: spawn, torchrun, SLURM), whose rule is
+``plan_cpu_ranks``; so that a cluster command runs as printed on a laptop with ``--cpu``
+(gloo over TCP), the same ``torch.distributed`` code a GPU run takes, NCCL aside.
 """
 import functools
+import os
+import random
+import socket
+import subprocess
+import sys
 
 
 def ddp_on_cpu_modules() -> None:
@@ -35,6 +42,10 @@ def ddp_on_cpu_modules() -> None:
 
 # ----------------------------------------------------------------------------- where the ranks come from
 
+# How fairseq's own launch starts CPU ranks: forked on Linux, each rank a copy of the process that
+# parsed the command (torch, fairseq and the user directory imported once, not once per rank as
+# with fairseq's "spawn", which CUDA needs and the CPU does not); spawned elsewhere (macOS).
+CPU_START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
 TORCHRUN_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")  # what torchrun (and torch.distributed.launch) set
 
 
@@ -42,9 +53,6 @@ class LaunchError(SystemExit):
     """A launch refused before anything runs: one line, ``PROG: error: MESSAGE`` (exit 1)."""
 
     def __init__(self, message: str):
-        import os
-        import sys
-
         super().__init__(f"{os.path.basename(sys.argv[0]) or 'fairseq-train'}: error: {message}")
 
 
@@ -54,8 +62,6 @@ def _given(argv, flag: str) -> bool:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -64,8 +70,6 @@ def _free_port() -> int:
 def _slurm_port(environ) -> int:
     """The port every task of a SLURM job derives alike from its job id (fairseq's rule on
     GPUs, ``_infer_single_node_init``), so that no flag has to name one."""
-    import random
-
     job = environ.get("SLURM_JOB_ID", "0") + environ.get("SLURM_ARRAY_TASK_ID", "")
     return random.Random(int(job)).randint(10000, 60000)
 
@@ -73,8 +77,6 @@ def _slurm_port(environ) -> int:
 def _first_slurm_host(node_list: str, environ) -> str:
     """The first host of SLURM's compressed ``node_list`` (``node[1-2]``), as fairseq asks
     ``scontrol`` for it (found on ``environ``'s PATH)."""
-    import subprocess
-
     try:
         hosts = subprocess.check_output(["scontrol", "show", "hostnames", node_list], text=True,
                                         env=dict(environ)).split()
@@ -82,7 +84,22 @@ def _first_slurm_host(node_list: str, environ) -> str:
         raise LaunchError(f"SLURM's node list is set ({node_list}) but its 'scontrol' command is "
                           "not on PATH: run inside the SLURM allocation (srun ...), on a node where SLURM's client "
                           "commands are installed") from None
+    except subprocess.CalledProcessError as e:
+        raise LaunchError(f"scontrol show hostnames {node_list} failed (exit {e.returncode}): SLURM's node list "
+                          "names no host") from None
+    if not hosts:
+        raise LaunchError(f"scontrol show hostnames {node_list} printed no host")
     return hosts[0]
+
+
+def refuse_gpu_only_precision(common) -> None:
+    """``--fp16`` on the CPU: fairseq's FP16Optimizer keeps its flattened float32 master weights
+    on ``torch.cuda.current_device()`` (a traceback after the model is built); refused in one
+    line (LaunchError) naming what trains on the CPU instead."""
+    flattened = not (common.bf16 or common.memory_efficient_fp16 or common.amp or common.fp16_no_flatten_grads)
+    if common.fp16 and flattened:
+        raise LaunchError("--fp16 trains on GPUs only (fairseq's fp16 optimizer keeps its float32 master weights on "
+                          "one); on the CPU train in float32 (no flag), or in bf16 with resnmt-train --bf16")
 
 
 def plan_cpu_ranks(dt, environ, argv) -> int:
@@ -154,8 +171,10 @@ def cpu_ranks_with_every_launcher() -> None:
     On the CPU, ``call_main`` is replaced by one that takes the launch from
     ``plan_cpu_ranks`` (gloo; torchrun's WORLD_SIZE/RANK/LOCAL_RANK; SLURM's
     SLURM_NTASKS/SLURM_PROCID/SLURM_LOCALID and its first host by ``scontrol``; else
-    ``--distributed-world-size`` processes spawned here), then runs fairseq's own
-    ``distributed_main`` in each rank. Runs on GPUs go to fairseq's ``call_main`` unchanged."""
+    ``--distributed-world-size`` processes started here, ``CPU_START_METHOD``), then runs
+    fairseq's own ``distributed_main`` in each rank; ``--fp16``, which needs a GPU, is
+    refused first (``refuse_gpu_only_precision``). Runs on GPUs go to fairseq's
+    ``call_main`` unchanged."""
     from fairseq.distributed import utils as distributed_utils
 
     if getattr(distributed_utils.call_main, "resnmt_cpu_ranks", False):
@@ -164,13 +183,11 @@ def cpu_ranks_with_every_launcher() -> None:
 
     @functools.wraps(fairseq_call_main)
     def call_main(cfg, main, **kwargs):
-        import os
-        import sys
-
         import torch
 
         if cfg.common.tpu or (not cfg.common.cpu and torch.cuda.is_available()):
             return fairseq_call_main(cfg, main, **kwargs)
+        refuse_gpu_only_precision(cfg.common)
         dt = cfg.distributed_training
         procs = plan_cpu_ranks(dt, os.environ, sys.argv[1:])
         if procs < 0:
@@ -178,8 +195,8 @@ def cpu_ranks_with_every_launcher() -> None:
         if procs == 0:
             return distributed_utils.distributed_main(dt.device_id, main, cfg, kwargs)
         kwargs["start_rank"], dt.distributed_rank = dt.distributed_rank or 0, None  # as fairseq's spawn: rank = start + i
-        torch.multiprocessing.spawn(fn=distributed_utils.distributed_main, args=(main, cfg, kwargs), nprocs=procs,
-                                    join=True)
+        torch.multiprocessing.start_processes(distributed_utils.distributed_main, args=(main, cfg, kwargs),
+                                              nprocs=procs, join=True, start_method=CPU_START_METHOD)
 
     call_main.resnmt_cpu_ranks = True
     distributed_utils.call_main = call_main
