@@ -410,8 +410,9 @@ def resume_checkpoint(cfg) -> str:
 
 def name_a_lost_rank() -> None:
     """fairseq's ``distributed_main`` (each rank's training, whatever the launcher) ends with
-    one line, ``fairseq-train: error: rank R of W was lost ...; a re-run of the same command
-    resumes from CHECKPOINT``, exit status 1, where a collective failed because another rank
+    one line, ``fairseq-train: error: rank R of W lost (...); training stopped, and a re-run
+    of the same command resumes from CHECKPOINT (epoch E, U updates)``, exit status 1, where
+    a collective failed because another rank
     died or stopped answering within ``--distributed-timeout`` (the ranks still alive are
     found through the process group's store, :func:`silent_ranks`). Any other error is
     raised as before (its rank dies; the others then say it was lost)."""
