@@ -115,6 +115,49 @@ PATCHES: Tuple[Patch, ...] = (
           "exited 0 having trained nothing, torchrun ended in ZeroDivisionError, SLURM counted a world of 0",
           FAIRSEQ, "resnmt.training.launch:cpu_ranks_with_every_launcher",
           targets=("fairseq.distributed.utils.call_main",)),
+    Patch("each-rank-reads-the-checkpoint", "fairseq", "import",
+          "fairseq.trainer.Trainer.load_checkpoint: with several data-parallel ranks every rank reads the file "
+          "itself (fairseq's --load-checkpoint-on-all-dp-ranks, always)",
+          "fairseq sends rank 0's loaded state to the others through torch.save/torch.load, which torch >= 2.6 "
+          "loads weights-only and refuses (omegaconf's DictConfig): every resumed run of 2 or more ranks crashed; "
+          "the same safe loader on every rank unpickles nothing more", f"{FAIRSEQ}, {TORCH}",
+          "resnmt.training.resume:each_rank_reads_the_checkpoint", targets=("fairseq.trainer.Trainer.load_checkpoint",)),
+    Patch("record-data-parallel-layout", "fairseq", "import",
+          "fairseq.trainer.Trainer.state_dict: extra_state gains data_parallel (ranks, --update-freq, --max-tokens, "
+          "--batch-size)",
+          "a run resumed on another number of ranks must know how the checkpoint's batches were dealt out; stock "
+          "fairseq ignores the key", FAIRSEQ, "resnmt.training.resume:record_the_data_parallel_layout",
+          targets=("fairseq.trainer.Trainer.state_dict",)),
+    Patch("iterators-resume-at-any-world-size", "fairseq", "import",
+          "fairseq.data.iterators.EpochBatchIterator.state_dict/load_state_dict: the batches all ranks took "
+          "together recorded, and an epoch continued from there on any number of ranks",
+          "fairseq stores iterations_in_epoch per rank: resumed on another number of ranks, a mid-epoch run "
+          "re-trained batches already seen (or skipped some); a state without the keys loads as before", FAIRSEQ,
+          "resnmt.training.resume:iterators_resume_at_any_world_size",
+          targets=("fairseq.data.iterators.EpochBatchIterator.state_dict",
+                   "fairseq.data.iterators.EpochBatchIterator.load_state_dict")),
+    Patch("say-when-the-global-batch-changes", "fairseq", "import",
+          "fairseq.trainer.Trainer.load_checkpoint: rank 0 logs one line where the resumed run's global batch "
+          "(ranks x --update-freq x --max-tokens) differs from the checkpoint's",
+          "a run resumed with other batches trains other updates; the user is told before the first one", FAIRSEQ,
+          "resnmt.training.resume:say_when_the_global_batch_changes",
+          targets=("fairseq.trainer.Trainer.load_checkpoint",)),
+    Patch("bounded-process-group-timeout", "fairseq", "import",
+          "fairseq.distributed.utils.distributed_init: the process group, and every group made after it, wait "
+          "--distributed-timeout seconds (default 300) for a rank",
+          "torch's gloo default is 30 minutes: a run whose rank died hung that long before it stopped", f"{FAIRSEQ}, {TORCH}",
+          "resnmt.training.resume:bounded_process_group_timeout",
+          targets=("fairseq.distributed.utils.distributed_init",)),
+    Patch("name-a-lost-rank", "fairseq", "import",
+          "fairseq.distributed.utils.distributed_main: a rank whose peers stop answering ends with one line naming "
+          "the lost rank and the checkpoint a re-run resumes from (exit status 1)",
+          "a lost rank showed as a gloo traceback on each survivor, naming neither the rank nor what to do", FAIRSEQ,
+          "resnmt.training.resume:name_a_lost_rank", targets=("fairseq.distributed.utils.distributed_main",)),
+    Patch("atomic-checkpoint-copies", "fairseq", "import",
+          "fairseq.file_io.PathManager.copy of a local file: written beside the target, then renamed over it",
+          "fairseq copies checkpoint_last.pt (and checkpointN, _best) in place: a rank killed during the copy left a "
+          "half-written checkpoint the re-run could not load; remote paths are copied as before", FAIRSEQ,
+          "resnmt.training.resume:atomic_checkpoint_copies", targets=("fairseq.file_io.PathManager.copy",)),
     Patch("user-kinds-when-parsing", "fairseq", "import",
           "fairseq.options.parse_args_and_arch: the connection modules of --connections and RESNMT_CONNECTIONS "
           "imported before parsing; their failure, and the resnmt model flags' checks, one 'PROG: error:' "

@@ -54,7 +54,7 @@ def cli_env(**extra) -> dict:
 
 # The variables of the tests' own that a forked command may be given: read when it runs, not
 # when torch or a library is imported (the probe's output folder, test_distributed.PROBE).
-RUN_TIME_ENV = ("PROBE_OUT",)
+RUN_TIME_ENV = ("PROBE_OUT", "PROBE_STOP")
 # The venv's console scripts that import torch and fairseq, which run_cli starts from the fork
 # server below instead of a new interpreter (with no environment of their own but RUN_TIME_ENV:
 # the server's is the test process's), as it starts Python scripts (this Python, a .py file).

@@ -83,12 +83,27 @@ class LengthScaled(SublayerConnection):
 
     def forward(self, x, fx):
         return x + fx / x.size(0)
+
+
+@register_connection
+class HiddenCount(SublayerConnection):
+    kind, equation, source = "contract_hidden_count", "x + F * (1 + n / 8), n forwards in training, not saved", "a test"
+
+    def __init__(self, dim, spec):
+        super().__init__()
+        self.n = 0
+
+    def forward(self, x, fx):
+        if self.training:
+            self.n += 1
+        return x + fx * (1 + self.n / 8)
 """
 
 
 def test_the_contract_fails_a_kind_that_breaks_it_naming_the_check():
-    """A parameter that gets no gradient, and an output that depends on the sequence's
-    length (so a decoding step differs from the full forward), each fail their check."""
+    """A parameter that gets no gradient, an output that depends on the sequence's length
+    (so a decoding step differs from the full forward), and state kept outside the
+    checkpoint (so a resumed run differs from the uninterrupted one) each fail their check."""
     from resnmt.connections import import_connections
     from resnmt.testing import check_connection
     from resnmt.testing.tiny import tiny_data
@@ -101,3 +116,6 @@ def test_the_contract_fails_a_kind_that_breaks_it_naming_the_check():
     check_connection("contract_length_scaled", ["forward", "gradients"])
     with pytest.raises(AssertionError, match="contract_length_scaled: check incremental failed"):
         check_connection("contract_length_scaled", ["incremental"])
+    check_connection("contract_hidden_count", ["forward", "gradients"])
+    with pytest.raises(AssertionError, match="contract_hidden_count: check two_ranks failed: .*losses differ"):
+        check_connection("contract_hidden_count", ["two_ranks"])

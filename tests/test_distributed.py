@@ -9,7 +9,14 @@ that calls the real fairseq-train entry point with two read-only hooks:
   sample_size`` in nats, to ``PROBE_OUT/loss.rankR.jsonl`` (fairseq's own log rounds
   to 3 decimals);
 * ``checkpoint_utils.save_checkpoint`` (called on every rank) first writes the rank's
-  model state_dict to ``PROBE_OUT/state.rankR.pt``.
+  model state_dict to ``PROBE_OUT/state.rankR.pt``;
+* ``Trainer.train_step`` notes the sentence ids of the update's batches on this rank
+  and ``Trainer.begin_epoch`` the epoch (``ids`` and ``epoch`` in the loss record);
+* ``PROBE_STOP=RANKS@UPDATE:HOW`` (tests/test_resume_ranks.py) stops the listed ranks
+  (``0,1``) right after update UPDATE: ``KILL`` (SIGKILL), ``STOP`` (SIGSTOP: a hung
+  rank), or ``COPY``: killed (SIGKILL) half-way through copying the checkpoint saved at
+  that update to ``checkpoint_last.pt`` (the copy primitive, ``shutil.copyfile``); in the
+  first attempt of a torchrun run only.
 
 Checks: both ranks end with bit-identical parameters; for SAS the per-update losses and
 the final parameters match a single process that accumulates the same two batches per
@@ -34,6 +41,8 @@ PROBE = r'''
 """fairseq-train with probes (exact per-update loss, per-rank final state). Test-only."""
 import json
 import os
+import shutil
+import signal
 import sys
 
 import torch
@@ -53,7 +62,8 @@ def _reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm=None):
         nll = sum(float(log.get("nll_loss", 0.0)) for log in logging_outputs)
         size = float(sample_size)
         record = {"update": self.get_num_updates(), "loss": loss / size, "nll_loss": nll / size,
-                  "sample_size": size, "pid": os.getpid()}
+                  "sample_size": size, "pid": os.getpid(), "ids": getattr(self, "probe_ids", None),
+                  "epoch": getattr(self, "probe_epoch", None)}
         with open(os.path.join(OUT, "loss.rank%d.jsonl" % self.data_parallel_rank), "a") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
@@ -62,6 +72,14 @@ def _reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm=None):
 
 Trainer._reduce_and_log_stats = _reduce_and_log_stats
 _save = checkpoint_utils.save_checkpoint
+# RANKS@UPDATE:HOW, in a run's first attempt only (torchrun's restarts do not stop again)
+STOP = os.environ.get("PROBE_STOP") if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" else None
+STOP_RANKS, STOP_AT, STOP_HOW = None, None, None
+if STOP:
+    where, STOP_HOW = STOP.split(":")
+    ranks, update = where.split("@")
+    STOP_RANKS, STOP_AT = {int(r) for r in ranks.split(",")}, int(update)
+saving = {"updates": None, "rank": None}
 
 
 def save_checkpoint(cfg, trainer, epoch_itr, val_loss):
@@ -69,10 +87,50 @@ def save_checkpoint(cfg, trainer, epoch_itr, val_loss):
     state = {k: v.detach().clone() for k, v in trainer.get_model().state_dict().items()}
     torch.save({"model": state, "num_updates": trainer.get_num_updates()}, path + ".tmp")
     os.replace(path + ".tmp", path)
+    saving.update(updates=trainer.get_num_updates(), rank=trainer.data_parallel_rank)
     return _save(cfg, trainer, epoch_itr, val_loss)
 
 
 checkpoint_utils.save_checkpoint = save_checkpoint
+_train_step = Trainer.train_step
+
+
+def train_step(self, samples, *args, **kwargs):
+    self.probe_ids = sorted(int(i) for s in samples if s for i in s["id"])
+    result = _train_step(self, samples, *args, **kwargs)
+    if STOP_HOW in ("KILL", "STOP") and self.data_parallel_rank in STOP_RANKS and self.get_num_updates() == STOP_AT:
+        sys.stdout.flush(); sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL if STOP_HOW == "KILL" else signal.SIGSTOP)
+    return result
+
+
+Trainer.train_step = train_step
+_begin_epoch = Trainer.begin_epoch
+
+
+def begin_epoch(self, epoch):
+    self.probe_epoch = epoch
+    return _begin_epoch(self, epoch)
+
+
+Trainer.begin_epoch = begin_epoch
+_copyfile = shutil.copyfile
+
+
+def copyfile(src, dst, *args, **kwargs):
+    """Killed half-way through copying the checkpoint of update STOP_AT to checkpoint_last.pt."""
+    if (STOP_HOW == "COPY" and saving["rank"] in STOP_RANKS and saving["updates"] == STOP_AT
+            and "checkpoint_last" in os.path.basename(dst)):
+        with open(src, "rb") as f:
+            data = f.read()
+        with open(dst, "wb") as f:
+            f.write(data[: len(data) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _copyfile(src, dst, *args, **kwargs)
+
+
+shutil.copyfile = copyfile
+
 
 if __name__ == "__main__":
     sys.argv = ["fairseq-train"] + sys.argv[1:]

@@ -241,12 +241,22 @@ def check_ddp_on_cpu_modules(tmp_path):
 
 CHECKS = {name: globals()[f"check_{name.replace('-', '_')}"] for name in fairseq_patches.BY_NAME
           if f"check_{name.replace('-', '_')}" in globals()}
-# checked where their component is: fairseq-train's module is not imported into this process
+# checked where their component is: fairseq-train's module is not imported into this process, and
+# the patches of several ranks are checked with ranks as processes
+RESUMED = "tests/test_resume_ranks.py::test_a_stopped_two_rank_run_resumes_exactly_with_the_same_command"
+OTHER_RANKS = "tests/test_resume_ranks.py::test_two_ranks_resume_on_one_and_one_on_two"
 ELSEWHERE = {"fast-path-trainer": "tests/test_fast_path.py::test_install_replaces_fairseq_trains_trainer_and_uninstall_"
                                   "restores_it",
              # ranks are processes: each launcher starts them for real there
              "cpu-ranks-with-every-launcher": "tests/test_launchers.py::test_launcher_trains_cpu_ranks_with_every_ddp_"
-                                              "backend"}
+                                              "backend",
+             "each-rank-reads-the-checkpoint": RESUMED, "record-data-parallel-layout": OTHER_RANKS,
+             "iterators-resume-at-any-world-size": OTHER_RANKS,
+             "say-when-the-global-batch-changes": "tests/test_resume_ranks.py::test_another_global_batch_is_said_and_"
+                                                  "each_sentence_still_seen_once",
+             "bounded-process-group-timeout": "tests/test_resume_ranks.py::test_a_hung_rank_stops_the_others_after_the_"
+                                              "timeout",
+             "name-a-lost-rank": RESUMED, "atomic-checkpoint-copies": RESUMED}
 
 
 @pytest.mark.parametrize("name", [p.name for p in fairseq_patches.PATCHES if p.name in CHECKS])

@@ -45,6 +45,7 @@ from resnmt.decoding.sequence_generator import LENPEN_FORMS, with_gnmt_penalty
 from resnmt.training.attention import use_sdpa_backends
 from resnmt.training.bf16 import check_bf16_device
 from resnmt.training.compile import COMPILE_BACKENDS, COMPILE_MODES, CUDA_GRAPH_MODES, compile_layers_for_training
+from resnmt.training.resume import DEFAULT_TIMEOUT_S
 
 
 @dataclass
@@ -104,6 +105,13 @@ class ResNMTTranslationConfig(TranslationConfig):
         default=8,
         metadata={"help": "with --fast-path, how many batch shapes: sentence pairs bucketed by length at the "
                           "training set's quantiles, each bucket's batches padded to one shape"},
+    )
+    distributed_timeout: int = field(
+        default=DEFAULT_TIMEOUT_S,
+        metadata={"help": "seconds a rank waits in a collective for the other ranks before it stops, naming the "
+                          "rank that was lost and the checkpoint a re-run resumes from (torch's default: 30 "
+                          "minutes); raise it where writing a checkpoint or a rank's start takes longer "
+                          "(resnmt/training/resume.py)"},
     )
     no_step_capture: bool = field(
         default=False,

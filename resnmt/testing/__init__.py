@@ -24,7 +24,8 @@ statistics), ``forward`` (several depths, training, evaluation, bf16), ``gradien
 except those the kind lists in ``no_gradient_by_design``), ``incremental`` (step-by-step
 decoding equals the full forward; bf16), ``torchscript``, ``checkpoint`` (saved,
 loaded by fairseq, the same outputs), ``fast_path`` (``--fast-path``'s update equals
-fairseq's), ``normalization`` (``--normalization``), ``analysis`` (the statistics
+fairseq's), ``two_ranks`` (2 data-parallel ranks in lockstep, resumed from a mid-epoch
+checkpoint to the same losses and weights), ``normalization`` (``--normalization``), ``analysis`` (the statistics
 ``resnmt-analyze`` reports). The models are tiny (d=16, 2 heads, 1 to 3 layers) on a
 corpus of made-up words (:mod:`resnmt.testing.tiny`), so a kind's whole contract takes
 seconds on a CPU.

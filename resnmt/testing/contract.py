@@ -234,6 +234,15 @@ def check_fast_path(case: Case) -> None:
     compare_with_fairseq(case.flags)
 
 
+def check_two_ranks(case: Case) -> None:
+    """On 2 data-parallel ranks (processes over gloo, fairseq's default DDP backend) the
+    kind trains in lockstep and a run resumed from its mid-epoch checkpoint continues with
+    the uninterrupted run's losses and weights bit for bit (resnmt/testing/two_ranks.py)."""
+    from resnmt.testing.two_ranks import compare_resumed_two_ranks
+
+    compare_resumed_two_ranks(case.flags)
+
+
 def check_normalization(case: Case) -> None:
     """A kind that owns norms takes ``--normalization``: every norm becomes the chosen one
     (RMSNorm, DyT), the model stays finite; a kind without any refuses it in one line."""
@@ -290,6 +299,7 @@ CHECKS: Dict[str, Tuple[Callable[[Case], None], bool]] = {
     "torchscript": (check_torchscript, True),
     "checkpoint": (check_checkpoint, False),
     "fast_path": (check_fast_path, False),
+    "two_ranks": (check_two_ranks, False),
     "normalization": (check_normalization, False),
     "analysis": (check_analysis, True),
 }

@@ -13,7 +13,9 @@
   and its steps captured as CUDA graphs (a package of its own);
 * ``launch``: data-parallel ranks on the CPU with every launcher and DDP backend;
 * ``quiet``: the third-party deprecation notices and dumps hidden at start-up;
-* ``prefetch_exit``: a clean exit when training stops while batches are prefetched.
+* ``prefetch_exit``: a clean exit when training stops while batches are prefetched;
+* ``resume``: several ranks resume without a flag and on any number of ranks, a bounded
+  wait for a lost rank (``--distributed-timeout``) and whole checkpoints when one dies.
 
 Each change to fairseq or torch among them is listed, and applied, in
 ``resnmt.fairseq_patches``; this package imports nothing itself, so that ``quiet`` and
