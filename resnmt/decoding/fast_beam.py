@@ -23,8 +23,12 @@ the same finished hypotheses, the same scores up to float rounding) in two parts
   ignored, a sentence done when ``beam`` hypotheses have ended (or at the maximum length),
   then dropped from the batch; ``max_len = min(int(a * src_len + b), max_positions - 1)``
   with ``src_len`` the batch's padded source length (as fairseq: a batch's limit); ``min_len``,
-  ``--unkpen``, ``--no-repeat-ngram-size`` and ``--temperature`` as fairseq applies them;
-  scores normalized by ``(step + 1) ** lenpen`` unless ``--unnormalized``.
+  ``--unkpen`` and ``--temperature`` as fairseq applies them; scores normalized by
+  ``(step + 1) ** lenpen`` unless ``--unnormalized``. ``--no-repeat-ngram-size`` blocks a
+  token that would repeat an n-gram of the hypothesis, as fairseq documents it and its CUDA
+  kernel does; fairseq 0.12's Python path (the CPU's, and the GPU's when the kernel is not
+  built) is given the whole token buffer, compares the last n-1 entries (padding) with the
+  hypothesis and so blocks nothing: with that option the two differ on the CPU.
 
 :class:`FastSequenceGenerator` is a fairseq ``SequenceGenerator`` whose search is this one,
 built by the ``resnmt_translation`` task (``--beam-search fast``, the default) for
@@ -290,7 +294,7 @@ def block_repeated_ngrams(lprobs: Tensor, tokens: Tensor, n: int, step: int, pad
     """fairseq's ``NGramRepeatBlock`` (its Python path), batched: a token that would complete
     an n-gram already in the hypothesis (``tokens`` (N, step + 1), the initial EOS included)
     gets -inf. Non-matches write -inf into ``pad``'s column, which is -inf already."""
-    if step + 2 - n < 0:
+    if step + 1 < n:  # no n-gram yet
         return
     windows = tokens.unfold(1, n, 1)  # N, step + 2 - n, n
     last = tokens[:, step + 2 - n: step + 1]  # the n - 1 tokens the next one would follow
@@ -473,6 +477,9 @@ class FastSequenceGenerator(SequenceGenerator):
         self._stepper: Optional[ResNMTStepper] = None
         if self.fallback is None:
             logger.info(f"beam search: {FAST}")
+            if getattr(self, "repeat_ngram_blocker", None) is not None:
+                logger.info("--no-repeat-ngram-size: n-grams blocked as fairseq documents it and its CUDA kernel "
+                            "does (fairseq 0.12's Python path, on the CPU, compares them with padding and blocks none)")
         else:
             logger.info(f"beam search: fairseq's ({self.fallback})")
 
