@@ -52,6 +52,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from fairseq import search
+from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules.multihead_attention import MultiheadAttention
 from fairseq.sequence_generator import SequenceGenerator
 from torch import Tensor
@@ -92,6 +93,23 @@ class StepState:
     length: int  # positions written in the cache
     beam: int
     spare: Optional[Tensor] = None  # a second buffer of the cache's shape, which a reorder fills
+    logits: Optional[Tensor] = None  # (N, V): each step's logits, then log-probabilities, in place
+    output_weight: Optional[Tensor] = None  # (C, V): the output projection, transposed once per batch
+    qkv: Optional[List[Optional[Tuple[Tensor, Optional[Tensor]]]]] = None  # per layer: Q, K, V projections in one
+
+
+def fused_qkv(att) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
+    """The weight and bias of ``att``'s Q, K and V projections stacked (one matrix product per
+    step instead of three), where all three are plain ``nn.Linear`` (else None: HybridNorm's
+    per-head normalized projections, quantization noise)."""
+    projections = (att.q_proj, att.k_proj, att.v_proj)
+    if any(type(p) is not torch.nn.Linear for p in projections):
+        return None
+    biases = [p.bias for p in projections]
+    if any(b is None for b in biases) and not all(b is None for b in biases):
+        return None
+    weight = torch.cat([p.weight for p in projections])
+    return weight, (torch.cat(biases) if biases[0] is not None else None)
 
 
 def unsupported_model(model) -> Optional[str]:
@@ -153,7 +171,15 @@ class ResNMTStepper:
         if mask is not None and bool(mask.any()):
             cross_mask = (~mask).view(B, 1, 1, S)
         self._position_table(max_len + 1, memory)
-        return StepState(cross_k, cross_v, cross_mask, None, 0, beam=1)
+        state = StepState(cross_k, cross_v, cross_mask, None, 0, beam=1)
+        # the weights as the steps read them, taken per batch (a model that trains between
+        # decodings, fairseq-train --eval-bleu, is read as it is now)
+        projection = self.decoder.output_projection
+        if type(projection) is torch.nn.Linear and projection.bias is None and \
+                type(self.decoder).output_layer is TransformerDecoderBase.output_layer:
+            state.output_weight = projection.weight.t().contiguous()
+        state.qkv = [fused_qkv(layer.self_attn) for layer in self.layers]
+        return state
 
     def _heads(self, x: Tensor) -> Tensor:
         """(T, B, C) -> (B, H, T, d)"""
@@ -185,6 +211,13 @@ class ResNMTStepper:
         state.beam = beam
         t = state.length
         self._ensure_capacity(state, N, t + 1, tokens)
+        features = self.features(tokens, state, t)
+        state.length = t + 1
+        return self._log_probs(features, state, temperature)
+
+    def features(self, tokens: Tensor, state: StepState, t: int) -> Tensor:
+        """The decoder's output features (N, C) at step ``t`` (the cache written at ``t``)."""
+        N = tokens.size(0)
         dec = self.decoder
         x = dec.embed_scale * dec.embed_tokens(tokens.view(N, 1))
         if dec.quant_noise is not None:
@@ -208,11 +241,20 @@ class ResNMTStepper:
         x = x.transpose(0, 1)  # N, 1, C
         if dec.project_out_dim is not None:
             x = dec.project_out_dim(x)
-        state.length = t + 1
-        logits = dec.output_layer(x[:, 0, :])
+        return x[:, 0, :]
+
+    def _log_probs(self, features: Tensor, state: StepState, temperature: float) -> Tensor:
+        N = features.size(0)
+        if state.output_weight is not None and features.dtype == torch.float32:
+            V = state.output_weight.size(1)
+            if state.logits is None or state.logits.size(0) < N:
+                state.logits = features.new_empty(N, V)
+            logits = torch.mm(features, state.output_weight, out=state.logits[:N])
+        else:
+            logits = self.decoder.output_layer(features).float()
         if temperature != 1.0:
-            logits = logits.div_(temperature)
-        return F.log_softmax(logits.float(), dim=-1)
+            logits.div_(temperature)
+        return torch._log_softmax(logits, -1, False, out=logits)  # in place: the values of F.log_softmax
 
     def _layer(self, layer, index: int, x: Tensor, state: StepState, t: int) -> Tuple[Tensor, Optional[Tensor]]:
         """``ResidualDecoderLayer.forward`` at one step, its attentions on the buffers."""
@@ -233,11 +275,17 @@ class ResNMTStepper:
     def _self_attention(self, att, h: Tensor, index: int, state: StepState, t: int) -> Tensor:
         N = h.size(1)
         H, d = self.heads, self.head_dim
-        q = att.q_proj(h)
-        q *= att.scaling
         cache = state.cache
-        cache[:, index, 0, :, t] = att.k_proj(h).view(N, H, d)
-        cache[:, index, 1, :, t] = att.v_proj(h).view(N, H, d)
+        fused = state.qkv[index] if state.qkv is not None else None
+        if fused is not None:
+            qkv = F.linear(h, fused[0], fused[1]).view(N, 3, H, d)
+            q = qkv[:, 0] * att.scaling
+            cache[:, index, :, :, t] = qkv[:, 1:]
+        else:
+            q = att.q_proj(h)
+            q *= att.scaling
+            cache[:, index, 0, :, t] = att.k_proj(h).view(N, H, d)
+            cache[:, index, 1, :, t] = att.v_proj(h).view(N, H, d)
         out = F.scaled_dot_product_attention(q.view(N, H, 1, d), cache[:, index, 0, :, : t + 1],
                                              cache[:, index, 1, :, : t + 1], scale=1.0)
         return att.out_proj(out.view(1, N, H * d))
@@ -272,6 +320,7 @@ class ResNMTStepper:
         if state.cross_k and state.cross_k[0].numel() and order.numel() != state.cross_k[0].size(0) * beam:
             sentences = order.view(-1, beam)[:, 0] // beam  # sentences done were dropped
             state.cross_k = [k.index_select(0, sentences) if k.numel() else k for k in state.cross_k]
+            state.logits = None if state.logits is None else state.logits[: order.numel()]
             state.cross_v = [v.index_select(0, sentences) if v.numel() else v for v in state.cross_v]
             if state.cross_mask is not None:
                 state.cross_mask = state.cross_mask.index_select(0, sentences)
@@ -341,7 +390,8 @@ def beam_search(stepper, src_tokens: Tensor, src_lengths: Tensor, options: Searc
     for step in range(max_len + 1):
         lprobs = stepper.step(tokens[:, step], state, order, beam, options.temperature)
         lprobs[:, pad] = -math.inf
-        lprobs[:, unk] -= options.unkpen
+        if options.unkpen:
+            lprobs[:, unk] -= options.unkpen
         if step >= max_len:
             lprobs[:, :eos] = -math.inf
             lprobs[:, eos + 1:] = -math.inf
@@ -356,7 +406,7 @@ def beam_search(stepper, src_tokens: Tensor, src_lengths: Tensor, options: Searc
         if step == 0:
             lp = lp[:, :1, :]
         else:
-            lp = lp + scores.view(bsz, beam, -1)[:, :, step - 1].unsqueeze(-1)
+            lp = lp.add_(scores.view(bsz, beam, -1)[:, :, step - 1].unsqueeze(-1))  # lprobs is not read again
         flat = lp.reshape(bsz, -1)
         cand_scores, cand_flat = torch.topk(flat, k=min(cand_size, flat.size(1) - 1))
         cand_beams = torch.div(cand_flat, vocab, rounding_mode="trunc")
