@@ -218,3 +218,15 @@ def test_the_hub_translates_with_the_fast_search(tiny_bin, trained):
     assert hubs["fast"].translate(sentences, beam=4) == hubs["fairseq"].translate(sentences, beam=4)
     with pytest.raises(ValueError, match="beam_search 'slow' is not one of: fast fairseq"):
         resnmt.from_pretrained(trained, "checkpoint_last.pt", data_name_or_path=str(tiny_bin), beam_search="slow")
+
+
+@pytest.mark.parametrize("columns", [32000, 32003, 1000])
+def test_top_candidates_are_topks(columns):
+    from resnmt.decoding.fast_beam import top_candidates
+
+    g = torch.Generator().manual_seed(columns)
+    flat = torch.log_softmax(3 * torch.randn(16, columns, generator=g), dim=-1)
+    flat[:, ::7] = -math.inf
+    for k in (1, 8):
+        want, got = torch.topk(flat, k), top_candidates(flat, k)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
