@@ -91,6 +91,17 @@ def test_every_kind_decodes_fairseqs_hypotheses(tiny_bin, kind):
     assert len(lengths(ref)) >= 3  # hypotheses end at several lengths
 
 
+@pytest.mark.parametrize("flags", [
+    ["--residual", "pre_ln", "--decoder-learned-pos", "--layernorm-embedding", "--share-decoder-input-output-embed"],
+    ["--residual", "post_ln", "--no-scale-embedding", "--decoder-layers", "3", "--decoder-attention-heads", "4"],
+    ["--encoder-residual", "hyper", "--decoder-residual", "resi_dual", "--normalization", "rms_norm"],
+])
+def test_model_variants_decode_fairseqs_hypotheses(tiny_bin, flags):
+    model, task = model_of(tiny_bin, flags)
+    ref, fast = decode_both(model, task, **STUDY)
+    assert_same_hypotheses(ref, fast)
+
+
 OPTIONS = {
     "fairseq-lenpen": dict(gnmt=False, beam_size=4, len_penalty=1.0, max_len_b=5),
     "unnormalized": dict(gnmt=False, beam_size=4, normalize_scores=False, max_len_b=5),

@@ -188,9 +188,9 @@ class ResNMTStepper:
 
     def _position_table(self, positions: int, like: Tensor) -> None:
         """The decoder's positional embedding of steps 0..positions-1 (fairseq's incremental
-        positions: padding_idx + 1 + step), computed once for the longest asked."""
+        positions: padding_idx + 1 + step), per batch (learned positions may have trained since)."""
         embed = self.decoder.embed_positions
-        if embed is None or (self._positions is not None and self._positions.size(0) >= positions):
+        if embed is None:
             return
         pad = self.decoder.padding_idx
         dummy = torch.full((1, positions), pad + 1, dtype=torch.long, device=like.device)
