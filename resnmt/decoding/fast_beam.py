@@ -407,7 +407,10 @@ def beam_search(stepper, src_tokens: Tensor, src_lengths: Tensor, options: Searc
     order: Optional[Tensor] = None
 
     for step in range(max_len + 1):
-        lprobs = stepper.step(tokens[:, step], state, order, beam, options.temperature)
+        # at step 0 every hypothesis of a sentence is the same (fairseq reads only the first):
+        # one row per sentence
+        rows = tokens[::beam] if step == 0 else tokens
+        lprobs = stepper.step(rows[:, step], state, order, beam if step else 1, options.temperature)
         lprobs[:, pad] = -math.inf
         if options.unkpen:
             lprobs[:, unk] -= options.unkpen
@@ -417,15 +420,14 @@ def beam_search(stepper, src_tokens: Tensor, src_lengths: Tensor, options: Searc
         if step < options.min_len:
             lprobs[:, eos] = -math.inf
         if options.no_repeat_ngram_size > 0:
-            block_repeated_ngrams(lprobs, tokens[:, : step + 1], options.no_repeat_ngram_size, step, pad)
+            block_repeated_ngrams(lprobs, rows[:, : step + 1], options.no_repeat_ngram_size, step, pad)
 
         # fairseq's BeamSearch.step
         vocab = lprobs.size(1)
-        lp = lprobs.view(bsz, beam, vocab)
         if step == 0:
-            lp = lp[:, :1, :]
+            lp = lprobs.view(bsz, 1, vocab)
         else:
-            lp = lp.add_(scores.view(bsz, beam, -1)[:, :, step - 1].unsqueeze(-1))  # lprobs is not read again
+            lp = lprobs.view(bsz, beam, vocab).add_(scores.view(bsz, beam, -1)[:, :, step - 1].unsqueeze(-1))  # lprobs is not read again
         flat = lp.reshape(bsz, -1)
         cand_scores, cand_flat = top_candidates(flat, min(cand_size, flat.size(1) - 1))
         cand_beams = torch.div(cand_flat, vocab, rounding_mode="trunc")
@@ -494,6 +496,8 @@ def beam_search(stepper, src_tokens: Tensor, src_lengths: Tensor, options: Searc
         if batch_idxs is not None:  # into the previous step's rows, as the stepper holds them
             corr = batch_idxs - torch.arange(batch_idxs.numel(), device=device)
             order = (order.view(-1, beam) + corr.unsqueeze(-1) * beam).view(-1)
+        if step == 0:  # into the one row per sentence of step 0
+            order = torch.div(order, beam, rounding_mode="floor")
 
     return finalized_lists(fin_tokens, fin_pos, fin_scores, fin_len, fin_count)
 
