@@ -89,7 +89,7 @@ class StepState:
     cross_k: List[Tensor]  # per decoder layer: (B, H, S, d), one per sentence (not per hypothesis)
     cross_v: List[Tensor]
     cross_mask: Optional[Tensor]  # (B, 1, 1, S), True where attended (None: no padding)
-    cache: Optional[Tensor]  # (N, L, 2, H, capacity, d): every layer's self-attention keys and values
+    cache: Optional[Tensor]  # (L, 2, N, H, capacity, d): every layer's self-attention keys and values
     length: int  # positions written in the cache
     beam: int
     spare: Optional[Tensor] = None  # a second buffer of the cache's shape, which a reorder fills
@@ -139,11 +139,12 @@ class ResNMTStepper:
     """A resnmt model (``ResNMTTransformerModel``, any kind) one decoding step at a time; see
     the module docstring. ``model`` in eval mode (dropout off), as fairseq's generator puts it."""
 
-    def __init__(self, model):
+    def __init__(self, model, sdpa: bool = False):
         reason = unsupported_model(model)
         if reason is not None:
             raise ValueError(f"the fast beam search cannot decode this model: {reason}")
         self.model = model
+        self.sdpa = sdpa  # attention by scaled_dot_product_attention (else fairseq's arithmetic, to the bit)
         self.decoder = model.decoder
         self.layers = list(self.decoder.layers)
         first = self.layers[0].self_attn
@@ -152,12 +153,17 @@ class ResNMTStepper:
         self._positions: Optional[Tensor] = None
 
     # -- encoder
-    def encode(self, src_tokens: Tensor, src_lengths: Tensor, max_len: int) -> StepState:
-        """The encoder's output as each decoder layer's encoder-decoder keys and values."""
+    def encode(self, src_tokens: Tensor, src_lengths: Tensor, max_len: int, beam: int = 1) -> StepState:
+        """The encoder's output as each decoder layer's encoder-decoder keys and values: per
+        sentence (B, H, S, d) with ``sdpa``; else per hypothesis, (B * beam, H, S, d), computed
+        as fairseq computes them (its generator repeats the encoder's output per hypothesis)."""
         out = self.model.encoder(src_tokens, src_lengths=src_lengths)
         memory = out["encoder_out"][0]  # S, B, C
         mask = out["encoder_padding_mask"][0] if out["encoder_padding_mask"] else None
         S, B, _ = memory.shape
+        if not self.sdpa:
+            memory = memory.index_select(1, torch.arange(B, device=memory.device).repeat_interleave(beam))
+        H, d = self.heads, self.head_dim
         cross_k, cross_v = [], []
         for layer in self.layers:
             att = layer.encoder_attn
@@ -165,8 +171,14 @@ class ResNMTStepper:
                 cross_k.append(memory.new_empty(0))
                 cross_v.append(memory.new_empty(0))
                 continue
-            cross_k.append(self._heads(att.k_proj(memory)).contiguous())
-            cross_v.append(self._heads(att.v_proj(memory)).contiguous())
+            k, v = att.k_proj(memory), att.v_proj(memory)
+            if self.sdpa:
+                cross_k.append(self._heads(k).contiguous())
+                cross_v.append(self._heads(v).contiguous())
+            else:  # laid out as fairseq's MultiheadAttention keeps them: (N, H, S, d), a view
+                rows = memory.size(1)
+                cross_k.append(k.contiguous().view(S, rows * H, d).transpose(0, 1).view(rows, H, S, d))
+                cross_v.append(v.contiguous().view(S, rows * H, d).transpose(0, 1).view(rows, H, S, d))
         cross_mask = None
         if mask is not None and bool(mask.any()):
             cross_mask = (~mask).view(B, 1, 1, S)
@@ -206,8 +218,9 @@ class ResNMTStepper:
         N = tokens.size(0)
         if order is not None:
             self._reorder(state, order, beam)
-        elif state.cache is None and state.cross_k and state.cross_k[0].numel() and state.cross_k[0].size(0) * beam != N:
-            raise ValueError(f"{N} hypotheses for {state.cross_k[0].size(0)} sentences of beam {beam}")
+        elif state.cache is None and self._rows(state) is not None and \
+                self._rows(state) * (beam if self.sdpa else 1) != N:
+            raise ValueError(f"{N} hypotheses for encoder keys of {self._rows(state)} rows, beam {beam}")
         state.beam = beam
         t = state.length
         self._ensure_capacity(state, N, t + 1, tokens)
@@ -280,14 +293,20 @@ class ResNMTStepper:
         if fused is not None:
             qkv = F.linear(h, fused[0], fused[1]).view(N, 3, H, d)
             q = qkv[:, 0] * att.scaling
-            cache[:, index, :, :, t] = qkv[:, 1:]
+            cache[index, :, :, :, t] = qkv[:, 1:].transpose(0, 1)
         else:
             q = att.q_proj(h)
             q *= att.scaling
-            cache[:, index, 0, :, t] = att.k_proj(h).view(N, H, d)
-            cache[:, index, 1, :, t] = att.v_proj(h).view(N, H, d)
-        out = F.scaled_dot_product_attention(q.view(N, H, 1, d), cache[:, index, 0, :, : t + 1],
-                                             cache[:, index, 1, :, : t + 1], scale=1.0)
+            cache[index, 0, :, :, t] = att.k_proj(h).view(N, H, d)
+            cache[index, 1, :, :, t] = att.v_proj(h).view(N, H, d)
+        capacity = cache.size(4)
+        k = cache[index, 0].view(N * H, capacity, d)[:, : t + 1]
+        v = cache[index, 1].view(N * H, capacity, d)[:, : t + 1]
+        if self.sdpa:
+            out = F.scaled_dot_product_attention(q.reshape(N * H, 1, d), k, v, scale=1.0)
+        else:  # fairseq's MultiheadAttention's arithmetic, to the bit
+            weights = F.softmax(torch.bmm(q.reshape(N * H, 1, d), k.transpose(1, 2)), dim=-1, dtype=torch.float32)
+            out = torch.bmm(weights.type_as(q), v)
         return att.out_proj(out.view(1, N, H * d))
 
     def _cross_attention(self, att, h: Tensor, index: int, state: StepState) -> Tensor:
@@ -297,10 +316,26 @@ class ResNMTStepper:
         B = N // beam
         q = att.q_proj(h)
         q *= att.scaling
-        q = q.view(B, beam, H, d).transpose(1, 2)  # each sentence's beam: one block of queries
-        out = F.scaled_dot_product_attention(q, state.cross_k[index], state.cross_v[index],
-                                             attn_mask=state.cross_mask, scale=1.0)
-        return att.out_proj(out.transpose(1, 2).reshape(1, N, H * d))
+        k, v = state.cross_k[index], state.cross_v[index]  # (B, H, S, d)
+        if self.sdpa:
+            q = q.view(B, beam, H, d).transpose(1, 2)  # each sentence's beam: one block of queries
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=state.cross_mask, scale=1.0)
+            return att.out_proj(out.transpose(1, 2).reshape(1, N, H * d))
+        # fairseq's MultiheadAttention's arithmetic, to the bit: k and v per hypothesis (N, H, S, d)
+        S = k.size(2)
+        q = q.contiguous().view(1, N * H, d).transpose(0, 1)
+        weights = torch.bmm(q, k.view(N * H, S, d).transpose(1, 2))
+        if state.cross_mask is not None:
+            weights = weights.view(B, beam, H, 1, S).masked_fill(~state.cross_mask.view(B, 1, 1, 1, S), float("-inf"))
+            weights = weights.view(N * H, 1, S)
+        weights = F.softmax(weights, dim=-1, dtype=torch.float32).type_as(q)
+        out = torch.bmm(weights, v.view(N * H, S, d))
+        return att.out_proj(out.transpose(0, 1).contiguous().view(1, N, H * d))
+
+    @staticmethod
+    def _rows(state: StepState) -> Optional[int]:
+        """How many rows the encoder-decoder keys have (None: no layer attends to the encoder)."""
+        return next((k.size(0) for k in state.cross_k if k.numel()), None)
 
     # -- the buffers
     def _ensure_capacity(self, state: StepState, N: int, needed: int, like: Tensor) -> None:
@@ -309,7 +344,7 @@ class ResNMTStepper:
             return
         capacity = max(16, needed) if cache is None else max(needed, 2 * cache.size(4))
         dtype = self.decoder.embed_tokens.weight.dtype
-        new = torch.empty(N, len(self.layers), 2, self.heads, capacity, self.head_dim, dtype=dtype,
+        new = torch.empty(len(self.layers), 2, N, self.heads, capacity, self.head_dim, dtype=dtype,
                           device=like.device)
         if cache is not None:
             new[:, :, :, :, : state.length] = cache[:, :, :, :, : state.length]
@@ -317,22 +352,25 @@ class ResNMTStepper:
 
     def _reorder(self, state: StepState, order: Tensor, beam: int) -> None:
         """Keep the hypotheses ``order`` continues, and the sentences they belong to."""
-        if state.cross_k and state.cross_k[0].numel() and order.numel() != state.cross_k[0].size(0) * beam:
-            sentences = order.view(-1, beam)[:, 0] // beam  # sentences done were dropped
-            state.cross_k = [k.index_select(0, sentences) if k.numel() else k for k in state.cross_k]
+        rows = self._rows(state)
+        if rows is not None and order.numel() != rows * (beam if self.sdpa else 1):  # sentences done: dropped
+            sentences = order.view(-1, beam)[:, 0] // beam
+            kept = sentences if self.sdpa else order  # fairseq's reorder_incremental_state
+            state.cross_k = [k.index_select(0, kept) if k.numel() else k for k in state.cross_k]
+            state.cross_v = [v.index_select(0, kept) if v.numel() else v for v in state.cross_v]
             state.logits = None if state.logits is None else state.logits[: order.numel()]
-            state.cross_v = [v.index_select(0, sentences) if v.numel() else v for v in state.cross_v]
             if state.cross_mask is not None:
                 state.cross_mask = state.cross_mask.index_select(0, sentences)
         cache = state.cache
         if cache is None or state.length == 0:
             return
-        if order.numel() == cache.size(0) and torch.equal(order, torch.arange(order.numel(), device=order.device)):
+        if order.numel() == cache.size(2) and torch.equal(order, torch.arange(order.numel(), device=order.device)):
             return  # every hypothesis continues itself
+        shape = cache.shape[:2] + (order.numel(),) + cache.shape[3:]
         spare = state.spare
-        if spare is None or spare.size(0) != order.numel() or spare.shape[1:] != cache.shape[1:]:
-            spare = cache.new_empty((order.numel(),) + tuple(cache.shape[1:]))
-        torch.index_select(cache, 0, order, out=spare)
+        if spare is None or spare.shape != shape:
+            spare = cache.new_empty(shape)
+        torch.index_select(cache, 2, order, out=spare)
         state.cache, state.spare = spare, cache
 
 
@@ -353,22 +391,24 @@ def block_repeated_ngrams(lprobs: Tensor, tokens: Tensor, n: int, step: int, pad
 
 
 def top_candidates(flat: Tensor, k: int, chunk: int = 64) -> Tuple[Tensor, Tensor]:
-    """``torch.topk(flat, k)`` (values, indices) of each row, found in the ``k`` chunks of
-    ``chunk`` columns with the largest maxima (and the columns after the last whole chunk):
-    any of a row's k largest values lies in one of them. The same values and indices but for
-    the order of exactly equal values; about 5x faster than topk over a beam's 4 x 8,000
-    log-probabilities."""
+    """``torch.topk(flat, k)`` (values, indices) of each row, exactly: the k + 1 largest found in
+    the k + 1 chunks of ``chunk`` columns with the largest maxima (and the columns after the
+    last whole chunk), where any of them lies; where two of those k + 1 values are equal
+    (torch.topk orders equal values its own way), torch.topk itself. About 5x faster than
+    topk over a beam's 4 x 8,000 log-probabilities."""
     rows, n = flat.shape
     full = n - n % chunk
-    if full < 4 * k * chunk:
+    if full < 4 * (k + 1) * chunk:
         return torch.topk(flat, k)
     maxima = flat[:, :full].view(rows, full // chunk, chunk).amax(dim=2)
-    top_chunks = torch.topk(maxima, k, dim=1)[1]
+    top_chunks = torch.topk(maxima, k + 1, dim=1)[1]
     index = (top_chunks.unsqueeze(2) * chunk + torch.arange(chunk, device=flat.device)).view(rows, -1)
     if full < n:
         index = torch.cat([index, torch.arange(full, n, device=flat.device).expand(rows, -1)], dim=1)
-    values, within = torch.topk(flat.gather(1, index), k, dim=1)
-    return values, index.gather(1, within)
+    values, within = torch.topk(flat.gather(1, index), k + 1, dim=1)
+    if not bool((values[:, :-1] > values[:, 1:]).all()):
+        return torch.topk(flat, k)
+    return values[:, :k], index.gather(1, within[:, :k])
 
 
 def beam_search(stepper, src_tokens: Tensor, src_lengths: Tensor, options: SearchOptions, tgt_dict,
@@ -388,7 +428,7 @@ def beam_search(stepper, src_tokens: Tensor, src_lengths: Tensor, options: Searc
     if options.min_len > max_len:
         raise ValueError(f"min_len {options.min_len} is larger than the maximum length {max_len}")
     device = src_tokens.device
-    state = stepper.encode(src_tokens, src_lengths, max_len)
+    state = stepper.encode(src_tokens, src_lengths, max_len, beam)
 
     tokens = torch.full((bsz * beam, max_len + 2), pad, dtype=torch.long, device=device)
     tokens[:, 0] = eos
@@ -409,8 +449,7 @@ def beam_search(stepper, src_tokens: Tensor, src_lengths: Tensor, options: Searc
     for step in range(max_len + 1):
         # at step 0 every hypothesis of a sentence is the same (fairseq reads only the first):
         # one row per sentence
-        rows = tokens[::beam] if step == 0 else tokens
-        lprobs = stepper.step(rows[:, step], state, order, beam if step else 1, options.temperature)
+        lprobs = stepper.step(tokens[:, step], state, order, beam, options.temperature)
         lprobs[:, pad] = -math.inf
         if options.unkpen:
             lprobs[:, unk] -= options.unkpen
@@ -420,12 +459,12 @@ def beam_search(stepper, src_tokens: Tensor, src_lengths: Tensor, options: Searc
         if step < options.min_len:
             lprobs[:, eos] = -math.inf
         if options.no_repeat_ngram_size > 0:
-            block_repeated_ngrams(lprobs, rows[:, : step + 1], options.no_repeat_ngram_size, step, pad)
+            block_repeated_ngrams(lprobs, tokens[:, : step + 1], options.no_repeat_ngram_size, step, pad)
 
         # fairseq's BeamSearch.step
         vocab = lprobs.size(1)
         if step == 0:
-            lp = lprobs.view(bsz, 1, vocab)
+            lp = lprobs.view(bsz, beam, vocab)[:, :1]
         else:
             lp = lprobs.view(bsz, beam, vocab).add_(scores.view(bsz, beam, -1)[:, :, step - 1].unsqueeze(-1))  # lprobs is not read again
         flat = lp.reshape(bsz, -1)
@@ -496,8 +535,6 @@ def beam_search(stepper, src_tokens: Tensor, src_lengths: Tensor, options: Searc
         if batch_idxs is not None:  # into the previous step's rows, as the stepper holds them
             corr = batch_idxs - torch.arange(batch_idxs.numel(), device=device)
             order = (order.view(-1, beam) + corr.unsqueeze(-1) * beam).view(-1)
-        if step == 0:  # into the one row per sentence of step 0
-            order = torch.div(order, beam, rounding_mode="floor")
 
     return finalized_lists(fin_tokens, fin_pos, fin_scores, fin_len, fin_count)
 
