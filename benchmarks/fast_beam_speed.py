@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""CPU time of beam-4 decoding: resnmt's fast beam search against fairseq's SequenceGenerator,
-on the same model and sentences, measured in one process, interleaved (A B, B A, ...), the
-minimum over rounds; and how many hypotheses differ.
+"""CPU time of beam-4 decoding: resnmt's fast beam search (fairseq's arithmetic, and with
+``scaled_dot_product_attention``) against fairseq's SequenceGenerator, on the same model and
+sentences, measured in one process, interleaved (A B C, C B A, ...), the minimum over rounds;
+and how many n-best lists differ from fairseq's.
 
 The model: ``resnmt_transformer`` of the small preset's size (2+2 layers, d=128, FFN 512, 4
 heads; ``--size``), random weights (seed 1), each ``--kinds``; the sentences: ``--sentences``
@@ -76,26 +77,30 @@ def main(argv=None):
 
     print(f"torch threads: {torch.get_num_threads()}; {a.sentences} sentences, batch {a.batch_size}, beam 4, "
           f"GNMT 0.6, max length src + {a.max_len_b}")
-    print("| kind | fairseq (CPU s) | fast (CPU s) | speed-up | hypotheses differing | tokens per hypothesis |")
+    print("| kind | fairseq (CPU s) | fast (CPU s) | fast, SDPA (CPU s) | n-best lists differing (fast / SDPA) "
+          "| tokens per hypothesis |")
     print("|---|---:|---:|---:|---:|---:|")
     for kind in a.kinds:
         model, task = build(a.data, kind, a.size)
         tgt = task.target_dictionary
         samples = batches(task, a.sentences, a.batch_size)
         kwargs = dict(beam_size=4, len_penalty=0.6, max_len_a=1, max_len_b=a.max_len_b)
-        gens = {name: with_gnmt_penalty(cls)([model], tgt, search_strategy=search.BeamSearch(tgt), **kwargs)
-                for name, cls in (("fairseq", SequenceGenerator), ("fast", FastSequenceGenerator))}
-        times = {"fairseq": [], "fast": []}
+        gens = {name: with_gnmt_penalty(cls)([model], tgt, search_strategy=search.BeamSearch(tgt), **kwargs, **extra)
+                for name, cls, extra in (("fairseq", SequenceGenerator, {}), ("fast", FastSequenceGenerator, {}),
+                                         ("sdpa", FastSequenceGenerator, {"sdpa": True}))}
+        times = {name: [] for name in gens}
         outputs = {}
         for r in range(a.rounds):
-            for name in (("fairseq", "fast") if r % 2 == 0 else ("fast", "fairseq")):
+            names = list(gens) if r % 2 == 0 else list(reversed(gens))
+            for name in names:
                 seconds, outputs[name] = decode(gens[name], model, samples)
                 times[name].append(seconds)
-        differing = sum(x != y for x, y in zip(outputs["fairseq"], outputs["fast"]))
+        differing = {name: sum(x != y for x, y in zip(outputs["fairseq"], outputs[name])) for name in ("fast", "sdpa")}
         length = sum(len(h[0]) for h in outputs["fast"]) / len(outputs["fast"])
-        slow, fast = min(times["fairseq"]), min(times["fast"])
-        print(f"| {kind} | {slow:.2f} | {fast:.2f} | {slow / fast:.2f}x | {differing} of {len(outputs['fast'])} "
-              f"| {length:.1f} |", flush=True)
+        best = {name: min(t) for name, t in times.items()}
+        print(f"| {kind} | {best['fairseq']:.2f} | {best['fast']:.2f} ({best['fairseq'] / best['fast']:.2f}x) "
+              f"| {best['sdpa']:.2f} ({best['fairseq'] / best['sdpa']:.2f}x) | {differing['fast']} / "
+              f"{differing['sdpa']} of {len(outputs['fast'])} | {length:.1f} |", flush=True)
         if a.profile:
             from torch.profiler import ProfilerActivity, profile
 

@@ -581,8 +581,9 @@ class FastSequenceGenerator(SequenceGenerator):
     cover (another search strategy, an ensemble, another model, prefix tokens) fairseq's own,
     said once in the log."""
 
-    def __init__(self, models, tgt_dict, **kwargs):
+    def __init__(self, models, tgt_dict, sdpa: bool = False, **kwargs):
         super().__init__(models, tgt_dict, **kwargs)
+        self.sdpa = sdpa  # ResNMTStepper's attention: scaled_dot_product_attention (else fairseq's arithmetic)
         self.fallback = self._fallback_reason(models, kwargs)
         self._stepper: Optional[ResNMTStepper] = None
         if self.fallback is None:
@@ -627,8 +628,8 @@ class FastSequenceGenerator(SequenceGenerator):
             return super()._generate(sample, prefix_tokens=prefix_tokens, constraints=constraints,
                                      bos_token=bos_token)
         model = self.model.models[0]
-        if self._stepper is None or self._stepper.model is not model:
-            self._stepper = ResNMTStepper(model)
+        if self._stepper is None or self._stepper.model is not model or self._stepper.sdpa != self.sdpa:
+            self._stepper = ResNMTStepper(model, sdpa=self.sdpa)
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         src_lengths = net_input.get("src_lengths")
