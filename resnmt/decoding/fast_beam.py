@@ -6,16 +6,18 @@ and is copied whole at every step. This module runs *the same search* (the same 
 the same finished hypotheses, the same scores up to float rounding) in two parts:
 
 * a **stepper**, the model seen one step at a time: ``encode(src_tokens, src_lengths,
-  max_len) -> state`` and ``step(tokens, state, order) -> log-probabilities``, ``tokens`` the
-  last token of each of the N = sentences x beam hypotheses, ``order`` (N,) the hypotheses of
-  the previous step each continues (indices into the previous step's N; None at the first
-  step). :class:`ResNMTStepper` is a resnmt model's: the self-attention keys and values in one
-  preallocated buffer per model (written in place at each step; reordered with one
-  ``index_select`` over the used positions only), the encoder-decoder keys and values
-  computed once per sentence (never copied per hypothesis: each sentence's beam attends as
-  one query block), attention by ``scaled_dot_product_attention``; everything else (the
-  connections, the residual stream, the FFN and its activation, the norms) the model's own
-  modules, so every kind, a user's own included, decodes as its full forward computes.
+  max_len, beam) -> state`` and ``step(tokens, state, order, beam) -> log-probabilities``,
+  ``tokens`` the last token of each of the N = sentences x beam hypotheses, ``order`` (N,)
+  the hypotheses of the previous step each continues (indices into the previous step's N;
+  None at the first step). :class:`ResNMTStepper` is a resnmt model's: the self-attention
+  keys and values in one preallocated buffer per model (written in place at each step;
+  reordered with one ``index_select``), the encoder-decoder keys and values computed once
+  per batch; the attentions with fairseq's own arithmetic (so the scores are fairseq's bit
+  for bit), or ``scaled_dot_product_attention`` (``sdpa=True``: each sentence's beam one
+  block of queries over its keys, held once per sentence; scores within float rounding);
+  everything else (the connections, the residual stream, the FFN and its activation, the
+  norms) the model's own modules, so every kind, a user's own included, decodes as its full
+  forward computes.
 * :func:`beam_search`, fairseq 0.12's ``SequenceGenerator._generate`` with ``BeamSearch``
   rewritten on batched tensors: no Python loop over sentences or hypotheses inside a step,
   finished hypotheses kept in tensors. The rules are fairseq's: ``2 * beam`` candidates per
