@@ -120,8 +120,8 @@ OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("kind", ["post_ln", "dlcl"])
-@pytest.mark.parametrize("name", list(OPTIONS))
+@pytest.mark.parametrize("kind, name", [("post_ln", name) for name in OPTIONS] +
+                         [("dlcl", "fairseq-lenpen"), ("dlcl", "no-repeat-ngram")])
 def test_search_options_as_fairseq_applies_them(tiny_bin, kind, name):
     model, task = model_of(tiny_bin, ["--residual", kind], seed=2)
     ref, fast = decode_both(model, task, **OPTIONS[name])
