@@ -145,7 +145,8 @@ def from_pretrained(model_name_or_path: PathLike, checkpoint_file: str = "checkp
         cfg.task.beam_search = beam_search
         if lenpen_form is not None:
             cfg.task.lenpen_form = lenpen_form
-        if not isinstance(task, ResNMTTranslationTask) and (lenpen_form is not None or isinstance(task, TranslationTask)):
+        if not isinstance(task, ResNMTTranslationTask) and (lenpen_form is not None
+                                                            or isinstance(task, TranslationTask)):
             cfg.task._name = "resnmt_translation"
             task = tasks.setup_task(cfg.task)
     if isinstance(task, ResNMTTranslationTask):

@@ -468,7 +468,8 @@ def beam_search(stepper, src_tokens: Tensor, src_lengths: Tensor, options: Searc
         if step == 0:
             lp = lprobs.view(bsz, beam, vocab)[:, :1]
         else:
-            lp = lprobs.view(bsz, beam, vocab).add_(scores.view(bsz, beam, -1)[:, :, step - 1].unsqueeze(-1))  # lprobs is not read again
+            # in place: lprobs is not read again
+            lp = lprobs.view(bsz, beam, vocab).add_(scores.view(bsz, beam, -1)[:, :, step - 1].unsqueeze(-1))
         flat = lp.reshape(bsz, -1)
         cand_scores, cand_flat = top_candidates(flat, min(cand_size, flat.size(1) - 1))
         cand_beams = torch.div(cand_flat, vocab, rounding_mode="trunc")

@@ -181,8 +181,8 @@ def check_beam_search(case: Case) -> None:
         assert [h["tokens"].tolist() for h in a] == [h["tokens"].tolist() for h in b], \
             f"sentence {sentence}: other hypotheses than fairseq's"
         for x, y in zip(a, b):
-            assert torch.equal(y["score"], x["score"]) and torch.equal(y["positional_scores"], x["positional_scores"]), \
-                f"sentence {sentence}: scores other than fairseq's"
+            same = torch.equal(y["score"], x["score"]) and torch.equal(y["positional_scores"], x["positional_scores"])
+            assert same, f"sentence {sentence}: scores other than fairseq's"
 
 
 def check_torchscript(case: Case) -> None:
