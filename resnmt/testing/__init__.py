@@ -22,7 +22,8 @@ connection returning its input's shape; where it fails, it alone reports the cau
 the other checks say in one line that they did not run), ``spec`` (the class, its flags and
 statistics), ``forward`` (several depths, training, evaluation, bf16), ``gradients`` (every parameter gets one,
 except those the kind lists in ``no_gradient_by_design``), ``incremental`` (step-by-step
-decoding equals the full forward; bf16), ``torchscript``, ``checkpoint`` (saved,
+decoding equals the full forward; bf16), ``beam_search`` (the fast beam search returns
+fairseq's hypotheses), ``torchscript``, ``checkpoint`` (saved,
 loaded by fairseq, the same outputs), ``fast_path`` (``--fast-path``'s update equals
 fairseq's), ``two_ranks`` (2 data-parallel ranks in lockstep, resumed from a mid-epoch
 checkpoint to the same losses and weights), ``normalization`` (``--normalization``), ``analysis`` (the statistics
