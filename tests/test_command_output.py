@@ -13,7 +13,7 @@ USER_DIR = str(REPO_ROOT / "resnmt")
 
 @pytest.mark.parametrize("args, error", [
     (["--arch", "transformer_sas_base", "--residual", "bogus"],
-     "resnmt-train: error: argument --residual: invalid choice: 'bogus' (choose from 'post_ln', 'pre_ln', "),
+     "resnmt-train: error: --residual bogus: no such connection kind; choose from post_ln, pre_ln, "),
     ([],  # fairseq itself stops with a bare RuntimeError() here
      "resnmt-train: error: the following arguments are required: --arch (e.g. --arch transformer_sas_base) "
      "(see --help)"),

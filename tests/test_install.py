@@ -59,29 +59,31 @@ def installed(tmp_path_factory) -> Path:
 
 
 def test_non_editable_install(installed, tmp_path):
-    help_texts = [run_cli([installed / "resnmt-prepare", "custom", "--help"], cwd=tmp_path).stdout,
-                  run_cli([installed / "resnmt-experiment", "--help"], cwd=tmp_path).stdout]
+    alone = {"PYTHONPATH": ""}  # the installed package only, whatever the test's environment adds
+    help_texts = [run_cli([installed / "resnmt-prepare", "custom", "--help"], cwd=tmp_path, **alone).stdout,
+                  run_cli([installed / "resnmt-experiment", "--help"], cwd=tmp_path, **alone).stdout]
     assert "--source-lang" in help_texts[0] and "--dry-run" in help_texts[1]
 
     # a small real corpus, prepared by the installed package
     prefixes = write_corpus(tmp_path / "corpus", n_train=400, n_valid=40, n_test=40)
     out = tmp_path / "data" / "mine"
     proc = run_cli([installed / "resnmt-prepare", "custom", *custom_args(prefixes, "--bpe-size", "300", "--workers", "1"),
-                    out], cwd=tmp_path, timeout=600)
+                    out], cwd=tmp_path, timeout=600, **alone)
     assert (out / "bin" / "train.en-de.de.bin").is_file() and (out / "prepared.json").is_file()
     messages = [*help_texts, proc.stderr]
 
     # resnmt-experiment's plan for that directory, and for a built-in corpus it would prepare
-    plan = run_cli([installed / "resnmt-experiment", "--dry-run", out, "transformer_rskip_base"], cwd=tmp_path).stdout
+    plan = run_cli([installed / "resnmt-experiment", "--dry-run", out, "transformer_rskip_base"], cwd=tmp_path,
+                   **alone).stdout
     assert f"1. prepare  {out} is prepared" in plan and "--post-process sentencepiece" in plan
     user_dir = plan.split("--user-dir ")[1].split()[0]  # the installed package, not the (removed) copy
     assert user_dir.startswith(str(installed.parent)) and "site-packages" in user_dir
     assert os.path.isfile(os.path.join(user_dir, "__init__.py"))
     builtin = run_cli([installed / "resnmt-experiment", "--dry-run", "iwslt15-en-vi", "transformer_rskip_base"],
-                      cwd=tmp_path).stdout
+                      cwd=tmp_path, **alone).stdout
     assert "1. prepare  resnmt-prepare iwslt15-en-vi data/iwslt15-en-vi" in builtin
     refused = run_cli([installed / "resnmt-experiment", "multi30k", "transformer_nope_base"], cwd=tmp_path,
-                      check=False)
+                      check=False, **alone)
     assert refused.returncode == 1
     messages += [plan, builtin, refused.stderr]
     for text in messages:
