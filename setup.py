@@ -34,6 +34,8 @@ setup(
         "subword-nmt>=0.3.8",
         "matplotlib>=3.7",
     ],
+    # resnmt-export --format ctranslate2
+    extras_require={"export": ["ctranslate2>=4.0"]},
     entry_points={
         "console_scripts": [
             "resnmt-train=resnmt.cli.train:main",
@@ -43,6 +45,7 @@ setup(
             "resnmt-experiment=resnmt.cli.experiment:main",
             "resnmt-prepare=resnmt.cli.prepare:main",
             "resnmt-study=resnmt.cli.study:main",
+            "resnmt-export=resnmt.cli.export:main",
         ]
     },
     classifiers=[

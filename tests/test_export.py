@@ -1,0 +1,128 @@
+"""resnmt-export: CTranslate2 models of the kinds CTranslate2 computes exactly decode to
+fairseq-generate's hypotheses and scores (float32, beam 4, models trained on real
+Multi30k sentences); every other kind is refused in one line naming it; the
+torch.export artifact of every kind decodes to fairseq-generate's hypotheses in a
+process where resnmt cannot be imported."""
+import math
+import sys
+
+import ctranslate2  # requirements-dev.txt: the CTranslate2 tests run wherever the suite runs
+import pytest
+
+from conftest import REPO_ROOT, built_once, run_cli
+from model_utils import build
+
+from resnmt.cli import export as export_cli
+from resnmt.connections import BUILTIN_KINDS, connection_class
+from resnmt.export.ctranslate2 import ctranslate2_refusal
+
+USER_DIR = str(REPO_ROOT / "resnmt")
+SIZE = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+BEAM = 4
+
+
+def trained(tmp_path_factory, tiny_bin, name, *flags, updates=100):
+    """The save dir of a 2+2 d=32 model of ``flags`` trained ``updates`` updates on the tiny corpus
+    (enough for hypotheses of real words that differ between sentences, none running to the length limit,
+    where fairseq forces an EOS and CTranslate2 stops without one); built once per run."""
+    def train(root):
+        run_cli(["fairseq-train", tiny_bin, "--user-dir", USER_DIR, "--task", "resnmt_translation",
+                 "--arch", "resnmt_transformer", *flags, *SIZE, "--share-all-embeddings", "--optimizer", "adam",
+                 "--lr", "5e-3", "--max-tokens", "2000", "--max-update", str(updates), "--save-dir", root,
+                 "--no-epoch-checkpoints", "--disable-validation", "--no-progress-bar", "--seed", "1",
+                 "--num-workers", "0", "--cpu"])
+
+    return built_once(tmp_path_factory, f"export_{name}", train)
+
+
+def fairseq_hypotheses(tiny_bin, checkpoint):
+    """{sentence id: (tokens, score in nats per token)} of fairseq-generate, beam 4, the test set."""
+    out = run_cli(["fairseq-generate", tiny_bin, "--user-dir", USER_DIR, "--task", "resnmt_translation",
+                   "--path", checkpoint, "--gen-subset", "test", "--beam", str(BEAM), "--batch-size", "16",
+                   "--num-workers", "0", "--cpu"]).stdout
+    hyps = {}
+    for line in out.splitlines():
+        if line.startswith("H-"):
+            sid, score, text = line[2:].split("\t")
+            hyps[int(sid)] = (text.split(), float(score) * math.log(2))  # fairseq prints base-2 scores
+    return hyps
+
+
+def source_sentences(task):
+    task.load_dataset("test")
+    data = task.dataset("test")
+    return [[task.source_dictionary[i] for i in data[k]["source"][:-1]] for k in range(len(data))]
+
+
+@pytest.mark.parametrize("kind,normalization", [("post_ln", "layer_norm"), ("pre_ln", "layer_norm"),
+                                                pytest.param("pre_ln", "rms_norm", marks=pytest.mark.slow)])
+def test_ctranslate2_export_decodes_as_fairseq_generate(tiny_bin, tmp_path_factory, tmp_path, kind, normalization):
+    save_dir = trained(tmp_path_factory, tiny_bin, f"{kind}_{normalization}", "--residual", kind,
+                       "--normalization", normalization)
+    checkpoint = save_dir / "checkpoint_last.pt"
+    output = tmp_path / "ct2"
+    assert export_cli.main(["--path", str(checkpoint), "--data", str(tiny_bin), "--format", "ctranslate2",
+                            "--output", str(output)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]  # no scratch folder left beside it
+    expected = fairseq_hypotheses(tiny_bin, checkpoint)
+    _, task, _ = build(tiny_bin, "resnmt_transformer")
+    sources = source_sentences(task)
+    assert len(expected) == len(sources) == 60
+    translator = ctranslate2.Translator(str(output), device="cpu", intra_threads=1)
+    results = translator.translate_batch(sources, beam_size=BEAM, max_batch_size=16, return_scores=True,
+                                         max_decoding_length=200)
+    got = {k: (r.hypotheses[0], r.scores[0]) for k, r in enumerate(results)}
+    assert len({" ".join(tokens) for tokens, _ in expected.values()}) > 20  # real, varied translations
+    assert max(len(tokens) for tokens, _ in expected.values()) < 200  # none cut at the length limit (200)
+    assert [got[k][0] for k in range(60)] == [expected[k][0] for k in range(60)]
+    for k in range(60):
+        # CTranslate2's beam search sums log-probabilities of its own kernels (its score_batch gives
+        # fairseq's per-token values to 1e-5; its search's totals differ by up to 0.5 %)
+        assert got[k][1] == pytest.approx(expected[k][1], rel=1e-2)
+
+
+def test_ctranslate2_export_keeps_a_finished_export(tiny_bin, tmp_path_factory, tmp_path, capsys):
+    save_dir = trained(tmp_path_factory, tiny_bin, "post_ln_layer_norm", "--residual", "post_ln",
+                       "--normalization", "layer_norm")
+    argv = ["--path", str(save_dir / "checkpoint_last.pt"), "--data", str(tiny_bin), "--format", "ctranslate2",
+            "--output", str(tmp_path / "ct2")]
+    assert export_cli.main(argv) == 0
+    written = (tmp_path / "ct2" / "model.bin").stat().st_mtime_ns
+    capsys.readouterr()
+    assert export_cli.main(argv) == 0
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("kept (--force writes it again)")
+    assert (tmp_path / "ct2" / "model.bin").stat().st_mtime_ns == written
+
+
+@pytest.mark.parametrize("kind", BUILTIN_KINDS)
+def test_ctranslate2_holds_post_ln_and_pre_ln_and_names_every_other_kind(tiny_bin, kind):
+    model, _, _ = build(tiny_bin, "resnmt_transformer", ["--residual", kind])
+    refusal = ctranslate2_refusal(model)
+    if kind in ("post_ln", "pre_ln"):
+        assert refusal is None
+    else:
+        assert f"--residual {kind} ({connection_class(kind).equation})" in refusal
+        assert "\n" not in refusal and refusal.endswith("export it with --format torch-export")
+
+
+def test_ctranslate2_refuses_dyt_and_normalized_activations(tiny_bin):
+    dyt, _, _ = build(tiny_bin, "resnmt_transformer", ["--residual", "pre_ln", "--normalization", "dyt"])
+    assert ctranslate2_refusal(dyt).startswith("--format ctranslate2 cannot hold --normalization dyt")
+    nrelu, _, _ = build(tiny_bin, "resnmt_transformer", ["--residual", "post_ln", "--normalized-activation", "nrelu"])
+    assert "a normalized activation (--normalized-activation)" in ctranslate2_refusal(nrelu)
+    stock, _, _ = build(tiny_bin, "transformer")  # fairseq's own
+    assert ctranslate2_refusal(stock) is None
+
+
+def test_resnmt_export_refuses_another_kind_in_one_line(tiny_bin, tmp_path_factory, tmp_path):
+    save_dir = trained(tmp_path_factory, tiny_bin, "deepnorm", "--residual", "deepnorm", updates=1)
+    proc = run_cli([sys.executable, "-m", "resnmt.cli.export", "--path", save_dir / "checkpoint_last.pt",
+                    "--data", tiny_bin, "--format", "ctranslate2", "--output", tmp_path / "out"], check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "resnmt-export: error: --format ctranslate2 cannot hold the encoder's --residual deepnorm "
+        f"({connection_class('deepnorm').equation}): CTranslate2's Transformer layer computes LN(x + F) (post_ln) or "
+        "x + F(LN(x)) (pre_ln) only, with LayerNorm or RMSNorm; export it with --format torch-export")
+    assert list(tmp_path.iterdir()) == []  # nothing written
