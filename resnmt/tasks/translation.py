@@ -40,6 +40,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from resnmt.analysis.training_log import attach_training_logger, training_level
+from resnmt.decoding.fast_beam import BEAM_SEARCHES, FastSequenceGenerator, unsupported_options
 from resnmt.decoding.sequence_generator import LENPEN_FORMS, with_gnmt_penalty
 from resnmt.training.attention import use_sdpa_backends
 from resnmt.training.bf16 import check_bf16_device
@@ -59,6 +60,15 @@ class ResNMTTranslationConfig(TranslationConfig):
             "'gnmt' = log P / ((5 + |Y|) / 6)^lenpen, the GNMT penalty tensor2tensor and "
             "the papers used (with --lenpen 0.6 --beam 4). The beam search itself is "
             "fairseq's in both cases; --unnormalized turns either off"
+        },
+    )
+    beam_search: ChoiceEnum(list(BEAM_SEARCHES)) = field(
+        default="fast",
+        metadata={
+            "help": "which beam search decodes (fairseq-generate, fairseq-interactive, the hub, --eval-bleu): "
+            "'fast', resnmt's, the same hypotheses and scores as fairseq's, faster (resnmt/decoding/fast_beam.py; "
+            "options it does not implement, such as --sampling or --prefix-size, decode with fairseq's, and a "
+            "line says so); 'fairseq', fairseq's own SequenceGenerator"
         },
     )
     compile_layers: bool = field(
@@ -199,6 +209,17 @@ class ResNMTTranslationTask(TranslationTask):
     def build_generator(
         self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None
     ):
+        """fairseq's generator, its beam search resnmt's fast one (``--beam-search fast``) where
+        the options allow it, and ranked by ``--lenpen-form``."""
+        if seq_gen_cls is None and not getattr(args, "score_reference", False):
+            refused = unsupported_options(args) + (["prefix_allowed_tokens_fn"] if prefix_allowed_tokens_fn else [])
+            if self.cfg.beam_search != "fast":
+                logging.getLogger(__name__).info("beam search: fairseq's (--beam-search fairseq)")
+            elif refused:
+                logging.getLogger(__name__).info(f"beam search: fairseq's ({' '.join(refused)}: not in the fast "
+                                                 f"beam search)")
+            else:
+                seq_gen_cls = FastSequenceGenerator
         if self.cfg.lenpen_form == "gnmt" and not getattr(args, "score_reference", False):
             if seq_gen_cls is None:  # fairseq's own default (FairseqTask.build_generator), made here to rank it
                 seq_gen_cls = SequenceGenerator
