@@ -4,10 +4,12 @@ Multi30k sentences); every other kind is refused in one line naming it; the
 torch.export artifact of every kind decodes to fairseq-generate's hypotheses in a
 process where resnmt cannot be imported."""
 import math
+import subprocess
 import sys
 
 import ctranslate2  # requirements-dev.txt: the CTranslate2 tests run wherever the suite runs
 import pytest
+import torch
 
 from conftest import REPO_ROOT, built_once, run_cli
 from model_utils import build
@@ -126,3 +128,76 @@ def test_resnmt_export_refuses_another_kind_in_one_line(tiny_bin, tmp_path_facto
         f"({connection_class('deepnorm').equation}): CTranslate2's Transformer layer computes LN(x + F) (post_ln) or "
         "x + F(LN(x)) (pre_ln) only, with LayerNorm or RMSNorm; export it with --format torch-export")
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+# ------------------------------------------------------------------------------- torch.export
+
+# a process where neither resnmt nor fairseq can be imported: the artifact's runner.py alone
+WITHOUT_RESNMT = ("import runpy, sys\n"
+                  "sys.modules['resnmt'] = sys.modules['fairseq'] = None  # import resnmt / fairseq: ImportError\n"
+                  "sys.argv = sys.argv[1:]\n"
+                  "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def test_torch_export_decodes_as_fairseq_generate_where_resnmt_cannot_be_imported(tiny_bin, tmp_path_factory,
+                                                                                    tmp_path):
+    save_dir = trained(tmp_path_factory, tiny_bin, "post_ln_layer_norm", "--residual", "post_ln",
+                       "--normalization", "layer_norm")
+    checkpoint = save_dir / "checkpoint_last.pt"
+    artifact = tmp_path / "torch"
+    assert export_cli.main(["--path", str(checkpoint), "--data", str(tiny_bin), "--format", "torch-export",
+                            "--output", str(artifact)]) == 0
+    expected = fairseq_hypotheses(tiny_bin, checkpoint)
+    _, task, _ = build(tiny_bin, "resnmt_transformer")
+    source = "\n".join(" ".join(words) for words in source_sentences(task)) + "\n"
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_RESNMT, str(artifact / "runner.py"), str(artifact)],
+                          input=source, capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = [line.split() for line in proc.stdout.splitlines()]
+    assert got == [expected[k][0] for k in range(60)]
+
+
+def exported_search_equals_fairseqs(tiny_bin, tmp_path, kind):
+    """The artifact of a 2+2 d=16 ``kind`` model (random weights) decodes the first 8 test sentences
+    (beam 4, at most 12 tokens) to fairseq's SequenceGenerator's hypotheses and scores, with the
+    runner's search and with resnmt's fast beam search over the same programs."""
+    from fairseq import search
+    from fairseq.sequence_generator import SequenceGenerator
+
+    from model_utils import move_connections_off_init, randomize_norms, sample_batch
+    from resnmt.decoding.fast_beam import SearchOptions, beam_search as fast_beam_search
+    from resnmt.export import runner
+    from resnmt.export.torch_program import export_programs
+
+    model, task, _ = build(tiny_bin, "resnmt_transformer", ["--residual", kind])
+    randomize_norms(model)
+    move_connections_off_init(model)
+    model.eval()
+    export_programs(model, task, tmp_path / "torch", log=lambda _: None)
+    sample = sample_batch(task, n=8, split="test")
+    tgt = task.target_dictionary
+    generator = SequenceGenerator([model], tgt, beam_size=BEAM, max_len_b=12, search_strategy=search.BeamSearch(tgt))
+    with torch.no_grad():
+        expected = generator.generate([model], sample)
+    stepper = runner.ProgramStepper(tmp_path / "torch")
+    src = sample["net_input"]["src_tokens"]
+    with torch.no_grad():
+        got = runner.beam_search(stepper, src, BEAM, tgt.pad(), tgt.eos(), tgt.unk(), max_len_b=12)
+        fast = fast_beam_search(stepper, src, sample["net_input"]["src_lengths"],
+                                SearchOptions(beam=BEAM, max_len_b=12), tgt)
+    for mine, theirs, fast_hyps in zip(got, expected, fast):
+        assert [h["tokens"].tolist() for h in mine] == [h["tokens"].tolist() for h in theirs]
+        assert [h["tokens"].tolist() for h in fast_hyps] == [h["tokens"].tolist() for h in theirs]
+        assert [h["score"] for h in mine] == pytest.approx([float(h["score"]) for h in theirs], abs=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["hyper", "hybrid_norm"])
+def test_torch_export_of_a_multi_stream_kind_and_one_with_its_own_attention(tiny_bin, tmp_path, kind):
+    exported_search_equals_fairseqs(tiny_bin, tmp_path, kind)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", BUILTIN_KINDS)
+def test_torch_export_of_every_kind(tiny_bin, tmp_path, kind):
+    exported_search_equals_fairseqs(tiny_bin, tmp_path, kind)

@@ -8,6 +8,13 @@ the kinds CTranslate2's Transformer computes exactly: post_ln and pre_ln, with L
 or RMSNorm and fairseq's ReLU, GELU or Swish; it decodes (float32) to fairseq-generate's
 hypotheses. Any other model is refused in one line naming its kind and why.
 
+``--format torch-export`` writes, for every kind, the encoder and one decoder step as
+``torch.export`` programs (``encoder.pt2``, ``first_step.pt2``, ``next_step.pt2``), the
+dictionaries and ``runner.py``, fairseq's beam search over the programs, which needs torch
+only (no resnmt, no fairseq); it decodes to fairseq-generate's hypotheses:
+
+    python exports/m30k-torch/runner.py exports/m30k-torch < test.spm.en > hypotheses.spm.de
+
 The export is written into a temporary folder beside ``--output`` and renamed when
 complete, so an interrupted run leaves nothing under that name; a finished export already
 there is kept (``--force`` writes it again).
@@ -25,9 +32,10 @@ from resnmt.export import ExportError
 from resnmt.options import Option, add_to_command
 
 PROG = "resnmt-export"
-FORMATS = ("ctranslate2",)
+FORMATS = ("ctranslate2", "torch-export")
 # what a finished export of each format holds (the files written last)
-FINISHED = {"ctranslate2": ("model.bin", "config.json")}
+FINISHED = {"ctranslate2": ("model.bin", "config.json"),
+            "torch-export": ("encoder.pt2", "first_step.pt2", "next_step.pt2", "runner.py", "config.json")}
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16")
 
 OPTIONS = (
@@ -36,7 +44,9 @@ OPTIONS = (
     Option("data", required=True, metavar="DIR", help=(
         "its binarized data (the dict.*.txt), or the folder resnmt-prepare made (its bin/ is read)")),
     Option("format", required=True, kind="choice", choices=FORMATS, metavar="FORMAT", help=(
-        "ctranslate2: a CTranslate2 model directory (post_ln and pre_ln kinds; needs pip install ctranslate2)")),
+        "ctranslate2: a CTranslate2 model directory (post_ln and pre_ln kinds; needs pip install ctranslate2); "
+        "torch-export: torch.export programs of the encoder and the decoder step, for every kind, with runner.py, "
+        "a beam search that needs torch only")),
     Option("output", required=True, metavar="DIR", help="the folder to write (created; must not hold another export)"),
     Option("quantization", kind="choice", choices=QUANTIZATIONS, metavar="TYPE", help=(
         "ctranslate2 only: store the weights as TYPE (" + ", ".join(QUANTIZATIONS) + "; default: float32, "
@@ -55,12 +65,16 @@ def finished(output: Path, fmt: str) -> bool:
     return output.is_dir() and all((output / name).is_file() for name in FINISHED[fmt])
 
 
-def write(fmt: str, model, task, folder: Path, args) -> None:
+def write(fmt: str, model, task, folder: Path, args, log) -> None:
     """The export of ``model`` in format ``fmt`` into the new folder ``folder``."""
     if fmt == "ctranslate2":
         from resnmt.export.ctranslate2 import export_ctranslate2
 
         export_ctranslate2(model, task, folder, quantization=args.quantization)
+    else:
+        from resnmt.export.torch_program import export_programs
+
+        export_programs(model, task, folder, log=log)
 
 
 def check_request(args) -> None:
@@ -91,7 +105,7 @@ def export(args, log) -> Optional[Path]:
     scratch = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
     try:
         folder = scratch / "export"
-        write(args.format, model, task, folder, args)
+        write(args.format, model, task, folder, args, log)
         if output.exists():
             shutil.rmtree(output)
         os.replace(folder, output)
