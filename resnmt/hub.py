@@ -22,6 +22,9 @@ differences:
   ``translate``/``generate`` (each call may still pass its own);
 * resnmt is imported, so the checkpoint's model and task are registered and its
   ``argparse.Namespace`` loads under torch's ``weights_only``;
+* its searches are resnmt's fast beam search (``resnmt/decoding/fast_beam.py``: fairseq's
+  hypotheses and scores, faster) for any translation checkpoint, unless
+  ``beam_search='fairseq'``;
 * its calls do not log fairseq's 4 INFO lines of batching (``can_reuse_epoch_itr = ...``,
   ``creating new batches for epoch 1``) each time, unless ``verbose=True`` (or a call's
   own ``verbose=True``, fairseq's switch for its S/H/P lines).
@@ -38,8 +41,10 @@ from pathlib import Path
 from typing import Optional, Union
 
 from fairseq import hub_utils, tasks
+from fairseq.tasks.translation import TranslationTask
 from omegaconf import open_dict
 
+from resnmt.decoding.fast_beam import BEAM_SEARCHES
 from resnmt.decoding.sequence_generator import LENPEN_FORMS
 from resnmt.decoding.subword import SubwordError, hub_overrides
 from resnmt.tasks.translation import ResNMTTranslationTask
@@ -92,7 +97,8 @@ def moses_overrides(data: str, kwargs: dict) -> dict:
 
 def from_pretrained(model_name_or_path: PathLike, checkpoint_file: str = "checkpoint_best.pt",
                     data_name_or_path: PathLike = ".", *, lenpen_form: Optional[str] = None,
-                    lenpen: Optional[float] = None, bpe: Optional[str] = None, verbose: bool = False, **kwargs):
+                    lenpen: Optional[float] = None, bpe: Optional[str] = None, beam_search: str = "fast",
+                    verbose: bool = False, **kwargs):
     """Load ``model_name_or_path/checkpoint_file`` (a resnmt or fairseq translation checkpoint;
     several files joined by ``os.pathsep`` make an ensemble) for translation.
 
@@ -107,6 +113,7 @@ def from_pretrained(model_name_or_path: PathLike, checkpoint_file: str = "checkp
         lenpen: the default length penalty (alpha) of the interface's searches.
         bpe: fairseq's ``bpe`` (``'sentencepiece'``, ``'subword_nmt'``); found in a
             prepared directory, and refused when it does not match it.
+        beam_search: ``'fast'`` (resnmt's, the same hypotheses as fairseq's) or ``'fairseq'``.
         verbose: log fairseq's batching lines at every call too.
         **kwargs: fairseq's overrides (``sentencepiece_model``, ``bpe_codes``,
             ``tokenizer``, ``beam``, ``max_len_b``, ``cpu`` ...).
@@ -115,10 +122,12 @@ def from_pretrained(model_name_or_path: PathLike, checkpoint_file: str = "checkp
         ``HubInterface``, a ``fairseq.hub_utils.GeneratorHubInterface``.
 
     Raises:
-        ValueError: an unknown ``lenpen_form``, or a ``bpe`` the data was not made with.
+        ValueError: an unknown ``lenpen_form`` or ``beam_search``, or a ``bpe`` the data was not made with.
     """
     if lenpen_form is not None and lenpen_form not in LENPEN_FORMS:
         raise ValueError(f"lenpen_form '{lenpen_form}' is not one of: {' '.join(LENPEN_FORMS)}")
+    if beam_search not in BEAM_SEARCHES:
+        raise ValueError(f"beam_search '{beam_search}' is not one of: {' '.join(BEAM_SEARCHES)}")
     model_path = str(model_name_or_path)
     data = _data_dir(model_path, str(data_name_or_path)) if os.path.isdir(model_path) else str(data_name_or_path)
     try:
@@ -130,15 +139,19 @@ def from_pretrained(model_name_or_path: PathLike, checkpoint_file: str = "checkp
     loaded = hub_utils.from_pretrained(model_path, checkpoint_file=checkpoint_file, data_name_or_path=data,
                                        archive_map=None, **kwargs)
     cfg, task, models = loaded["args"], loaded["task"], loaded["models"]
-    if lenpen_form is not None:
-        # the resnmt_translation task's generators rank by --lenpen-form; for a checkpoint of
-        # another translation task, one is set up on the same data
-        with open_dict(cfg):
+    # the resnmt_translation task's generators search with --beam-search and rank by
+    # --lenpen-form; for a checkpoint of fairseq's translation task, one is set up on the same data
+    with open_dict(cfg):
+        cfg.task.beam_search = beam_search
+        if lenpen_form is not None:
             cfg.task.lenpen_form = lenpen_form
-            if not isinstance(task, ResNMTTranslationTask):
-                cfg.task._name = "resnmt_translation"
-                task = tasks.setup_task(cfg.task)
-        task.cfg.lenpen_form = lenpen_form
+        if not isinstance(task, ResNMTTranslationTask) and (lenpen_form is not None or isinstance(task, TranslationTask)):
+            cfg.task._name = "resnmt_translation"
+            task = tasks.setup_task(cfg.task)
+    if isinstance(task, ResNMTTranslationTask):
+        task.cfg.beam_search = beam_search
+        if lenpen_form is not None:
+            task.cfg.lenpen_form = lenpen_form
     if lenpen is not None:
         with open_dict(cfg):
             cfg.generation.lenpen = float(lenpen)

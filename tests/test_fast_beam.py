@@ -91,6 +91,17 @@ def test_every_kind_decodes_fairseqs_hypotheses(tiny_bin, kind):
     assert len(lengths(ref)) >= 3  # hypotheses end at several lengths
 
 
+@pytest.mark.parametrize("flags", [
+    ["--residual", "pre_ln", "--decoder-learned-pos", "--layernorm-embedding", "--share-decoder-input-output-embed"],
+    ["--residual", "post_ln", "--no-scale-embedding", "--decoder-layers", "3", "--decoder-attention-heads", "4"],
+    ["--encoder-residual", "hyper", "--decoder-residual", "resi_dual", "--normalization", "rms_norm"],
+])
+def test_model_variants_decode_fairseqs_hypotheses(tiny_bin, flags):
+    model, task = model_of(tiny_bin, flags)
+    ref, fast = decode_both(model, task, **STUDY)
+    assert_same_hypotheses(ref, fast)
+
+
 OPTIONS = {
     "fairseq-lenpen": dict(gnmt=False, beam_size=4, len_penalty=1.0, max_len_b=5),
     "unnormalized": dict(gnmt=False, beam_size=4, normalize_scores=False, max_len_b=5),
@@ -172,17 +183,22 @@ def test_a_model_it_cannot_step_decodes_with_fairseqs_search_saying_why(tiny_bin
         assert len(gen.generate([model], sample)) == 2
 
 
-def test_fairseq_generate_prints_the_same_lines_with_either_search(tiny_bin, tmp_path):
-    save = tmp_path / "run"
+@pytest.fixture(scope="module")
+def trained(tiny_bin, tmp_path_factory):
+    """A post-LN model trained 20 updates (its hypotheses end at their own lengths)."""
+    save = tmp_path_factory.mktemp("fast_beam_run")
     run_cli(["fairseq-train", tiny_bin, "--user-dir", USER_DIR, "--arch", "resnmt_transformer", *TINY,
              "--residual", "post_ln", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "800", "--max-update",
              "20", "--save-dir", save, "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0"])
+    return save
 
+
+def test_fairseq_generate_prints_the_same_lines_with_either_search(tiny_bin, trained):
     def generate(search_flag):
         out = run_cli(["fairseq-generate", tiny_bin, "--user-dir", USER_DIR, "--task", "resnmt_translation",
-                       "--path", save / "checkpoint_last.pt", "--gen-subset", "test", "--beam", "4", "--lenpen-form",
-                       "gnmt", "--lenpen", "0.6", "--max-len-a", "1", "--max-len-b", "5", "--batch-size", "16",
-                       "--beam-search", search_flag])
+                       "--path", trained / "checkpoint_last.pt", "--gen-subset", "test", "--beam", "4",
+                       "--lenpen-form", "gnmt", "--lenpen", "0.6", "--max-len-a", "1", "--max-len-b", "5",
+                       "--batch-size", "16", "--beam-search", search_flag])
         lines = sorted(line.split("\t") for line in out.stdout.splitlines() if line[:2] in ("H-", "D-", "P-"))
         return lines, out.stderr
 
@@ -197,3 +213,31 @@ def test_fairseq_generate_prints_the_same_lines_with_either_search(tiny_bin, tmp
             assert all(abs(float(x) - float(y)) <= 2e-4 for x, y in zip(a[1].split(), b[1].split()))
         else:  # H-id or D-id, the score (4 decimals), the hypothesis
             assert a[2:] == b[2:] and abs(float(a[1]) - float(b[1])) <= 2e-4
+
+
+def test_the_hub_translates_with_the_fast_search(tiny_bin, trained):
+    import resnmt
+
+    sentences = (tiny_bin.parent / "text" / "test.en").read_text().splitlines()[:12]
+    hubs = {search_name: resnmt.from_pretrained(trained, "checkpoint_last.pt", data_name_or_path=str(tiny_bin),
+                                                lenpen_form="gnmt", lenpen=0.6, beam_search=search_name)
+            for search_name in ("fast", "fairseq")}
+    generator = hubs["fast"].task.build_generator(hubs["fast"].models, hubs["fast"].cfg.generation)
+    assert isinstance(generator, FastSequenceGenerator) and generator.path == "fast"
+    assert not isinstance(hubs["fairseq"].task.build_generator(hubs["fairseq"].models, hubs["fairseq"].cfg.generation),
+                          FastSequenceGenerator)
+    assert hubs["fast"].translate(sentences, beam=4) == hubs["fairseq"].translate(sentences, beam=4)
+    with pytest.raises(ValueError, match="beam_search 'slow' is not one of: fast fairseq"):
+        resnmt.from_pretrained(trained, "checkpoint_last.pt", data_name_or_path=str(tiny_bin), beam_search="slow")
+
+
+@pytest.mark.parametrize("columns", [32000, 32003, 1000])
+def test_top_candidates_are_topks(columns):
+    from resnmt.decoding.fast_beam import top_candidates
+
+    g = torch.Generator().manual_seed(columns)
+    flat = torch.log_softmax(3 * torch.randn(16, columns, generator=g), dim=-1)
+    flat[:, ::7] = -math.inf
+    for k in (1, 8):
+        want, got = torch.topk(flat, k), top_candidates(flat, k)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

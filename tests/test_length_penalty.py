@@ -9,6 +9,7 @@ from conftest import REPO_ROOT, run_cli
 from fairseq import checkpoint_utils, tasks
 from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
+from resnmt.decoding.fast_beam import FastSequenceGenerator
 from resnmt.decoding.sequence_generator import (
     GNMTSequenceGenerator,
     GNMTSequenceGeneratorWithAlignment,
@@ -51,15 +52,20 @@ def test_the_two_penalties_rank_a_short_and_a_long_hypothesis_differently():
 
 
 def test_task_builds_the_generator_for_each_form():
-    task = _task("gnmt")
     models = [_ToyModel()]
+    # the fast beam search by default (resnmt/decoding/fast_beam.py), ranked the same way
+    assert type(_task("gnmt").build_generator(models, Namespace(beam=4, lenpen=ALPHA))) is \
+        with_gnmt_penalty(FastSequenceGenerator)
+    assert type(_task("fairseq").build_generator(models, Namespace(beam=4, lenpen=ALPHA))) is FastSequenceGenerator
+    task = _task("gnmt", beam_search="fairseq")
     assert type(task.build_generator(models, Namespace(beam=4, lenpen=ALPHA))) is GNMTSequenceGenerator
     with_align = task.build_generator(models, Namespace(beam=4, lenpen=ALPHA, print_alignment="hard"))
     assert type(with_align) is GNMTSequenceGeneratorWithAlignment
     g = task.build_generator(models, Namespace(beam=4, lenpen=ALPHA))
     assert g.normalize_scores is False and g.gnmt_alpha == ALPHA and g.gnmt_apply
     assert not task.build_generator(models, Namespace(beam=4, lenpen=ALPHA, unnormalized=True)).gnmt_apply
-    assert type(_task("fairseq").build_generator(models, Namespace(beam=4, lenpen=ALPHA))) is SequenceGenerator
+    assert type(_task("fairseq", beam_search="fairseq").build_generator(models, Namespace(beam=4, lenpen=ALPHA))) \
+        is SequenceGenerator
     assert with_gnmt_penalty(SequenceGeneratorWithAlignment) is GNMTSequenceGeneratorWithAlignment
     with pytest.raises(TypeError, match="needs a fairseq SequenceGenerator subclass"):
         with_gnmt_penalty(dict)
@@ -139,13 +145,13 @@ def test_fairseq_generate_end_to_end_with_gnmt(tiny_model, tiny_bin, tmp_path):
 
 # ---------------------------------------------------------------- helpers
 
-def _task(form, data=None):
+def _task(form, data=None, beam_search="fast"):
     """A resnmt_translation task; with ``data``, set up from a binarized directory."""
     if data is None:  # no data needed: a task with a toy dictionary
         d = Dictionary()
         for w in "abcdef":
             d.add_symbol(w)
-        return ResNMTTranslationTask(ResNMTTranslationConfig(lenpen_form=form), d, d)
+        return ResNMTTranslationTask(ResNMTTranslationConfig(lenpen_form=form, beam_search=beam_search), d, d)
     return tasks.setup_task(Namespace(
         task="resnmt_translation", data=data, lenpen_form=form, source_lang="en", target_lang="de",
         dataset_impl="mmap", required_seq_len_multiple=1, train_subset="train"))

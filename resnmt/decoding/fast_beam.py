@@ -52,6 +52,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from fairseq import search
+from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules.multihead_attention import MultiheadAttention
 from fairseq.sequence_generator import SequenceGenerator
 from torch import Tensor
@@ -92,6 +93,23 @@ class StepState:
     length: int  # positions written in the cache
     beam: int
     spare: Optional[Tensor] = None  # a second buffer of the cache's shape, which a reorder fills
+    logits: Optional[Tensor] = None  # (N, V): each step's logits, then log-probabilities, in place
+    output_weight: Optional[Tensor] = None  # (C, V): the output projection, transposed once per batch
+    qkv: Optional[List[Optional[Tuple[Tensor, Optional[Tensor]]]]] = None  # per layer: Q, K, V projections in one
+
+
+def fused_qkv(att) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
+    """The weight and bias of ``att``'s Q, K and V projections stacked (one matrix product per
+    step instead of three), where all three are plain ``nn.Linear`` (else None: HybridNorm's
+    per-head normalized projections, quantization noise)."""
+    projections = (att.q_proj, att.k_proj, att.v_proj)
+    if any(type(p) is not torch.nn.Linear for p in projections):
+        return None
+    biases = [p.bias for p in projections]
+    if any(b is None for b in biases) and not all(b is None for b in biases):
+        return None
+    weight = torch.cat([p.weight for p in projections])
+    return weight, (torch.cat(biases) if biases[0] is not None else None)
 
 
 def unsupported_model(model) -> Optional[str]:
@@ -153,7 +171,15 @@ class ResNMTStepper:
         if mask is not None and bool(mask.any()):
             cross_mask = (~mask).view(B, 1, 1, S)
         self._position_table(max_len + 1, memory)
-        return StepState(cross_k, cross_v, cross_mask, None, 0, beam=1)
+        state = StepState(cross_k, cross_v, cross_mask, None, 0, beam=1)
+        # the weights as the steps read them, taken per batch (a model that trains between
+        # decodings, fairseq-train --eval-bleu, is read as it is now)
+        projection = self.decoder.output_projection
+        if type(projection) is torch.nn.Linear and projection.bias is None and \
+                type(self.decoder).output_layer is TransformerDecoderBase.output_layer:
+            state.output_weight = projection.weight.t().contiguous()
+        state.qkv = [fused_qkv(layer.self_attn) for layer in self.layers]
+        return state
 
     def _heads(self, x: Tensor) -> Tensor:
         """(T, B, C) -> (B, H, T, d)"""
@@ -162,9 +188,9 @@ class ResNMTStepper:
 
     def _position_table(self, positions: int, like: Tensor) -> None:
         """The decoder's positional embedding of steps 0..positions-1 (fairseq's incremental
-        positions: padding_idx + 1 + step), computed once for the longest asked."""
+        positions: padding_idx + 1 + step), per batch (learned positions may have trained since)."""
         embed = self.decoder.embed_positions
-        if embed is None or (self._positions is not None and self._positions.size(0) >= positions):
+        if embed is None:
             return
         pad = self.decoder.padding_idx
         dummy = torch.full((1, positions), pad + 1, dtype=torch.long, device=like.device)
@@ -185,6 +211,13 @@ class ResNMTStepper:
         state.beam = beam
         t = state.length
         self._ensure_capacity(state, N, t + 1, tokens)
+        features = self.features(tokens, state, t)
+        state.length = t + 1
+        return self._log_probs(features, state, temperature)
+
+    def features(self, tokens: Tensor, state: StepState, t: int) -> Tensor:
+        """The decoder's output features (N, C) at step ``t`` (the cache written at ``t``)."""
+        N = tokens.size(0)
         dec = self.decoder
         x = dec.embed_scale * dec.embed_tokens(tokens.view(N, 1))
         if dec.quant_noise is not None:
@@ -208,11 +241,20 @@ class ResNMTStepper:
         x = x.transpose(0, 1)  # N, 1, C
         if dec.project_out_dim is not None:
             x = dec.project_out_dim(x)
-        state.length = t + 1
-        logits = dec.output_layer(x[:, 0, :])
+        return x[:, 0, :]
+
+    def _log_probs(self, features: Tensor, state: StepState, temperature: float) -> Tensor:
+        N = features.size(0)
+        if state.output_weight is not None and features.dtype == torch.float32:
+            V = state.output_weight.size(1)
+            if state.logits is None or state.logits.size(0) < N:
+                state.logits = features.new_empty(N, V)
+            logits = torch.mm(features, state.output_weight, out=state.logits[:N])
+        else:
+            logits = self.decoder.output_layer(features).float()
         if temperature != 1.0:
-            logits = logits.div_(temperature)
-        return F.log_softmax(logits.float(), dim=-1)
+            logits.div_(temperature)
+        return torch._log_softmax(logits, -1, False, out=logits)  # in place: the values of F.log_softmax
 
     def _layer(self, layer, index: int, x: Tensor, state: StepState, t: int) -> Tuple[Tensor, Optional[Tensor]]:
         """``ResidualDecoderLayer.forward`` at one step, its attentions on the buffers."""
@@ -233,11 +275,17 @@ class ResNMTStepper:
     def _self_attention(self, att, h: Tensor, index: int, state: StepState, t: int) -> Tensor:
         N = h.size(1)
         H, d = self.heads, self.head_dim
-        q = att.q_proj(h)
-        q *= att.scaling
         cache = state.cache
-        cache[:, index, 0, :, t] = att.k_proj(h).view(N, H, d)
-        cache[:, index, 1, :, t] = att.v_proj(h).view(N, H, d)
+        fused = state.qkv[index] if state.qkv is not None else None
+        if fused is not None:
+            qkv = F.linear(h, fused[0], fused[1]).view(N, 3, H, d)
+            q = qkv[:, 0] * att.scaling
+            cache[:, index, :, :, t] = qkv[:, 1:]
+        else:
+            q = att.q_proj(h)
+            q *= att.scaling
+            cache[:, index, 0, :, t] = att.k_proj(h).view(N, H, d)
+            cache[:, index, 1, :, t] = att.v_proj(h).view(N, H, d)
         out = F.scaled_dot_product_attention(q.view(N, H, 1, d), cache[:, index, 0, :, : t + 1],
                                              cache[:, index, 1, :, : t + 1], scale=1.0)
         return att.out_proj(out.view(1, N, H * d))
@@ -272,6 +320,7 @@ class ResNMTStepper:
         if state.cross_k and state.cross_k[0].numel() and order.numel() != state.cross_k[0].size(0) * beam:
             sentences = order.view(-1, beam)[:, 0] // beam  # sentences done were dropped
             state.cross_k = [k.index_select(0, sentences) if k.numel() else k for k in state.cross_k]
+            state.logits = None if state.logits is None else state.logits[: order.numel()]
             state.cross_v = [v.index_select(0, sentences) if v.numel() else v for v in state.cross_v]
             if state.cross_mask is not None:
                 state.cross_mask = state.cross_mask.index_select(0, sentences)
@@ -301,6 +350,25 @@ def block_repeated_ngrams(lprobs: Tensor, tokens: Tensor, n: int, step: int, pad
     match = (windows[:, :, : n - 1] == last.unsqueeze(1)).all(dim=2)
     banned = torch.where(match, windows[:, :, n - 1], torch.full_like(windows[:, :, n - 1], pad))
     lprobs.scatter_(1, banned, -math.inf)
+
+
+def top_candidates(flat: Tensor, k: int, chunk: int = 64) -> Tuple[Tensor, Tensor]:
+    """``torch.topk(flat, k)`` (values, indices) of each row, found in the ``k`` chunks of
+    ``chunk`` columns with the largest maxima (and the columns after the last whole chunk):
+    any of a row's k largest values lies in one of them. The same values and indices but for
+    the order of exactly equal values; about 5x faster than topk over a beam's 4 x 8,000
+    log-probabilities."""
+    rows, n = flat.shape
+    full = n - n % chunk
+    if full < 4 * k * chunk:
+        return torch.topk(flat, k)
+    maxima = flat[:, :full].view(rows, full // chunk, chunk).amax(dim=2)
+    top_chunks = torch.topk(maxima, k, dim=1)[1]
+    index = (top_chunks.unsqueeze(2) * chunk + torch.arange(chunk, device=flat.device)).view(rows, -1)
+    if full < n:
+        index = torch.cat([index, torch.arange(full, n, device=flat.device).expand(rows, -1)], dim=1)
+    values, within = torch.topk(flat.gather(1, index), k, dim=1)
+    return values, index.gather(1, within)
 
 
 def beam_search(stepper, src_tokens: Tensor, src_lengths: Tensor, options: SearchOptions, tgt_dict,
@@ -339,26 +407,29 @@ def beam_search(stepper, src_tokens: Tensor, src_lengths: Tensor, options: Searc
     order: Optional[Tensor] = None
 
     for step in range(max_len + 1):
-        lprobs = stepper.step(tokens[:, step], state, order, beam, options.temperature)
+        # at step 0 every hypothesis of a sentence is the same (fairseq reads only the first):
+        # one row per sentence
+        rows = tokens[::beam] if step == 0 else tokens
+        lprobs = stepper.step(rows[:, step], state, order, beam if step else 1, options.temperature)
         lprobs[:, pad] = -math.inf
-        lprobs[:, unk] -= options.unkpen
+        if options.unkpen:
+            lprobs[:, unk] -= options.unkpen
         if step >= max_len:
             lprobs[:, :eos] = -math.inf
             lprobs[:, eos + 1:] = -math.inf
         if step < options.min_len:
             lprobs[:, eos] = -math.inf
         if options.no_repeat_ngram_size > 0:
-            block_repeated_ngrams(lprobs, tokens[:, : step + 1], options.no_repeat_ngram_size, step, pad)
+            block_repeated_ngrams(lprobs, rows[:, : step + 1], options.no_repeat_ngram_size, step, pad)
 
         # fairseq's BeamSearch.step
         vocab = lprobs.size(1)
-        lp = lprobs.view(bsz, beam, vocab)
         if step == 0:
-            lp = lp[:, :1, :]
+            lp = lprobs.view(bsz, 1, vocab)
         else:
-            lp = lp + scores.view(bsz, beam, -1)[:, :, step - 1].unsqueeze(-1)
+            lp = lprobs.view(bsz, beam, vocab).add_(scores.view(bsz, beam, -1)[:, :, step - 1].unsqueeze(-1))  # lprobs is not read again
         flat = lp.reshape(bsz, -1)
-        cand_scores, cand_flat = torch.topk(flat, k=min(cand_size, flat.size(1) - 1))
+        cand_scores, cand_flat = top_candidates(flat, min(cand_size, flat.size(1) - 1))
         cand_beams = torch.div(cand_flat, vocab, rounding_mode="trunc")
         cand_indices = cand_flat.fmod(vocab)
 
@@ -425,6 +496,8 @@ def beam_search(stepper, src_tokens: Tensor, src_lengths: Tensor, options: Searc
         if batch_idxs is not None:  # into the previous step's rows, as the stepper holds them
             corr = batch_idxs - torch.arange(batch_idxs.numel(), device=device)
             order = (order.view(-1, beam) + corr.unsqueeze(-1) * beam).view(-1)
+        if step == 0:  # into the one row per sentence of step 0
+            order = torch.div(order, beam, rounding_mode="floor")
 
     return finalized_lists(fin_tokens, fin_pos, fin_scores, fin_len, fin_count)
 

@@ -19,7 +19,8 @@ encoder and decoder of different kinds). The checks, in order (:data:`CHECKS`, t
 docstrings in :mod:`resnmt.testing.contract`): ``spec`` (the class, its flags and
 statistics), ``forward`` (several depths, training, evaluation, bf16), ``gradients`` (every parameter gets one,
 except those the kind lists in ``no_gradient_by_design``), ``incremental`` (step-by-step
-decoding equals the full forward; bf16), ``torchscript``, ``checkpoint`` (saved,
+decoding equals the full forward; bf16), ``beam_search`` (the fast beam search returns
+fairseq's hypotheses), ``torchscript``, ``checkpoint`` (saved,
 loaded by fairseq, the same outputs), ``fast_path`` (``--fast-path``'s update equals
 fairseq's), ``normalization`` (``--normalization``), ``analysis`` (the statistics
 ``resnmt-analyze`` reports). The models are tiny (d=16, 2 heads, 1 to 3 layers) on a

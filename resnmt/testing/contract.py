@@ -159,6 +159,31 @@ def check_incremental(case: Case) -> None:
         assert torch.isfinite(forward(model, net_input)).all(), "non-finite logits under bf16 autocast"
 
 
+def check_beam_search(case: Case) -> None:
+    """resnmt's fast beam search (resnmt/decoding/fast_beam.py) returns fairseq's hypotheses
+    and scores (beam 4), on 8 sentences in float32."""
+    from fairseq import search
+    from fairseq.sequence_generator import SequenceGenerator
+
+    from resnmt.decoding.fast_beam import FastSequenceGenerator
+
+    model, task, _ = case.build()
+    tiny.perturb_connections(model)
+    model.eval()
+    tgt = task.target_dictionary
+    sample = tiny.batch(task, n=8)
+    generators = [cls([model], tgt, search_strategy=search.BeamSearch(tgt), beam_size=4, max_len_a=1, max_len_b=3)
+                  for cls in (SequenceGenerator, FastSequenceGenerator)]
+    assert generators[1].path == "fast", f"the fast beam search refuses the model: {generators[1].fallback}"
+    with torch.no_grad():
+        want, got = (g.generate([model], sample) for g in generators)
+    for sentence, (a, b) in enumerate(zip(want, got)):
+        assert [h["tokens"].tolist() for h in a] == [h["tokens"].tolist() for h in b], \
+            f"sentence {sentence}: other hypotheses than fairseq's"
+        for x, y in zip(a, b):
+            torch.testing.assert_close(y["score"], x["score"], rtol=1e-4, atol=1e-4)
+
+
 def check_torchscript(case: Case) -> None:
     """A decoder layer (all three sublayers' connections) scripts with torch.jit.script, as
     fairseq's own layers do, and the scripted layer computes what the eager one does."""
@@ -271,6 +296,7 @@ CHECKS: Dict[str, Tuple[Callable[[Case], None], bool]] = {
     "forward": (check_forward, False),
     "gradients": (check_gradients, True),
     "incremental": (check_incremental, True),
+    "beam_search": (check_beam_search, False),
     "torchscript": (check_torchscript, True),
     "checkpoint": (check_checkpoint, False),
     "fast_path": (check_fast_path, False),
