@@ -222,7 +222,9 @@ def measure_model(spec: dict, kind: str) -> None:
                                   "engine": engine, "round": rnd, "repeat": repeat, "cpu_s": cpu, "wall_s": wall,
                                   "sentences": len(hyps), "lines_differing": differing,
                                   "weights": "trained" if spec.get("checkpoint") else "random",
-                                  "max_len_b": max_len or 200}), flush=True)
+                                  "max_len_b": max_len or 200,
+                                  **({"search": gens["fast"].fallback or "fast"} if engine == "fast" else {})}),
+                      flush=True)
 
 
 # ------------------------------------------------------------------------------------ the parent

@@ -289,11 +289,15 @@ def decode_speed_tables(records):
     CPU seconds over the rounds at each batch setting (sentences per CPU second, the ratio to
     fairseq's search); the whole processes; every kind at batch 32. The noise floor is fairseq's
     search measured twice in each round."""
-    records = [r for r in records if "cpu_s" in r and not r.get("summary")]
+    records = [r for r in records if "cpu_s" in r]
     if not records:
         return "(no decode_speed.py measurements)"
-    run = max(r["run_id"] for r in records)
-    records = [r for r in records if r["run_id"] == run]
+    latest = {}  # each (part, model, kind): the latest run that measured it
+    for r in records:
+        key = (r["part"], r["model"], r["kind"])
+        latest[key] = max(latest.get(key, ""), r["run_id"])
+    records = [r for r in records if r["run_id"] == latest[(r["part"], r["model"], r["kind"])]]
+    run = ", ".join(sorted(set(latest.values())))
     groups = OrderedDict()
     for r in records:
         groups.setdefault((r["part"], r["model"], r["kind"], r["setting"]), []).append(r)
@@ -316,7 +320,7 @@ def decode_speed_tables(records):
 
     m = records[0]["machine"]
     rounds = max(r["round"] for r in records)
-    out = [f"**cpu, beam 4, {records[0]['threads']} thread per engine** — run {run}, {rounds} interleaved rounds, "
+    out = [f"**cpu, beam 4, {records[0]['threads']} thread per engine** — runs {run}, {rounds} interleaved rounds, "
            f"the least CPU seconds of the decode over the rounds (sentences per CPU second; **the ratio to "
            f"fairseq's search**); machine: {m.get('cpus')} CPUs shared with other jobs, torch {m.get('torch')}", ""]
     decode = [k for k in groups if k[0] == "decode"]
@@ -324,7 +328,8 @@ def decode_speed_tables(records):
         keys = [k for k in decode if k[1] == model]
         first = groups[keys[0]][0]
         weights = ("trained" if first["weights"] == "trained"
-                   else f"random weights, every hypothesis cut at {first['max_len_b']} tokens")
+                   else f"random weights, every hypothesis cut at {first['max_len_b']} tokens, where fairseq's "
+                        "search ends it with an EOS and CTranslate2 does not: its lines differ there")
         out += [f"*{model} post-LN ({weights}), the first {first['sentences']} test2016 sentences:*", "",
                 "| engine | " + " | ".join(_setting(k[3]) for k in keys) + " | lines differing from fairseq |",
                 "|---|" + "---:|" * len(keys) + "---:|"]
