@@ -99,14 +99,40 @@ def test_ctranslate2_export_keeps_a_finished_export(tiny_bin, tmp_path_factory, 
 
 
 @pytest.mark.parametrize("kind", BUILTIN_KINDS)
-def test_ctranslate2_holds_post_ln_and_pre_ln_and_names_every_other_kind(tiny_bin, kind):
+def test_ctranslate2_holds_post_ln_pre_ln_and_peri_ln_and_names_every_other_kind(tiny_bin, kind):
     model, _, _ = build(tiny_bin, "resnmt_transformer", ["--residual", kind])
     refusal = ctranslate2_refusal(model)
-    if kind in ("post_ln", "pre_ln"):
+    if kind in ("post_ln", "pre_ln", "peri_ln"):
         assert refusal is None
     else:
         assert f"--residual {kind} ({connection_class(kind).equation})" in refusal
         assert "\n" not in refusal and refusal.endswith("export it with --format torch-export")
+
+
+@pytest.mark.parametrize("flags", [["--residual", "peri_ln"], ["--residual", "peri_ln", "--normalization", "rms_norm"],
+                                   ["--encoder-residual", "post_ln", "--decoder-residual", "pre_ln"]])
+def test_ctranslate2_computes_what_the_model_computes(tiny_bin, tmp_path, flags):
+    """CTranslate2's log-probabilities of the reference translations (its score_batch) are the
+    model's own, its norms given values away from their initialisation (Peri-LN's input and
+    output norms each in their place)."""
+    from model_utils import randomize_norms, sample_batch
+    from resnmt.export.ctranslate2 import export_ctranslate2
+
+    model, task, _ = build(tiny_bin, "resnmt_transformer", flags)
+    randomize_norms(model)
+    model.eval()
+    export_ctranslate2(model, task, tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    sample = sample_batch(task, n=4, split="test")
+    d, pad = task.source_dictionary, task.source_dictionary.pad()
+    for src, tgt in zip(sample["net_input"]["src_tokens"], sample["target"]):
+        src, tgt = src[src.ne(pad)], tgt[tgt.ne(pad)]
+        prev = torch.cat([tgt.new_tensor([d.eos()]), tgt[:-1]])
+        with torch.no_grad():
+            out = model(src[None], torch.tensor([len(src)]), prev[None])
+            expected = model.get_normalized_probs(out, log_probs=True)[0].gather(-1, tgt[:, None])[:, 0]
+        got = translator.score_batch([[d[i] for i in src[:-1]]], [[d[i] for i in tgt[:-1]]])[0].log_probs
+        assert got == pytest.approx(expected.tolist(), abs=1e-4)
 
 
 def test_ctranslate2_refuses_dyt_and_normalized_activations(tiny_bin):
@@ -125,8 +151,9 @@ def test_resnmt_export_refuses_another_kind_in_one_line(tiny_bin, tmp_path_facto
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
         "resnmt-export: error: --format ctranslate2 cannot hold the encoder's --residual deepnorm "
-        f"({connection_class('deepnorm').equation}): CTranslate2's Transformer layer computes LN(x + F) (post_ln) or "
-        "x + F(LN(x)) (pre_ln) only, with LayerNorm or RMSNorm; export it with --format torch-export")
+        f"({connection_class('deepnorm').equation}): CTranslate2's Transformer layer computes LN(x + F) (post_ln), "
+        "x + F(LN(x)) (pre_ln) or x + LN(F(LN(x))) (peri_ln) only, with LayerNorm or RMSNorm; "
+        "export it with --format torch-export")
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 

@@ -4,7 +4,7 @@
         --format ctranslate2 --output exports/m30k-ct2
 
 ``--format ctranslate2`` writes a CTranslate2 model (``ctranslate2.Translator(DIR)``) for
-the kinds CTranslate2's Transformer computes exactly: post_ln and pre_ln, with LayerNorm
+the kinds CTranslate2's Transformer computes exactly: post_ln, pre_ln and peri_ln, with LayerNorm
 or RMSNorm and fairseq's ReLU, GELU or Swish; it decodes (float32) to fairseq-generate's
 hypotheses. Any other model is refused in one line naming its kind and why.
 
@@ -44,7 +44,7 @@ OPTIONS = (
     Option("data", required=True, metavar="DIR", help=(
         "its binarized data (the dict.*.txt), or the folder resnmt-prepare made (its bin/ is read)")),
     Option("format", required=True, kind="choice", choices=FORMATS, metavar="FORMAT", help=(
-        "ctranslate2: a CTranslate2 model directory (post_ln and pre_ln kinds; needs pip install ctranslate2); "
+        "ctranslate2: a CTranslate2 model directory (post_ln, pre_ln and peri_ln; needs pip install ctranslate2); "
         "torch-export: torch.export programs of the encoder and the decoder step, for every kind, with runner.py, "
         "a beam search that needs torch only")),
     Option("output", required=True, metavar="DIR", help="the folder to write (created; must not hold another export)"),

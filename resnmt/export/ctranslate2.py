@@ -6,6 +6,9 @@ epsilon for the model), the FFN's activation one of ReLU, GELU (exact or tanh) a
 So ``post_ln`` and ``pre_ln``, with ``--normalization layer_norm`` or ``rms_norm`` and
 fairseq's activations, are written with their own weights and nothing changed: the model
 computes what fairseq computes, and decodes to fairseq-generate's hypotheses in float32.
+So is ``peri_ln`` (``x + LN_out(F(LN_in(x)))``, a final norm): CTranslate2's
+``pre_post_layer_norm`` layer (Gemma's), whose encoder-decoder attention takes its norms
+outside (``external_pre_post_encoder_layers``).
 Every other kind scales, gates, mixes or re-normalizes what CTranslate2's layer adds
 (``x`` unscaled plus ``F``), or adds streams it does not hold, and is refused by
 :func:`ctranslate2_refusal` in one line naming the kind, its equation and why.
@@ -23,14 +26,16 @@ from typing import Optional
 from resnmt.connections import connection_class
 from resnmt.export import ExportError
 
-# the norm placements CTranslate2's Transformer layer computes: kind -> pre_norm
-EXACT_KINDS = {"post_ln": False, "pre_ln": True}
+# the norm placements CTranslate2's Transformer layer computes: kind -> pre_norm (with a final norm);
+# peri_ln is its pre_post_layer_norm layer (the sublayer's input and output normalized)
+EXACT_KINDS = {"post_ln": False, "pre_ln": True, "peri_ln": True}
+PERI = "peri_ln"
 EXACT_NORMALIZATIONS = ("layer_norm", "rms_norm")
 # fairseq's --activation-fn -> the name of CTranslate2's Activation (as its fairseq converter maps them)
 ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_accurate": "GELUTanh", "gelu_fast": "GELUTanh",
                "swish": "SWISH"}
-WHY = ("CTranslate2's Transformer layer computes LN(x + F) (post_ln) or x + F(LN(x)) (pre_ln) only, "
-       "with LayerNorm or RMSNorm")
+WHY = ("CTranslate2's Transformer layer computes LN(x + F) (post_ln), x + F(LN(x)) (pre_ln) or "
+       "x + LN(F(LN(x))) (peri_ln) only, with LayerNorm or RMSNorm")
 OTHER_FORMAT = "export it with --format torch-export"
 INSTALL = "pip install ctranslate2 (or pip install resnmt[export])"
 
@@ -129,6 +134,17 @@ def _norm_eps(model) -> float:
     return eps.pop() if eps else 1e-5
 
 
+def set_peri_norms(layer_spec, layer, cross: bool) -> None:
+    """Peri-LN's input and output norm of each sublayer, as CTranslate2's pre_post_layer_norm names them."""
+    _set_norm(layer_spec.input_layer_norm, layer.self_attn_connection.input_norm)
+    _set_norm(layer_spec.post_attention_layer_norm, layer.self_attn_connection.output_norm)
+    if cross:
+        _set_norm(layer_spec.external_pre_encoder_attention_layer_norm, layer.encoder_attn_connection.input_norm)
+        _set_norm(layer_spec.external_post_encoder_attention_layer_norm, layer.encoder_attn_connection.output_norm)
+    _set_norm(layer_spec.pre_feedforward_layer_norm, layer.ffn_connection.input_norm)
+    _set_norm(layer_spec.post_feedforward_layer_norm, layer.ffn_connection.output_norm)
+
+
 def build_spec(model, src_dict, tgt_dict):
     """CTranslate2's ``TransformerSpec`` of ``model`` (:func:`ctranslate2_refusal` None),
     its weights and vocabularies set."""
@@ -141,13 +157,16 @@ def build_spec(model, src_dict, tgt_dict):
     if side_normalization(decoder) != side_normalization(encoder):
         raise ExportError("--format ctranslate2 holds one normalization per model, not one per side")
     heads = encoder.layers[0].self_attn.num_heads
+    peri = {stack: side_kind(stack) == PERI for stack in (encoder, decoder)}
     enc_spec = transformer_spec.TransformerEncoderSpec(
         len(encoder.layers), heads, pre_norm=EXACT_KINDS[side_kind(encoder)], no_final_norm=encoder.layer_norm is None,
-        activation=activation, layernorm_embedding=encoder.layernorm_embedding is not None, rms_norm=rms)
+        activation=activation, layernorm_embedding=encoder.layernorm_embedding is not None, rms_norm=rms,
+        pre_post_layer_norm=peri[encoder])
     dec_spec = transformer_spec.TransformerDecoderSpec(
         len(decoder.layers), heads, pre_norm=EXACT_KINDS[side_kind(decoder)], activation=activation,
         layernorm_embedding=decoder.layernorm_embedding is not None, no_final_norm=decoder.layer_norm is None,
-        project_in_out=decoder.project_in_dim is not None, rms_norm=rms)
+        project_in_out=decoder.project_in_dim is not None, rms_norm=rms, pre_post_layer_norm=peri[decoder],
+        external_pre_post_encoder_layers=peri[decoder])
     spec = transformer_spec.TransformerSpec(enc_spec, dec_spec)
     spec.config.add_attribute("layer_norm_epsilon", _norm_eps(model))
 
@@ -159,13 +178,17 @@ def build_spec(model, src_dict, tgt_dict):
             _set_norm(side_spec.layernorm_embedding, stack.layernorm_embedding)
         for layer_spec, layer in zip(side_spec.layer, stack.layers):
             ct2_fairseq.set_multi_head_attention(layer_spec.self_attention, layer.self_attn, self_attention=True)
-            _set_norm(layer_spec.self_attention.layer_norm, _norm_of(layer, "self_attn_layer_norm", "self_attn_connection"))
             if stack is decoder:
                 ct2_fairseq.set_multi_head_attention(layer_spec.attention, layer.encoder_attn)
-                _set_norm(layer_spec.attention.layer_norm,
-                          _norm_of(layer, "encoder_attn_layer_norm", "encoder_attn_connection"))
             ct2_fairseq.set_linear(layer_spec.ffn.linear_0, layer.fc1)
             ct2_fairseq.set_linear(layer_spec.ffn.linear_1, layer.fc2)
+            if peri[stack]:
+                set_peri_norms(layer_spec, layer, stack is decoder)
+                continue
+            _set_norm(layer_spec.self_attention.layer_norm, _norm_of(layer, "self_attn_layer_norm", "self_attn_connection"))
+            if stack is decoder:
+                _set_norm(layer_spec.attention.layer_norm,
+                          _norm_of(layer, "encoder_attn_layer_norm", "encoder_attn_connection"))
             _set_norm(layer_spec.ffn.layer_norm, _norm_of(layer, "final_layer_norm", "ffn_connection"))
     ct2_fairseq.set_linear(dec_spec.projection, decoder.output_projection)
     if decoder.project_in_dim is not None:
