@@ -319,8 +319,11 @@ def decode_speed_tables(records):
         return noise_floor(pairs) if pairs else None
 
     m = records[0]["machine"]
-    rounds = max(r["round"] for r in records)
-    out = [f"**cpu, beam 4, {records[0]['threads']} thread per engine** — runs {run}, {rounds} interleaved rounds, "
+
+    def rounds(keys):
+        return max(r["round"] for k in keys for r in groups[k])
+
+    out = [f"**cpu, beam 4, {records[0]['threads']} thread per engine** — runs {run}, interleaved rounds, "
            f"the least CPU seconds of the decode over the rounds (sentences per CPU second; **the ratio to "
            f"fairseq's search**); machine: {m.get('cpus')} CPUs shared with other jobs, torch {m.get('torch')}", ""]
     decode = [k for k in groups if k[0] == "decode"]
@@ -330,7 +333,8 @@ def decode_speed_tables(records):
         weights = ("trained" if first["weights"] == "trained"
                    else f"random weights, every hypothesis cut at {first['max_len_b']} tokens, where fairseq's "
                         "search ends it with an EOS and CTranslate2 does not: its lines differ there")
-        out += [f"*{model} post-LN ({weights}), the first {first['sentences']} test2016 sentences:*", "",
+        out += [f"*{model} post-LN ({weights}), the first {first['sentences']} test2016 sentences, "
+                f"rounds: {rounds(keys)}:*", "",
                 "| engine | " + " | ".join(_setting(k[3]) for k in keys) + " | lines differing from fairseq |",
                 "|---|" + "---:|" * len(keys) + "---:|"]
         for engine, name in DECODE_ENGINES.items():
@@ -346,7 +350,8 @@ def decode_speed_tables(records):
     for key in whole:
         recs = groups[key]
         out += [f"*Whole process, start-up included, {key[1]} post-LN (trained), all 1,000 sentences, "
-                f"{_setting(key[3])} (CPU seconds of the process):*", "", "| engine | CPU s | ratio to fairseq |",
+                f"{_setting(key[3])}, rounds: {rounds([key])} (CPU seconds of the process):*", "",
+                "| engine | CPU s | ratio to fairseq |",
                 "|---|---:|---:|"]
         ref = min(r["cpu_s"] for r in recs if r["engine"] == "fairseq")
         for engine, name in DECODE_ENGINES.items():
@@ -359,7 +364,7 @@ def decode_speed_tables(records):
     if kinds:
         first = groups[kinds[0]][0]
         out += [f"*Every kind, {first['model']} (random weights, hypotheses cut at {first['max_len_b']} tokens), "
-                f"the first {first['sentences']} sentences, batch 32:*", "",
+                f"the first {first['sentences']} sentences, batch 32, rounds: {rounds(kinds)}:*", "",
                 "| kind | fairseq-generate's search | resnmt's fast beam search | speed-up | lines differing |",
                 "|---|---:|---:|---:|---:|"]
         for key in kinds:
