@@ -253,6 +253,7 @@ def run_worker(spec: dict, out: Path, common: dict) -> list:
 def whole_processes(a, data: Path, checkpoint: Path, out: Path, common: dict) -> list:
     """fairseq-generate (both searches) and CTranslate2's own process, each start-up included, in rounds."""
     bin_dir = data / "bin"
+    sentences = len((data / "raw" / "test.en").read_text(encoding="utf-8").splitlines())
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     lines = []
     with tempfile.TemporaryDirectory(prefix="decode_speed-") as scratch:
@@ -285,7 +286,7 @@ def whole_processes(a, data: Path, checkpoint: Path, out: Path, common: dict) ->
                 rec = {"benchmark": BENCHMARK, "part": "whole", **common, "model": MODELS["small"], "kind": "post_ln",
                        "setting": str(a.whole), "engine": engine, "round": rnd, "repeat": repeat,
                        "cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": time.perf_counter() - t0,
-                       "sentences": 1000, "weights": "trained"}
+                       "sentences": sentences, "weights": "trained"}
                 append_jsonl(out, rec)
                 lines.append(rec)
                 print(f"[decode_speed] whole process {engine} round {rnd}: {rec['cpu_s']:.2f} CPU s", file=sys.stderr,

@@ -349,7 +349,8 @@ def decode_speed_tables(records):
     whole = [k for k in groups if k[0] == "whole"]
     for key in whole:
         recs = groups[key]
-        out += [f"*Whole process, start-up included, {key[1]} post-LN (trained), all 1,000 sentences, "
+        out += [f"*Whole process, start-up included, {key[1]} post-LN (trained), all {recs[0]['sentences']:,} test "
+                "sentences, "
                 f"{_setting(key[3])}, rounds: {rounds([key])} (CPU seconds of the process):*", "",
                 "| engine | CPU s | ratio to fairseq |",
                 "|---|---:|---:|"]

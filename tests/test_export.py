@@ -40,9 +40,10 @@ def trained(tmp_path_factory, tiny_bin, name, *flags, updates=100):
 
 
 def fairseq_hypotheses(tiny_bin, checkpoint):
-    """{sentence id: (tokens, score in nats per token)} of fairseq-generate, beam 4, the test set."""
+    """{sentence id: (tokens, score in nats per token)} of fairseq-generate with fairseq's own beam
+    search, beam 4, the test set."""
     out = run_cli(["fairseq-generate", tiny_bin, "--user-dir", USER_DIR, "--task", "resnmt_translation",
-                   "--path", checkpoint, "--gen-subset", "test", "--beam", str(BEAM), "--batch-size", "16",
+                   "--beam-search", "fairseq", "--path", checkpoint, "--gen-subset", "test", "--beam", str(BEAM), "--batch-size", "16",
                    "--num-workers", "0", "--cpu"]).stdout
     hyps = {}
     for line in out.splitlines():
