@@ -371,7 +371,8 @@ def decode_speed_tables(records):
         for key in kinds:
             recs = groups[key]
             ref, fast = cell(recs, "fairseq")[1], cell(recs, "fast")[1]
-            differing = [r["lines_differing"] for r in recs if r["engine"] == "fast" and r.get("lines_differing") is not None]
+            differing = [r["lines_differing"] for r in recs
+                         if r["engine"] == "fast" and r.get("lines_differing") is not None]
             out.append(f"| {key[2]} | {ref:.2f} s | {fast:.2f} s | {ref / fast:.2f}x | "
                        f"{max(differing) if differing else 'n/a'} |")
         floor = noise(groups[kinds[0]])

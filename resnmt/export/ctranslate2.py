@@ -23,7 +23,7 @@ key names, through CTranslate2's converter API (:class:`ResnmtConverter`, a
 from pathlib import Path
 from typing import Optional
 
-from resnmt.connections import connection_class
+from resnmt.connections import CONNECTION_CLASSES
 from resnmt.export import ExportError
 
 # the norm placements CTranslate2's Transformer layer computes: kind -> pre_norm (with a final norm);
@@ -80,8 +80,9 @@ def ctranslate2_refusal(model) -> Optional[str]:
     for stack in (model.encoder, model.decoder):
         kind, side = side_kind(stack), "encoder" if stack is model.encoder else "decoder"
         if kind not in EXACT_KINDS:
-            equation = connection_class(kind).equation if kind in _registered() else "a user's kind"
-            return f"--format ctranslate2 cannot hold the {side}'s --residual {kind} ({equation}): {WHY}; {OTHER_FORMAT}"
+            equation = CONNECTION_CLASSES[kind].equation if kind in CONNECTION_CLASSES else "a user's kind"
+            return (f"--format ctranslate2 cannot hold the {side}'s --residual {kind} ({equation}): {WHY}; "
+                    f"{OTHER_FORMAT}")
         normalization = side_normalization(stack)
         if normalization not in EXACT_NORMALIZATIONS:
             return (f"--format ctranslate2 cannot hold --normalization {normalization}: CTranslate2 normalizes with "
@@ -94,7 +95,8 @@ def ctranslate2_refusal(model) -> Optional[str]:
                         f"{', '.join(sorted(ACTIVATIONS))} only; {OTHER_FORMAT}")
         if stack.embed_positions is None:
             return f"--format ctranslate2 cannot hold --no-token-positional-embeddings; {OTHER_FORMAT}"
-    activations = {ACTIVATIONS[ffn_activation_name(layer)] for s in (model.encoder, model.decoder) for layer in s.layers}
+    activations = {ACTIVATIONS[ffn_activation_name(layer)] for stack in (model.encoder, model.decoder)
+                   for layer in stack.layers}
     if len(activations) > 1:
         return f"--format ctranslate2 holds one FFN activation per model, not {sorted(activations)}; {OTHER_FORMAT}"
     if getattr(model.decoder, "adaptive_softmax", None) is not None:
@@ -104,12 +106,6 @@ def ctranslate2_refusal(model) -> Optional[str]:
         return (f"--format ctranslate2 holds one number of attention heads per model, not {sorted(heads)}; "
                 f"{OTHER_FORMAT}")
     return None
-
-
-def _registered():
-    from resnmt.connections import CONNECTION_CLASSES
-
-    return CONNECTION_CLASSES
 
 
 def _norm_of(layer, fairseq_name: str, connection_name: str):
@@ -185,7 +181,8 @@ def build_spec(model, src_dict, tgt_dict):
             if peri[stack]:
                 set_peri_norms(layer_spec, layer, stack is decoder)
                 continue
-            _set_norm(layer_spec.self_attention.layer_norm, _norm_of(layer, "self_attn_layer_norm", "self_attn_connection"))
+            _set_norm(layer_spec.self_attention.layer_norm,
+                      _norm_of(layer, "self_attn_layer_norm", "self_attn_connection"))
             if stack is decoder:
                 _set_norm(layer_spec.attention.layer_norm,
                           _norm_of(layer, "encoder_attn_layer_norm", "encoder_attn_connection"))

@@ -91,8 +91,8 @@ class StepProgram(nn.Module):
         return [layer.self_attn for layer in self.decoder.layers], [layer.encoder_attn for layer in self.decoder.layers]
 
     def run(self, tokens: Tensor, encoder_out: Tensor, padding_mask: Tensor, state: dict) -> Tensor:
-        out, _ = self.decoder(tokens, encoder_out={"encoder_out": [encoder_out], "encoder_padding_mask": [padding_mask]},
-                              incremental_state=state)
+        encoder = {"encoder_out": [encoder_out], "encoder_padding_mask": [padding_mask]}
+        out, _ = self.decoder(tokens, encoder_out=encoder, incremental_state=state)
         return torch.log_softmax(out[:, -1, :].float(), dim=-1)
 
     @staticmethod
