@@ -36,6 +36,8 @@ setup(
         "matplotlib>=3.7",
         "submitit>=1.5",
     ],
+    # resnmt-export --format ctranslate2
+    extras_require={"export": ["ctranslate2>=4.0"]},
     entry_points={
         "console_scripts": [
             "resnmt-train=resnmt.cli.train:main",
@@ -45,6 +47,7 @@ setup(
             "resnmt-experiment=resnmt.cli.experiment:main",
             "resnmt-prepare=resnmt.cli.prepare:main",
             "resnmt-study=resnmt.cli.study:main",
+            "resnmt-export=resnmt.cli.export:main",
         ]
     },
     classifiers=[

@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 
 import result_tables
-from result_tables import (fp16_tables, gpu_tables, headroom_tables, quality_table, replace_between, speed_glance,
-                           speed_tables)
+from result_tables import (decode_speed_tables, fp16_tables, gpu_tables, headroom_tables, quality_table, replace_between,
+                           speed_glance, speed_tables)
 
 from resnmt.experiment.results import read_jsonl
 from resnmt.options import Option, add_to_command
@@ -62,8 +62,9 @@ def main(argv=None):
                           [r for r in records if r.get("benchmark") == "gpu_train"])
     gpu = gpu_tables([r for r in records if r.get("benchmark") == "gpu_train"])
     study = study_tables.tables(study_tables.runs_of(records))
+    decode = decode_speed_tables([r for r in records if r.get("benchmark") == "decode_speed"])
     tables = {"speed": speed, "quality": quality, "fp16": fp16, "fp16-headroom": headroom, "speed-glance": glance,
-              "gpu-train": gpu, **study}
+              "gpu-train": gpu, "decode-speed": decode, **study}
     for path in a.write:  # each file gets the tables whose markers it holds (each table lives in one file)
         text = Path(path).read_text(encoding="utf-8")
         if not any(begin in text for begin, _ in MARKERS.values()):
@@ -73,7 +74,7 @@ def main(argv=None):
         Path(path).write_text(text, encoding="utf-8")
     print("## Speed and memory\n\n" + speed + "\n\n## Quality\n\n" + quality + "\n\n## Half precision\n\n" + fp16
           + "\n\n" + headroom + "\n\n## GPU training\n\n" + gpu
-          + "\n\n## BLEU against the training budget\n\n" + "\n".join(study.values()))
+          + "\n\n## Decoding speed\n\n" + decode + "\n\n## BLEU against the training budget\n\n" + "\n".join(study.values()))
     return 0
 
 

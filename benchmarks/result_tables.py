@@ -273,7 +273,112 @@ MARKERS = {
     "fp16-headroom": ("<!-- fp16-headroom-table:begin -->", "<!-- fp16-headroom-table:end -->"),
     "speed-glance": ("<!-- speed-glance:begin -->", "<!-- speed-glance:end -->"),
     "gpu-train": ("<!-- gpu-train-table:begin -->", "<!-- gpu-train-table:end -->"),
+    "decode-speed": ("<!-- decode-speed-table:begin -->", "<!-- decode-speed-table:end -->"),
 }
+
+DECODE_ENGINES = {"fairseq": "fairseq-generate's search", "fast": "resnmt's fast beam search",
+                  "ctranslate2": "CTranslate2 float32"}
+
+
+def _setting(s):
+    return f"--max-tokens {s[6:]}" if s.startswith("tokens") else f"batch {s}"
+
+
+def decode_speed_tables(records):
+    """decode_speed.py's tables from its latest run's measurements: per model, each engine's least
+    CPU seconds over the rounds at each batch setting (sentences per CPU second, the ratio to
+    fairseq's search); the whole processes; every kind at batch 32. The noise floor is fairseq's
+    search measured twice in each round."""
+    records = [r for r in records if "cpu_s" in r]
+    if not records:
+        return "(no decode_speed.py measurements)"
+    latest = {}  # each (part, model, kind): the latest run that measured it
+    for r in records:
+        key = (r["part"], r["model"], r["kind"])
+        latest[key] = max(latest.get(key, ""), r["run_id"])
+    records = [r for r in records if r["run_id"] == latest[(r["part"], r["model"], r["kind"])]]
+    run = ", ".join(sorted(set(latest.values())))
+    groups = OrderedDict()
+    for r in records:
+        groups.setdefault((r["part"], r["model"], r["kind"], r["setting"]), []).append(r)
+
+    def cell(recs, engine):
+        own = [r["cpu_s"] for r in recs if r["engine"] == engine]
+        ref = [r["cpu_s"] for r in recs if r["engine"] == "fairseq"]
+        if not own:
+            return "—", None
+        best = min(own)
+        text = f"{best:.2f} s ({recs[0]['sentences'] / best:.0f}/s)"
+        if ref and engine != "fairseq":
+            text += f" **{min(ref) / best:.2f}x**"
+        return text, best
+
+    def noise(recs):
+        pairs = [a["cpu_s"] / b["cpu_s"] for a in recs if a["engine"] == "fairseq" and a["repeat"] == 1
+                 for b in recs if b["engine"] == "fairseq" and b["repeat"] == 2 and b["round"] == a["round"]]
+        return noise_floor(pairs) if pairs else None
+
+    m = records[0]["machine"]
+
+    def rounds(keys):
+        return max(r["round"] for k in keys for r in groups[k])
+
+    out = [f"**cpu, beam 4, {records[0]['threads']} thread per engine** — runs {run}, interleaved rounds, "
+           f"the least CPU seconds of the decode over the rounds (sentences per CPU second; **the ratio to "
+           f"fairseq's search**); machine: {m.get('cpus')} CPUs shared with other jobs, torch {m.get('torch')}", ""]
+    decode = [k for k in groups if k[0] == "decode"]
+    for model in OrderedDict.fromkeys(k[1] for k in decode):
+        keys = [k for k in decode if k[1] == model]
+        first = groups[keys[0]][0]
+        weights = ("trained" if first["weights"] == "trained"
+                   else f"random weights, every hypothesis cut at {first['max_len_b']} tokens, where fairseq's "
+                        "search ends it with an EOS and CTranslate2 does not: its lines differ there")
+        out += [f"*{model} post-LN ({weights}), the first {first['sentences']} test2016 sentences, "
+                f"rounds: {rounds(keys)}:*", "",
+                "| engine | " + " | ".join(_setting(k[3]) for k in keys) + " | lines differing from fairseq |",
+                "|---|" + "---:|" * len(keys) + "---:|"]
+        for engine, name in DECODE_ENGINES.items():
+            cells = [cell(groups[k], engine)[0] for k in keys]
+            differing = [r["lines_differing"] for k in keys for r in groups[k]
+                         if r["engine"] == engine and r.get("lines_differing") is not None]
+            diff = "—" if engine == "fairseq" else (str(max(differing)) if differing else "n/a")
+            out.append(f"| {name} | " + " | ".join(cells) + f" | {diff} |")
+        floors = [noise(groups[k]) for k in keys]
+        out += ["", "Noise floor (fairseq's search measured twice per round): "
+                + ", ".join(f"{_setting(k[3])} {f * 100:.0f} %" for k, f in zip(keys, floors) if f is not None), ""]
+    whole = [k for k in groups if k[0] == "whole"]
+    for key in whole:
+        recs = groups[key]
+        out += [f"*Whole process, start-up included, {key[1]} post-LN (trained), all {recs[0]['sentences']:,} test "
+                "sentences, "
+                f"{_setting(key[3])}, rounds: {rounds([key])} (CPU seconds of the process):*", "",
+                "| engine | CPU s | ratio to fairseq |",
+                "|---|---:|---:|"]
+        ref = min(r["cpu_s"] for r in recs if r["engine"] == "fairseq")
+        for engine, name in DECODE_ENGINES.items():
+            own = [r["cpu_s"] for r in recs if r["engine"] == engine]
+            if own:
+                out.append(f"| {name} | {min(own):.2f} | {ref / min(own):.2f}x |")
+        floor = noise(recs)
+        out += ["", f"Noise floor: {floor * 100:.0f} %" if floor is not None else "", ""]
+    kinds = [k for k in groups if k[0] == "kinds"]
+    if kinds:
+        first = groups[kinds[0]][0]
+        out += [f"*Every kind, {first['model']} (random weights, hypotheses cut at {first['max_len_b']} tokens), "
+                f"the first {first['sentences']} sentences, batch 32, rounds: {rounds(kinds)}:*", "",
+                "| kind | fairseq-generate's search | resnmt's fast beam search | speed-up | lines differing |",
+                "|---|---:|---:|---:|---:|"]
+        for key in kinds:
+            recs = groups[key]
+            ref, fast = cell(recs, "fairseq")[1], cell(recs, "fast")[1]
+            differing = [r["lines_differing"] for r in recs
+                         if r["engine"] == "fast" and r.get("lines_differing") is not None]
+            out.append(f"| {key[2]} | {ref:.2f} s | {fast:.2f} s | {ref / fast:.2f}x | "
+                       f"{max(differing) if differing else 'n/a'} |")
+        floor = noise(groups[kinds[0]])
+        if floor is not None:
+            out += ["", f"Noise floor ({kinds[0][2]}'s fairseq search measured twice per round): {floor * 100:.0f} %"]
+    return "\n".join(out).rstrip()
 
 
 def speed_tables(records):

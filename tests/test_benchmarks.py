@@ -886,3 +886,23 @@ def test_the_shipped_reference_rows_are_the_studys_lines_of_the_protocols_settin
     settings = milestones.study_settings(curves.parser().parse_args(["--device", "cuda", "--sizes", "base"]))
     assert sweep_choice(settings, [RESULTS / "curves.jsonl"])[0] == CUDA.schedule
     assert '"resnmt.study": ["reference.jsonl"]' in (REPO_ROOT / "setup.py").read_text(encoding="utf-8")
+
+
+def test_decode_speed_table_takes_the_least_cpu_seconds_and_the_noise_floor():
+    """decode_speed.py's table: per engine the least CPU seconds over the rounds, its ratio to
+    fairseq's least, and the noise floor of fairseq's search measured twice per round."""
+    sys.path.insert(0, str(BENCH))
+    from result_tables import decode_speed_tables
+
+    common = {"benchmark": "decode_speed", "run_id": "2026-01-01T00:00:00Z", "threads": 1, "part": "decode",
+              "model": "2+2 d=128", "kind": "post_ln", "setting": "32", "sentences": 100, "weights": "trained",
+              "max_len_b": 200, "machine": {"cpus": 2, "torch": "2.x"}}
+    cpu = {("fairseq", 1, 1): 10.0, ("fairseq", 1, 2): 11.0, ("fast", 1, 1): 4.0, ("ctranslate2", 1, 1): 5.0,
+           ("fairseq", 2, 1): 12.0, ("fairseq", 2, 2): 9.0, ("fast", 2, 1): 2.5, ("ctranslate2", 2, 1): 4.0}
+    records = [dict(common, engine=e, round=r, repeat=k, cpu_s=s, wall_s=s,
+                    lines_differing=0 if e != "fairseq" else None)
+               for (e, r, k), s in cpu.items()]
+    table = decode_speed_tables(records)
+    assert "| resnmt's fast beam search | 2.50 s (40/s) **3.60x** | 0 |" in table  # 9.0 / 2.5
+    assert "| CTranslate2 float32 | 4.00 s (25/s) **2.25x** | 0 |" in table
+    assert "batch 32 33 %" in table  # round 2: 12 / 9

@@ -153,8 +153,10 @@ class DLCLStream(ResidualStream):
         weights = self.weights[row, first:row + 1]
         sources = state[first:row + 1]
         out = sources[0] * weights[0].to(sources[0].dtype)
-        for weight, source in zip(weights[1:], sources[1:]):
-            out = torch.addcmul(out, source, weight.to(source.dtype))
+        # by index, not by iterating over weights[1:]: torch.export cannot load back the empty
+        # unbind that iterating over an empty tensor records (row 0)
+        for k in range(1, len(sources)):
+            out = torch.addcmul(out, sources[k], weights[k].to(sources[k].dtype))
         return out
 
     def begin(self, x: Tensor) -> State:
