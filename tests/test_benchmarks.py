@@ -534,7 +534,7 @@ TABLE_HOMES = {
     "curves-table": "docs/study-results.md", "glance-table": "docs/study.md", "speed-glance": "README.md",
     "cross-layer-table": "docs/study.md",
     "gen2025-table": "docs/study.md", "gpu-train-table": "docs/benchmarks.md", "pairs-table": "docs/study.md",
-    "pairs-glance": "README.md",
+    "pairs-glance": "README.md", "decode-speed-table": "docs/decoding-and-evaluation.md",
 }
 
 

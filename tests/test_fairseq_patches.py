@@ -212,13 +212,13 @@ def check_dynamo_recompile_limit(tmp_path, monkeypatch=None):
 
     from resnmt.training.compile import MIN_RECOMPILE_LIMIT, raise_recompile_limit
 
-    config = torch._dynamo.config
-    monkeypatch.setattr(config, "recompile_limit", 8)
-    raise_recompile_limit()
-    assert config.recompile_limit == MIN_RECOMPILE_LIMIT
-    monkeypatch.setattr(config, "recompile_limit", 512)  # a user's higher limit stays
-    raise_recompile_limit()
-    assert config.recompile_limit == 512
+    config = torch._dynamo.config  # its own patch() puts every value back as it was
+    with config.patch(recompile_limit=8):
+        raise_recompile_limit()
+        assert config.recompile_limit == MIN_RECOMPILE_LIMIT
+    with config.patch(recompile_limit=512):  # a user's higher limit stays
+        raise_recompile_limit()
+        assert config.recompile_limit == 512
 
 
 def check_ddp_on_cpu_modules(tmp_path):

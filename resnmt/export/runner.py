@@ -57,7 +57,8 @@ class ProgramStepper:
                          for name in ("encoder", "first_step", "next_step")}
         self.max_positions = self.config["max_target_positions"]
 
-    def encode(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, max_len: int = 0) -> dict:
+    def encode(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, max_len: int = 0, beam: int = 1) -> dict:
+        # the step repeats each sentence's encoder output for its beam at the first step (``beam`` unused)
         encoder_out, mask = self.programs["encoder"](src_tokens)
         return {"encoder_out": encoder_out, "mask": mask, "cache": None}
 
