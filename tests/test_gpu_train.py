@@ -13,6 +13,7 @@ from conftest import REPO_ROOT, run_cli
 SCRIPT = REPO_ROOT / "benchmarks" / "gpu_train.py"
 
 
+@pytest.mark.slow  # the lab's GPU benchmark rehearsed on the CPU (45 s): with the slow tests
 def test_smoke_run_on_the_cpu(tiny_bin, tmp_path):
     out, profile = tmp_path / "rows.jsonl", tmp_path / "profile.json"
     proc = run_cli([sys.executable, SCRIPT, "--smoke", "--cpu", "--data", tiny_bin, "--out", out,

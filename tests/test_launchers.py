@@ -341,6 +341,7 @@ def test_experiment_takes_the_launch_options(tmp_path, capsys, monkeypatch):
     assert "torchrun --nnodes 2 --nproc-per-node 2 --node-rank 1 " in train and " --cpu " in train
 
 
+@pytest.mark.slow  # the command it runs is test_cpu_rehearses_the_cluster_command's, whose launch runs by default
 def test_train_sh_launches_cpu_ranks_with_torchrun(train_sh, tiny_bin, tmp_path):
     """scripts/train.sh --cpu --gpus 2 --launcher torchrun: torchrun starts two CPU ranks
     that train together; checkpoint_last.pt holds the updates asked for."""

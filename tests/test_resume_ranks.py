@@ -284,6 +284,7 @@ def test_another_global_batch_is_said_and_each_sentence_still_seen_once(tiny_bin
     assert sorted(seen) == epoch, "a sentence of epoch 1 was seen twice or not at all"
 
 
+@pytest.mark.slow  # a rank that dies (SIGKILL) stops the others within seconds in the default suite
 def test_a_hung_rank_stops_the_others_after_the_timeout(tiny_bin, tmp_path):
     """Rank 1 stopped (SIGSTOP) after update 3: rank 0 waits --distributed-timeout 6 s in its
     next collective, then ends naming rank 1 and the checkpoint."""
