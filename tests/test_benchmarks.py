@@ -256,6 +256,7 @@ def test_make_tables_from_handwritten_jsonl(tmp_path):
     assert text.startswith("intro\n") and text.endswith("end\n") and "_no speed results yet_" in text
 
 
+@pytest.mark.slow  # the lab's campaign runner end to end (40 s); the protocol resuming: test_install's verdict run twice
 def test_curves_tiny_milestones_resume_and_plots(tiny_bin, tmp_path, monkeypatch, capsys):
     """One run scored at two budgets (a job of submitit's local executor); re-running (in this
     process) scores nothing again; the plots read it."""
