@@ -1,6 +1,6 @@
 """Stop a data-parallel run anywhere, continue it anywhere: fairseq 0.12.3's resumption with
-several ranks, each patch below one place of fairseq (idempotent, installed by
-``import resnmt``: :func:`install`).
+several ranks, each patch below one place of fairseq (applied once by ``import resnmt``,
+from the inventory in ``resnmt.fairseq_patches``).
 
 * :func:`each_rank_reads_the_checkpoint`: a run of several ranks resumes without a flag.
   fairseq loads the checkpoint on rank 0 and broadcasts it through ``torch.save`` and
@@ -60,8 +60,6 @@ def each_rank_reads_the_checkpoint() -> None:
     from fairseq.trainer import Trainer
 
     load = Trainer.load_checkpoint
-    if getattr(load, "resnmt_every_rank", False):
-        return
 
     @functools.wraps(load)
     def load_checkpoint(self, *args, **kwargs):
@@ -74,7 +72,6 @@ def each_rank_reads_the_checkpoint() -> None:
         finally:
             cfg.load_checkpoint_on_all_dp_ranks = False
 
-    load_checkpoint.resnmt_every_rank = True
     Trainer.load_checkpoint = load_checkpoint
 
 
@@ -103,8 +100,6 @@ def record_the_data_parallel_layout() -> None:
     from fairseq.trainer import Trainer
 
     state_dict = Trainer.state_dict
-    if getattr(state_dict, "resnmt_layout", False):
-        return
 
     @functools.wraps(state_dict)
     def with_layout(self, *args, **kwargs):
@@ -112,7 +107,6 @@ def record_the_data_parallel_layout() -> None:
         state.setdefault("extra_state", {})[LAYOUT_KEY] = data_parallel_layout(self)
         return state
 
-    with_layout.resnmt_layout = True
     Trainer.state_dict = with_layout
 
 
@@ -153,8 +147,6 @@ def iterators_resume_at_any_world_size() -> None:
     from fairseq.data import iterators
 
     cls = iterators.EpochBatchIterator
-    if getattr(cls.state_dict, "resnmt_world_size", False):
-        return
     state_dict, load_state_dict, ordered_batches = cls.state_dict, cls.load_state_dict, cls.ordered_batches
 
     def shift_of(self, epoch) -> int:
@@ -198,7 +190,6 @@ def iterators_resume_at_any_world_size() -> None:
             self.num_shards, self.shard_id = shards, shard
         return list(iterators.ShardedIterator(batches[shift:], shards, shard, fill_value=[]))
 
-    state_dict_.resnmt_world_size = True
     cls.state_dict, cls.load_state_dict, cls.ordered_batches = state_dict_, load_state_dict_, ordered_batches_
 
 
@@ -239,8 +230,6 @@ def say_when_the_global_batch_changes() -> None:
     from fairseq.trainer import Trainer
 
     load = Trainer.load_checkpoint
-    if getattr(load, "resnmt_global_batch", False):
-        return
 
     @functools.wraps(load)
     def load_checkpoint(self, *args, **kwargs):
@@ -257,7 +246,6 @@ def say_when_the_global_batch_changes() -> None:
                         f"{describe(global_batch(now, epoch))}: the same batches per update")
         return extra_state
 
-    load_checkpoint.resnmt_global_batch = True
     Trainer.load_checkpoint = load_checkpoint
 
 
@@ -274,8 +262,6 @@ def bounded_process_group_timeout() -> None:
     from fairseq.distributed import utils as distributed_utils
 
     init = distributed_utils.distributed_init
-    if getattr(init, "resnmt_timeout", False):
-        return
 
     @functools.wraps(init)
     def distributed_init(cfg):
@@ -293,7 +279,6 @@ def bounded_process_group_timeout() -> None:
         finally:
             dist.init_process_group = create
 
-    distributed_init.resnmt_timeout = True
     distributed_utils.distributed_init = distributed_init
 
 
@@ -458,8 +443,6 @@ def atomic_checkpoint_copies() -> None:
     from fairseq.file_io import PathManager
 
     copy = PathManager.copy
-    if getattr(copy, "resnmt_atomic", False):
-        return
 
     def atomic_copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
         if PathManager.path_requires_pathmanager(src_path) or PathManager.path_requires_pathmanager(dst_path):
@@ -477,5 +460,4 @@ def atomic_checkpoint_copies() -> None:
             raise
         return True
 
-    atomic_copy.resnmt_atomic = True
     PathManager.copy = staticmethod(atomic_copy)
