@@ -372,7 +372,8 @@ class ResNMTStepper:
         spare = state.spare
         if spare is None or spare.shape != shape:
             spare = cache.new_empty(shape)
-        torch.index_select(cache, 2, order, out=spare)
+        filled = state.length  # the positions written so far: the rest of the buffer is not copied
+        torch.index_select(cache[..., :filled, :], 2, order, out=spare[..., :filled, :])
         state.cache, state.spare = spare, cache
 
 
