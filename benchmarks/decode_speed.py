@@ -17,6 +17,11 @@ Measured as a user meets them, one torch (and CTranslate2) thread each:
   start-up included, at batch 128; CPU seconds of the process (``wait4``'s rusage).
 * **every kind** (``--kinds``): the fast search against fairseq's at batch 32, a 2+2 d=128
   model of each kind with random weights.
+* **where the time goes** (``--profile``, the 2+2 model): each search's CPU seconds at batch
+  ``--profile``, split into data loading (fairseq's batches collated), the encoder, the decoder
+  layers, the output projection and log-softmax, the decoder cache's reorder, the search's own
+  bookkeeping (the rest of the decode) and detokenization (the best hypotheses to text,
+  sentencepiece removed); the calls timed by wrapping the model's and the stepper's methods.
 
 Models: the study's 2+2 d=128 (trained: ``--small-checkpoint``, e.g. 800 updates of the
 small preset; else random weights), its 6+6 d=128 and fairseq's base size (random
@@ -29,6 +34,7 @@ the noise floor) is printed, and make_tables.py writes it into docs/decoding-and
     python benchmarks/decode_speed.py --models small --settings 32,128 --rounds 5
 """
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -41,6 +47,8 @@ from resnmt.experiment.presets import SIZES
 from resnmt.experiment.results import append_jsonl
 from resnmt.options import Option, add_to_command
 from resnmt.study import flags, records
+
+from campaign import files
 
 BENCHMARK = "decode_speed"
 ENGINES = ("fairseq", "fast", "ctranslate2")
@@ -78,16 +86,18 @@ OPTIONS = (
            kind="int", minimum=0, metavar="B"),
     Option("kinds", 100, "test sentences of the every-kind comparison at batch 32 (0: none; default: %(default)s)",
            kind="int", minimum=0, metavar="N"),
+    Option("profile", 32, "batch size of the where-the-time-goes split of both searches, 2+2 model "
+           "(0: none; default: %(default)s)", kind="int", minimum=0, metavar="B"),
     Option("worker", metavar="JSON", help="(used by the benchmark itself) measure one model in this process"),
 )
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    flags.add_data(p, binarized=False)
+    files.add_data(p, binarized=False)
     flags.add_threads(p, per="engine")
     add_to_command(p, OPTIONS)
-    flags.add_out(p, "decode_speed.jsonl")
+    files.add_out(p, "decode_speed.jsonl")
     return p
 
 
@@ -168,7 +178,7 @@ def worker(spec: dict) -> None:
 
     torch.set_num_threads(spec["threads"])
     for kind in spec["kinds"]:
-        measure_model(spec, kind)
+        (profile_model if spec["part"] == "profile" else measure_model)(spec, kind)
 
 
 def measure_model(spec: dict, kind: str) -> None:
@@ -227,6 +237,85 @@ def measure_model(spec: dict, kind: str) -> None:
                       flush=True)
 
 
+OUTPUT = "output projection + log-softmax"
+PROFILE_PARTS = ("data loading", "encoder", "decoder layers", OUTPUT, "cache reorder", "search bookkeeping",
+                 "detokenization")
+
+
+class PartClock:
+    """CPU seconds spent inside wrapped methods, per part of the decode."""
+
+    def __init__(self):
+        self.spent = dict.fromkeys(PROFILE_PARTS, 0.0)
+
+    @contextlib.contextmanager
+    def wrapping(self, methods):
+        """``methods``: (object, method name, part); each timed on the object while inside."""
+        for owner, name, part in methods:
+            setattr(owner, name, self._timed(getattr(owner, name), part))
+        try:
+            yield
+        finally:
+            for owner, name, _ in methods:
+                delattr(owner, name)  # the class's method again
+
+    def _timed(self, inner, part):
+        def timed(*args, **kwargs):
+            t0 = time.process_time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.spent[part] += time.process_time() - t0
+        return timed
+
+
+def timed_methods(engine: str, model, generator) -> list:
+    """What each search calls for each part: fairseq's through its ensemble (the encoder, the
+    decoder's features and output layer, the normalized probabilities, the reorders), the fast
+    one through its stepper."""
+    if engine == "fairseq":
+        return [(model.encoder, "forward", "encoder"), (model.decoder, "extract_features", "decoder layers"),
+                (model.decoder, "output_layer", OUTPUT), (model, "get_normalized_probs", OUTPUT),
+                (model.decoder, "reorder_incremental_state_scripting", "cache reorder"),
+                (model.encoder, "reorder_encoder_out", "cache reorder")]
+    stepper = generator._stepper
+    return [(stepper, "encode", "encoder"), (stepper, "features", "decoder layers"), (stepper, "_log_probs", OUTPUT),
+            (stepper, "_reorder", "cache reorder")]
+
+
+def profile_model(spec: dict, kind: str) -> None:
+    """Each search's decode at one batch size split into PROFILE_PARTS, in interleaved rounds."""
+    import torch
+
+    model, task, max_len = build_model(Path(spec["data"]), kind, spec["size"], spec.get("checkpoint"),
+                                       spec["random_max_len"])
+    task.load_dataset("test")
+    gens = generators(model, task, max_len)
+    n = min(spec["sentences"], len(task.dataset("test")))
+    setting = spec["settings"][0]
+    tgt = task.target_dictionary
+    for engine in ("fairseq", "fast"):  # untimed: lazy set-up (the fast search's stepper)
+        decode_torch(gens[engine], model, batches(task, 8, setting)[:1])
+    for rnd in range(1, spec["rounds"] + 1):
+        for engine in ("fairseq", "fast") if rnd % 2 else ("fast", "fairseq"):
+            clock = PartClock()
+            c0 = time.process_time()
+            samples = batches(task, n, setting)
+            clock.spent["data loading"] = time.process_time() - c0
+            with clock.wrapping(timed_methods(engine, model, gens[engine])):
+                hyps, decode_s, wall = measure(lambda: decode_torch(gens[engine], model, samples))
+            c0 = time.process_time()
+            with torch.no_grad():
+                text = [tgt.string(torch.tensor(h), "sentencepiece") for h in hyps.values()]
+            clock.spent["detokenization"] = time.process_time() - c0
+            clock.spent["search bookkeeping"] = decode_s - sum(clock.spent[p] for p in PROFILE_PARTS[1:5])
+            print(json.dumps({"model": spec["model"], "kind": kind, "setting": setting, "engine": engine,
+                              "round": rnd, "repeat": 1, "cpu_s": sum(clock.spent.values()), "decode_s": decode_s, "wall_s": wall,
+                              "parts": clock.spent, "sentences": len(text),
+                              "weights": "trained" if spec.get("checkpoint") else "random",
+                              "max_len_b": max_len or 200}), flush=True)
+
+
 # ------------------------------------------------------------------------------------ the parent
 
 
@@ -262,7 +351,7 @@ def whole_processes(a, data: Path, checkpoint: Path, out: Path, common: dict) ->
                         "--format", "ctranslate2", "--output", str(ct2)], check=True, capture_output=True, env=env)
         bindir = Path(sys.executable).parent
         commands = {
-            engine: [str(bindir / "fairseq-generate"), str(bin_dir), "--user-dir", str(records.REPO_ROOT / "resnmt"),
+            engine: [str(bindir / "fairseq-generate"), str(bin_dir), "--user-dir", str(files.REPO_ROOT / "resnmt"),
                      "--task", "resnmt_translation", "--beam-search", engine, "--path", str(checkpoint),
                      "--gen-subset", "test", "--beam", str(BEAM), "--batch-size", str(a.whole),
                      "--post-process", "sentencepiece", "--cpu", "--num-workers", "0"]
@@ -333,6 +422,11 @@ def main(argv=None):
                              "sentences": a.kinds, "settings": ["32"], "rounds": a.rounds,
                              "engines": ["fairseq", "fast"], "data": str(data / "bin"), "threads": a.threads,
                              "random_max_len": a.random_max_len}, out, common)
+    if a.profile:
+        lines += run_worker({"part": "profile", "model": MODELS["small"], "kinds": ["post_ln"], "size": "small",
+                             "checkpoint": a.small_checkpoint, "sentences": dict(zip(models, counts)).get("small", 1000),
+                             "settings": [str(a.profile)], "rounds": a.rounds, "data": str(data / "bin"),
+                             "threads": a.threads, "random_max_len": a.random_max_len}, out, common)
     from result_tables import decode_speed_tables
 
     print(decode_speed_tables(lines))

@@ -361,6 +361,8 @@ def decode_speed_tables(records):
                 out.append(f"| {name} | {min(own):.2f} | {ref / min(own):.2f}x |")
         floor = noise(recs)
         out += ["", f"Noise floor: {floor * 100:.0f} %" if floor is not None else "", ""]
+    for key in (k for k in groups if k[0] == "profile"):
+        out += profile_table(key, groups[key]) + [""]
     kinds = [k for k in groups if k[0] == "kinds"]
     if kinds:
         first = groups[kinds[0]][0]
@@ -379,6 +381,26 @@ def decode_speed_tables(records):
         if floor is not None:
             out += ["", f"Noise floor ({kinds[0][2]}'s fairseq search measured twice per round): {floor * 100:.0f} %"]
     return "\n".join(out).rstrip()
+
+
+def profile_table(key, recs):
+    """decode_speed.py --profile: each search's round of least CPU seconds split into its parts
+    (CPU seconds and share of the whole)."""
+    engines = [e for e in ("fairseq", "fast") if any(r["engine"] == e for r in recs)]
+    best = {e: min((r for r in recs if r["engine"] == e), key=lambda r: r["cpu_s"]) for e in engines}
+    first = recs[0]
+    weights = "trained" if first["weights"] == "trained" else f"random weights, hypotheses cut at {first['max_len_b']} tokens"
+    out = [f"*Where the time goes, {key[1]} post-LN ({weights}), the first {first['sentences']:,} test2016 "
+           f"sentences, {_setting(key[3])}, rounds: {max(r['round'] for r in recs)} (each search's round of least "
+           "CPU seconds, split into its parts: CPU seconds and share):*", "",
+           "| part | " + " | ".join(DECODE_ENGINES[e] for e in engines) + " |",
+           "|---|" + "---:|" * len(engines)]
+    for part in first["parts"]:
+        out.append(f"| {part} | " + " | ".join(
+            f"{best[e]['parts'][part]:.2f} s ({best[e]['parts'][part] / best[e]['cpu_s'] * 100:.0f} %)"
+            for e in engines) + " |")
+    out.append("| **all** | " + " | ".join(f"**{best[e]['cpu_s']:.2f} s**" for e in engines) + " |")
+    return out
 
 
 def speed_tables(records):

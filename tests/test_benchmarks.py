@@ -907,3 +907,43 @@ def test_decode_speed_table_takes_the_least_cpu_seconds_and_the_noise_floor():
     assert "| resnmt's fast beam search | 2.50 s (40/s) **3.60x** | 0 |" in table  # 9.0 / 2.5
     assert "| CTranslate2 float32 | 4.00 s (25/s) **2.25x** | 0 |" in table
     assert "batch 32 33 %" in table  # round 2: 12 / 9
+
+
+def test_decode_speed_profile_splits_each_searchs_least_round():
+    """decode_speed.py --profile's table: each search's round of least CPU seconds, its parts in
+    seconds and as shares of that round."""
+    sys.path.insert(0, str(BENCH))
+    from result_tables import decode_speed_tables
+
+    common = {"benchmark": "decode_speed", "run_id": "2026-01-01T00:00:00Z", "threads": 1, "part": "profile",
+              "model": "2+2 d=128", "kind": "post_ln", "setting": "32", "sentences": 200, "weights": "trained",
+              "max_len_b": 200, "machine": {"cpus": 2, "torch": "2.x"}, "repeat": 1}
+
+    def parts(model, search):
+        return {"data loading": 0.5, "decoder layers": model, "search bookkeeping": search}
+
+    records = [dict(common, engine="fairseq", round=1, parts=parts(4.0, 5.5), cpu_s=10.0),
+               dict(common, engine="fairseq", round=2, parts=parts(5.0, 6.5), cpu_s=12.0),
+               dict(common, engine="fast", round=1, parts=parts(3.0, 1.5), cpu_s=5.0),
+               dict(common, engine="fast", round=2, parts=parts(2.0, 1.5), cpu_s=4.0)]
+    table = decode_speed_tables(records)
+    assert "batch 32, rounds: 2" in table
+    assert "| decoder layers | 4.00 s (40 %) | 2.00 s (50 %) |" in table  # fairseq's round 1, fast's round 2
+    assert "| search bookkeeping | 5.50 s (55 %) | 1.50 s (38 %) |" in table
+    assert "| **all** | **10.00 s** | **4.00 s** |" in table
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")
+                                          if re.search(r"^def main\(argv", p.read_text(encoding="utf-8"), re.M)))
+def test_every_benchmark_command_imports_and_prints_its_help(script, capsys, monkeypatch):
+    """Each benchmark command's imports resolve and its --help prints (a module moved away from
+    under a benchmark fails here, not on the next measuring run)."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{script[:-3]}", BENCH / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(SystemExit) as stop:
+        module.main(["--help"])
+    assert stop.value.code == 0 and "usage:" in capsys.readouterr().out
