@@ -372,8 +372,7 @@ class ResNMTStepper:
         spare = state.spare
         if spare is None or spare.shape != shape:
             spare = cache.new_empty(shape)
-        filled = state.length  # the positions written so far: the rest of the buffer is not copied
-        torch.index_select(cache[..., :filled, :], 2, order, out=spare[..., :filled, :])
+        torch.index_select(cache, 2, order, out=spare)
         state.cache, state.spare = spare, cache
 
 
