@@ -5,6 +5,7 @@
 #   make demo                 # prepare Multi30k, train two small models, decode, score, plot
 #   make venv                 # only set up the environment
 #   make test-slow            # the slow tests (the demo end to end, per-family twins)
+#   make coverage             # the default suite under coverage: the functions of resnmt/ it never runs
 #   make gpu-bundle           # .gpu/, what a GPU lease carries, rehearsed on the CPU (benchmarks/gpu_job.sh)
 #   make TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128' venv
 #                             # a CUDA build of torch on a GPU machine
@@ -22,7 +23,7 @@ PYTEST_WORKERS ?= auto
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.resnmt-installed
 
-.PHONY: venv test test-slow demo bench gpu-bundle clean-venv
+.PHONY: venv test test-slow coverage demo bench gpu-bundle clean-venv
 
 venv: $(STAMP)
 
@@ -45,6 +46,13 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS) tests
+
+# every process the suite starts writes its own data file beside this one (COVERAGE_FILE is inherited)
+coverage: $(STAMP)
+	rm -f .coverage .coverage.* coverage.json
+	COVERAGE_FILE=$(abspath .coverage) $(BIN)/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist worksteal \
+		--cov --cov-config=$(abspath .coveragerc) --cov-report=json:coverage.json $(PYTEST_ARGS) tests $(EXAMPLE)/tests
+	$(BIN)/python tests/never_executed.py coverage.json
 
 demo: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo.sh

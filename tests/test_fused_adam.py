@@ -68,6 +68,8 @@ def train(optimizer, *extra, wrapper=None, dtype=torch.float32, device="cpu"):
         opt.step()
         sched.step_update(update + 1)
         masters = opt.fp32_params if wrapper is optim.FP16Optimizer else params
+        if isinstance(masters, dict):  # --fp16: one flat float32 master per device
+            masters = list(masters.values())
         history.append([m.detach().float().clone() for m in masters] + [norm.detach().float().reshape(1)])
     return opt, history
 
@@ -115,6 +117,14 @@ def test_equals_fairseq_adam_on_cuda(kernel):
     for update, (a, b) in enumerate(zip(got, ref)):
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y, rtol=0, atol=1e-6, msg=f"update {update + 1}")
+    # --fp16: fairseq's FP16Optimizer keeps one flat float32 master (CUDA only), which adam_fused supports
+    _, ref = train("adam", "--fp16", wrapper=optim.FP16Optimizer, dtype=torch.float16, device="cuda")
+    opt, got = train("adam_fused", "--adam-kernel", kernel, "--fp16", wrapper=optim.FP16Optimizer,
+                     dtype=torch.float16, device="cuda")
+    assert opt.supports_flat_params and torch.is_tensor(opt.fp32_params[torch.cuda.current_device()])
+    for update, (a, b) in enumerate(zip(got, ref)):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=0, atol=1e-6, msg=f"--fp16, update {update + 1}")
 
 
 def test_unknown_kernel_is_refused_by_the_parser(capsys):

@@ -94,7 +94,11 @@ def _tokens(hypos):
 @pytest.mark.parametrize("alpha", [ALPHA, 4.0])
 def test_gnmt_scores_of_a_real_model_equal_the_hand_recomputation(tiny_model, alpha):
     task, models, sample, _ = tiny_model
-    gnmt = task.build_generator(models, Namespace(beam=4, lenpen=alpha, max_len_b=20)).generate(models, sample)
+    generator = task.build_generator(models, Namespace(beam=4, lenpen=alpha, max_len_b=20))
+    gnmt = generator.generate(models, sample)
+    called = generator(sample)  # SequenceGenerator.forward: ranked the same way
+    assert [[(h["tokens"].tolist(), float(h["score"])) for h in hs] for hs in called] == \
+        [[(h["tokens"].tolist(), float(h["score"])) for h in hs] for hs in gnmt]
     raw = SequenceGenerator(models, task.target_dictionary, beam_size=4, max_len_b=20, normalize_scores=False)
     raw_out = raw.generate(models, sample)
     fairseq_norm = SequenceGenerator(models, task.target_dictionary, beam_size=4, max_len_b=20, len_penalty=alpha)

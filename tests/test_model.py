@@ -235,3 +235,54 @@ def test_final_norm_and_depth_are_decided_with_fairseqs_flags(tiny_bin):
     assert resolved.encoder.layers == 1  # fairseq builds one layer for --encoder-layers-to-keep 0
     model, _, _ = build(tiny_bin, "resnmt_transformer", ["--residual", "pre_ln", "--no-decoder-final-norm"])
     assert model.encoder.layer_norm is not None and model.decoder.layer_norm is None
+
+
+# what printing a model shows of each kind's settings, values worked by hand for the tiny 2+2
+# model (d=16, 2 heads): DeepNet's alpha, beta (encoder 0.81 (N^4 M)^(1/16), 0.87 (N^4 M)^(-1/16);
+# decoder (3M)^(1/4), (12M)^(-1/4); N = M = 2), LayerNorm scaling's 1/sqrt(l) for layers 1 and 2
+PRINTED = [  # (kind, flags, what the printed model holds, its white space made single spaces)
+    ("deepnorm", (), ["DeepNormConnection( alpha=1.006, beta=0.7006 (", "DeepNormConnection( alpha=1.565, beta=0.4518 ("]),
+    ("ln_scaling", (), ["LNScalingConnection( scale=1 (", "LNScalingConnection( scale=0.707107 ("]),
+    ("mix_ln", ("--encoder-layers", "4"), ["MixLNConnection( post-LN (", "MixLNConnection( pre-LN ("]),
+    ("hybrid_norm", (), ["HybridNormConnection(x + F(x))", "HybridNormConnection( Norm(x) + F(Norm(x)) (",
+                         "HeadNormedLinear( in_features=16, out_features=16, bias=True, num_heads=2 ("]),
+    ("xskip", (), ["XSkipConnection(lambda=2)"]),
+    ("sas", (), ["num_gates=2, two_layer(hidden=16)"]),
+    ("resi_dual", (), ["ResiDualStream( scale=1, alpha=1 ("]),
+    ("denseformer", (), ["DepthWeightedAverage(layers=2)"]),
+    ("hyper", (), ["HyperStream(streams=4)", "StaticHyperMixer(dim=16, streams=4, index=3)"]),
+    ("mhc", (), ["ManifoldHyperMixer(dim=16, streams=4, index=0, sinkhorn_iterations=20)"]),
+    ("post_ln", ("--normalization", "dyt"), ["DynamicTanh(16, alpha=0.5)"]),
+    ("post_ln", ("--normalized-activation", "nswish", "--decoder-unnormalized-top-layers", "1"),
+     ["UnnormalizedActivation(swish)"]),
+]
+
+
+@pytest.mark.parametrize("kind, extra, shown", PRINTED, ids=[f"{k}{'-' + e[1] if e else ''}" for k, e, _ in PRINTED])
+def test_printing_a_model_shows_each_kinds_settings(tiny_bin, kind, extra, shown):
+    model, _, _ = build(tiny_bin, "resnmt_transformer", ["--residual", kind, *extra])
+    text = " ".join(str(model).split())
+    for part in shown:
+        assert part in text, part
+    spec = repr(model.decoder.connection_spec)
+    assert spec.startswith(f"ConnectionSpec(kind={kind!r}, side='decoder', layers=")
+    if kind == "xskip":
+        assert spec == "ConnectionSpec(kind='xskip', side='decoder', layers=2+2, skip_lambda=2.0, skip_lambda_learned=False)"
+
+
+def test_the_arch_table_counts_the_post_ln_archs_as_fairseqs_transformer(capsys):
+    """`python -m resnmt.cli.arch_table`: a row per named arch; the post-LN archs have exactly
+    the parameters of fairseq's own transformer and transformer_vaswani_wmt_en_de_big."""
+    from resnmt.cli import arch_table
+    from resnmt.models.architectures import ARCHS
+
+    arch_table.main(["--vocab", "1000"])
+    rows = {line.split("|")[1].strip().strip("`"): line.split("|")[2:5] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| `")}
+    assert set(rows) == set(ARCHS) | {"transformer_sas_base --sas-gate-dim 64"}
+    vocab = arch_table.dictionary(1000)
+    for ours, fairseqs in (("transformer_postln_base", "transformer"),
+                           ("transformer_postln_big", "transformer_vaswani_wmt_en_de_big")):
+        params = arch_table.count(arch_table.build(fairseqs, vocab))
+        assert rows[ours][0].strip() == "post_ln" and rows[ours][1].strip() == f"{params / 1e6:.1f}M", ours
+    assert rows["transformer_xskip_base"][0].strip() == "xskip_ln (lambda 2)"

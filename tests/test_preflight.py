@@ -25,6 +25,18 @@ class Doubled(SublayerConnection):
     def forward(self, x, fx):
         return torch.cat([x, fx], -1)
 """
+BROKEN_INIT = """
+from resnmt.connections import SublayerConnection, register_connection
+
+
+@register_connection
+class Uneven(SublayerConnection):
+    kind, equation, source = "preflight_uneven", "x + F", "a test"
+
+    def __init__(self, dim, spec):
+        super().__init__()
+        raise ValueError(f"dim {dim} must be a multiple of 3\\nsee the paper")
+"""
 SHAPE_LINE = ("--residual preflight_doubled (module {path}): in the forward of a tiny model, the connection returns "
               "shape (9, 2, 32), expected (9, 2, 16) (the shape of its input x)")
 
@@ -35,6 +47,7 @@ def kinds_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("kinds")
     (root / "wrong_shape.py").write_text(WRONG_SHAPE)
     (root / "syntax_error.py").write_text("def broken(:\n    pass\n")
+    (root / "broken_init.py").write_text(BROKEN_INIT)
     dist = root / "site" / "ghostpkg-0.1.dist-info"  # an installed package whose entry point's module is gone
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ghostpkg\nVersion: 0.1\n")
@@ -57,6 +70,10 @@ def mistakes(kinds_dir, monkeypatch):
         "syntax error": (["--residual", "gru_gate", "--connections", str(tmp_path / "syntax_error.py")],
                          f"--residual gru_gate: connection module '{tmp_path / 'syntax_error.py'}' cannot be "
                          "imported: SyntaxError: invalid syntax (syntax_error.py, line 1)"),
+        "a kind that cannot be built": (
+            ["--residual", "preflight_uneven", "--connections", str(tmp_path / "broken_init.py")],
+            f"--residual preflight_uneven (module {tmp_path / 'broken_init.py'}): the model cannot be built: "
+            "ValueError: dim 16 must be a multiple of 3"),
         "mistyped kind": (["--residual", "rskip_lm"], "--residual rskip_lm: no such connection kind (closest: rskip_ln"),
         "entry point without its module": (["--residual", "ghost"], (
             "--residual ghost: its entry point ghost = ghost_module_missing (package ghostpkg) failed to load: "

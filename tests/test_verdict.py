@@ -175,3 +175,17 @@ def test_the_cost_line_by_hand_and_what_a_quick_look_leaves_out():
         "--quick leaves out 2+2, d=128 from 600 to 2400 updates and the 6+6, d=128 runs (to 1200 updates): no "
         "verdict of the protocol's is read from it, a first look only")
     assert left_out(CPU.milestones, CPU.milestones, "the protocol") == ""
+
+
+def test_a_preempted_or_timed_out_job_is_requeued_as_the_same_run():
+    """On SLURM, submitit asks a job's checkpoint() what to requeue: the same run with the same
+    arguments (it resumes from the run's last checkpoint, as the killed job above does)."""
+    from submitit.helpers import DelayedSubmission
+
+    from resnmt.study.jobs import RunJob
+
+    job = RunJob()
+    again = job.checkpoint("args", {"settings": 1}, "key", ("small", "post_ln", 1), env={"OMP_NUM_THREADS": "1"})
+    assert isinstance(again, DelayedSubmission) and again.function is job
+    assert again.args == ("args", {"settings": 1}, "key", ("small", "post_ln", 1))
+    assert again.kwargs == {"env": {"OMP_NUM_THREADS": "1"}}

@@ -42,10 +42,6 @@ class Manifest:
     compound_split: bool = False  # also report compound-split BLEU (WMT'14 EN-DE)
     subword_size: Optional[int] = None  # pieces or merges learned (None: prepared before it was recorded)
 
-    @property
-    def bin_dir(self) -> Path:
-        return self.directory / "bin"
-
     def reference(self, split: str = "test") -> Path:
         """The raw target side of ``split`` (valid or test): the references for sacreBLEU."""
         return self.directory / "raw" / f"{split}.{self.target_lang}"

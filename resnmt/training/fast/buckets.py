@@ -143,9 +143,6 @@ class BucketedPairDataset(BaseWrapperDataset):
         self.edges = self.rows = self.src_lengths = self.tgt_lengths = None
         self.padding: Optional[dict] = None
 
-    def num_tokens_vec(self, indices):
-        return self.sizes_vec[indices]
-
     def bucket_of(self, sizes):
         """The bucket of each size (the first whose upper size holds it)."""
         return np.searchsorted(self.edges, sizes, side="left")

@@ -264,21 +264,10 @@ class FastPathTrainer(Trainer):
         self._reset_update()
         return extra_state
 
-    def reinitialize(self):
-        super().reinitialize()
-        self._reset_update()
-
     def _reset_update(self):
         self._update = None
         if self._graphs is not None:
             self._graphs.clear()
-
-    def zero_grad(self):
-        """Zero the gradients in place (the captured steps accumulate into them)."""
-        if self._update is None:
-            return super().zero_grad()
-        self._update.hold_grads()
-        torch._foreach_zero_(self._update.model_grads)
 
     # ------------------------------------------------------------------ the update
 
