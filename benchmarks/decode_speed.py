@@ -272,7 +272,8 @@ class PartClock:
 def timed_methods(engine: str, model, generator) -> list:
     """What each search calls for each part: fairseq's through its ensemble (the encoder, the
     decoder's features and output layer, the normalized probabilities, the reorders), the fast
-    one through its stepper."""
+    one through its stepper (whose encoder part holds the encoder-decoder keys and values,
+    which fairseq's decoder computes at its first step)."""
     if engine == "fairseq":
         return [(model.encoder, "forward", "encoder"), (model.decoder, "extract_features", "decoder layers"),
                 (model.decoder, "output_layer", OUTPUT), (model, "get_normalized_probs", OUTPUT),
@@ -310,8 +311,8 @@ def profile_model(spec: dict, kind: str) -> None:
             clock.spent["detokenization"] = time.process_time() - c0
             clock.spent["search bookkeeping"] = decode_s - sum(clock.spent[p] for p in PROFILE_PARTS[1:5])
             print(json.dumps({"model": spec["model"], "kind": kind, "setting": setting, "engine": engine,
-                              "round": rnd, "repeat": 1, "cpu_s": sum(clock.spent.values()), "decode_s": decode_s, "wall_s": wall,
-                              "parts": clock.spent, "sentences": len(text),
+                              "round": rnd, "repeat": 1, "cpu_s": sum(clock.spent.values()), "decode_s": decode_s,
+                              "wall_s": wall, "parts": clock.spent, "sentences": len(text),
                               "weights": "trained" if spec.get("checkpoint") else "random",
                               "max_len_b": max_len or 200}), flush=True)
 
@@ -423,8 +424,9 @@ def main(argv=None):
                              "engines": ["fairseq", "fast"], "data": str(data / "bin"), "threads": a.threads,
                              "random_max_len": a.random_max_len}, out, common)
     if a.profile:
+        sentences = dict(zip(models, counts)).get("small", 1000)
         lines += run_worker({"part": "profile", "model": MODELS["small"], "kinds": ["post_ln"], "size": "small",
-                             "checkpoint": a.small_checkpoint, "sentences": dict(zip(models, counts)).get("small", 1000),
+                             "checkpoint": a.small_checkpoint, "sentences": sentences,
                              "settings": [str(a.profile)], "rounds": a.rounds, "data": str(data / "bin"),
                              "threads": a.threads, "random_max_len": a.random_max_len}, out, common)
     from result_tables import decode_speed_tables

@@ -389,7 +389,8 @@ def profile_table(key, recs):
     engines = [e for e in ("fairseq", "fast") if any(r["engine"] == e for r in recs)]
     best = {e: min((r for r in recs if r["engine"] == e), key=lambda r: r["cpu_s"]) for e in engines}
     first = recs[0]
-    weights = "trained" if first["weights"] == "trained" else f"random weights, hypotheses cut at {first['max_len_b']} tokens"
+    weights = ("trained" if first["weights"] == "trained"
+               else f"random weights, hypotheses cut at {first['max_len_b']} tokens")
     out = [f"*Where the time goes, {key[1]} post-LN ({weights}), the first {first['sentences']:,} test2016 "
            f"sentences, {_setting(key[3])}, rounds: {max(r['round'] for r in recs)} (each search's round of least "
            "CPU seconds, split into its parts: CPU seconds and share):*", "",

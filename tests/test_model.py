@@ -241,7 +241,8 @@ def test_final_norm_and_depth_are_decided_with_fairseqs_flags(tiny_bin):
 # model (d=16, 2 heads): DeepNet's alpha, beta (encoder 0.81 (N^4 M)^(1/16), 0.87 (N^4 M)^(-1/16);
 # decoder (3M)^(1/4), (12M)^(-1/4); N = M = 2), LayerNorm scaling's 1/sqrt(l) for layers 1 and 2
 PRINTED = [  # (kind, flags, what the printed model holds, its white space made single spaces)
-    ("deepnorm", (), ["DeepNormConnection( alpha=1.006, beta=0.7006 (", "DeepNormConnection( alpha=1.565, beta=0.4518 ("]),
+    ("deepnorm", (), ["DeepNormConnection( alpha=1.006, beta=0.7006 (",
+                      "DeepNormConnection( alpha=1.565, beta=0.4518 ("]),
     ("ln_scaling", (), ["LNScalingConnection( scale=1 (", "LNScalingConnection( scale=0.707107 ("]),
     ("mix_ln", ("--encoder-layers", "4"), ["MixLNConnection( post-LN (", "MixLNConnection( pre-LN ("]),
     ("hybrid_norm", (), ["HybridNormConnection(x + F(x))", "HybridNormConnection( Norm(x) + F(Norm(x)) (",
@@ -267,7 +268,8 @@ def test_printing_a_model_shows_each_kinds_settings(tiny_bin, kind, extra, shown
     spec = repr(model.decoder.connection_spec)
     assert spec.startswith(f"ConnectionSpec(kind={kind!r}, side='decoder', layers=")
     if kind == "xskip":
-        assert spec == "ConnectionSpec(kind='xskip', side='decoder', layers=2+2, skip_lambda=2.0, skip_lambda_learned=False)"
+        assert spec == ("ConnectionSpec(kind='xskip', side='decoder', layers=2+2, skip_lambda=2.0, "
+                        "skip_lambda_learned=False)")
 
 
 def test_the_arch_table_counts_the_post_ln_archs_as_fairseqs_transformer(capsys):
