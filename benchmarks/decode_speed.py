@@ -181,12 +181,21 @@ def worker(spec: dict) -> None:
         (profile_model if spec["part"] == "profile" else measure_model)(spec, kind)
 
 
-def measure_model(spec: dict, kind: str) -> None:
-    data = Path(spec["data"])
-    engines = spec["engines"]
-    model, task, max_len = build_model(data, kind, spec["size"], spec.get("checkpoint"), spec["random_max_len"])
+def loaded(spec: dict, kind: str):
+    """(model, task with its test set, generation limit, both searches' generators, sentences to
+    decode, the fields naming this model in each line) of a worker's spec."""
+    model, task, max_len = build_model(Path(spec["data"]), kind, spec["size"], spec.get("checkpoint"),
+                                       spec["random_max_len"])
     task.load_dataset("test")
-    gens = generators(model, task, max_len)
+    n = min(spec["sentences"], len(task.dataset("test")))
+    named = {"model": spec["model"], "kind": kind, "weights": "trained" if spec.get("checkpoint") else "random",
+             "max_len_b": max_len or 200}
+    return model, task, max_len, generators(model, task, max_len), n, named
+
+
+def measure_model(spec: dict, kind: str) -> None:
+    engines = spec["engines"]
+    model, task, max_len, gens, n, named = loaded(spec, kind)
     translator = None
     if "ctranslate2" in engines:
         import ctranslate2
@@ -198,7 +207,6 @@ def measure_model(spec: dict, kind: str) -> None:
         translator = ctranslate2.Translator(str(folder), device="cpu", inter_threads=1,
                                             intra_threads=spec["threads"])
     dataset = task.dataset("test")
-    n = min(spec["sentences"], len(dataset))
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
     sources = [[src_dict[i] for i in dataset[k]["source"][:-1]] for k in range(n)]
     samples = {s: batches(task, n, s) for s in spec["settings"]}
@@ -228,11 +236,8 @@ def measure_model(spec: dict, kind: str) -> None:
                     reference_hyps[setting] = hyps
                 ref = reference_hyps.get(setting)
                 differing = None if ref is None else sum(hyps.get(k) != ref[k] for k in ref)
-                print(json.dumps({"model": spec["model"], "kind": kind, "setting": setting,
-                                  "engine": engine, "round": rnd, "repeat": repeat, "cpu_s": cpu, "wall_s": wall,
-                                  "sentences": len(hyps), "lines_differing": differing,
-                                  "weights": "trained" if spec.get("checkpoint") else "random",
-                                  "max_len_b": max_len or 200,
+                print(json.dumps({**named, "setting": setting, "engine": engine, "round": rnd, "repeat": repeat,
+                                  "cpu_s": cpu, "wall_s": wall, "sentences": len(hyps), "lines_differing": differing,
                                   **({"search": gens["fast"].fallback or "fast"} if engine == "fast" else {})}),
                       flush=True)
 
@@ -288,11 +293,7 @@ def profile_model(spec: dict, kind: str) -> None:
     """Each search's decode at one batch size split into PROFILE_PARTS, in interleaved rounds."""
     import torch
 
-    model, task, max_len = build_model(Path(spec["data"]), kind, spec["size"], spec.get("checkpoint"),
-                                       spec["random_max_len"])
-    task.load_dataset("test")
-    gens = generators(model, task, max_len)
-    n = min(spec["sentences"], len(task.dataset("test")))
+    model, task, _, gens, n, named = loaded(spec, kind)
     setting = spec["settings"][0]
     tgt = task.target_dictionary
     for engine in ("fairseq", "fast"):  # untimed: lazy set-up (the fast search's stepper)
@@ -310,11 +311,9 @@ def profile_model(spec: dict, kind: str) -> None:
                 text = [tgt.string(torch.tensor(h), "sentencepiece") for h in hyps.values()]
             clock.spent["detokenization"] = time.process_time() - c0
             clock.spent["search bookkeeping"] = decode_s - sum(clock.spent[p] for p in PROFILE_PARTS[1:5])
-            print(json.dumps({"model": spec["model"], "kind": kind, "setting": setting, "engine": engine,
-                              "round": rnd, "repeat": 1, "cpu_s": sum(clock.spent.values()), "decode_s": decode_s,
-                              "wall_s": wall, "parts": clock.spent, "sentences": len(text),
-                              "weights": "trained" if spec.get("checkpoint") else "random",
-                              "max_len_b": max_len or 200}), flush=True)
+            print(json.dumps({**named, "setting": setting, "engine": engine, "round": rnd, "repeat": 1,
+                              "cpu_s": sum(clock.spent.values()), "decode_s": decode_s, "wall_s": wall,
+                              "parts": clock.spent, "sentences": len(text)}), flush=True)
 
 
 # ------------------------------------------------------------------------------------ the parent
