@@ -115,8 +115,8 @@ ACTIONS = (
         "other settings as given; then exit")),
     Option("throughput", False, kind="switch", help=(
         "print each run's updates per second in --workdir (fairseq's, its newest 10 intervals), their sum and the "
-        "runs that can train side by side, each reaching the last --milestones within the plan's time limit per run (campaign.plan.workers_for; the last "
-        "line is that number); then exit")),
+        "runs that can train side by side, each reaching the last --milestones within the plan's time limit per run "
+        "(campaign.plan.workers_for; the last line is that number); then exit")),
     Option("list", False, kind="switch", help=(
         "print the planned runs, the milestones each has recorded and, for an unfinished run, the update its "
         "checkpoints in --workdir reach; then exit")),
